@@ -1,0 +1,559 @@
+//! Build script: turns `kernels/*.cu` into what the crate embeds.
+//!
+//! For every kernel file it always produces
+//!   * the source with local `#include "..."` flattened (for NVRTC at run time), and
+//!   * the signatures of its `extern "C" __global__` entry points, parsed from the source,
+//!     from which the typed Rust launchers are generated (one definition, every backend).
+//!
+//! When nvcc is found (env `NVCC`, `$CUDA_HOME/bin`, `$CUDA_PATH/bin`, then `PATH`; never when
+//! `NANODDP_NO_NVCC=1`) it also compiles each file to a fatbin (SASS for sm_80 and sm_90, PTX
+//! for compute_75) and keeps the `ptxas -v` resource report. Without nvcc the crate still
+//! builds; the CUDA backend compiles the embedded source with NVRTC when it first needs it.
+//!
+//! Everything lands in `$OUT_DIR/kernels_generated.rs`, included by `src/kernels/mod.rs`.
+//! The host (SIMT emulator) build of the same sources through the `cc` crate belongs in
+//! [`host_build`], which is empty until the emulator exists.
+
+use std::collections::HashSet;
+use std::env;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Real GPU architectures we ship SASS for, and the virtual one we ship PTX for (JIT for
+/// anything else, e.g. sm_75 or sm_100+).
+const SASS_ARCHS: &[&str] = &["sm_80", "sm_90"];
+const PTX_ARCH: &str = "compute_75";
+const NVCC_FLAGS: &[&str] = &["-O3", "-lineinfo", "-std=c++17", "-Xptxas", "-v"];
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=kernels");
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "PATH",
+        "NANODDP_NO_NVCC",
+        "NVCC_CCBIN",
+    ] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+
+    let root =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let kernel_dir = root.join("kernels");
+
+    let mut sources: Vec<PathBuf> = fs::read_dir(&kernel_dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", kernel_dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+
+    let nvcc = find_nvcc();
+    let toolchain = match &nvcc {
+        Some(nvcc) => {
+            let version = nvcc_version(nvcc);
+            println!(
+                "cargo::warning=nanoddp: compiling kernels with {} ({version})",
+                nvcc.display()
+            );
+            Some(version)
+        }
+        None => {
+            println!(
+                "cargo::warning=nanoddp: nvcc not found (set NVCC or CUDA_HOME); kernels will be \
+                 compiled at run time by NVRTC when a GPU is used"
+            );
+            None
+        }
+    };
+
+    let modules: Vec<Module> = sources
+        .iter()
+        .map(|path| Module::parse(path, &kernel_dir, &out))
+        .collect();
+
+    // nvcc is slow (~1.5 s a file); compile the files in parallel.
+    let reports: Vec<Option<String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = modules
+            .iter()
+            .map(|m| {
+                let nvcc = nvcc.as_deref();
+                let kernel_dir = &kernel_dir;
+                let out = &out;
+                scope.spawn(move || nvcc.map(|nvcc| compile_fatbin(nvcc, m, kernel_dir, out)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("nvcc thread panicked"))
+            .collect()
+    });
+
+    host_build(&modules);
+
+    let generated = generate_rust(&modules, &reports, toolchain.as_deref(), nvcc.as_deref());
+    fs::write(out.join("kernels_generated.rs"), generated).expect("write kernels_generated.rs");
+}
+
+/// The `cc` half of the build: compiles the same kernels as host C++ for the SIMT emulator.
+/// Not built yet (it is the emulator's work); the kernel files and their parsed signatures
+/// are passed in so it will need nothing else.
+fn host_build(_modules: &[Module]) {}
+
+// ---------------------------------------------------------------------------------------------
+// Finding and running nvcc
+
+fn find_nvcc() -> Option<PathBuf> {
+    if env::var("NANODDP_NO_NVCC").is_ok_and(|v| v == "1") {
+        return None;
+    }
+    let mut candidates = Vec::new();
+    if let Some(p) = env::var_os("NVCC") {
+        candidates.push(PathBuf::from(p));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(p) = env::var_os(var) {
+            candidates.push(PathBuf::from(p).join("bin").join("nvcc"));
+        }
+    }
+    if let Some(path) = env::var_os("PATH") {
+        candidates.extend(env::split_paths(&path).map(|d| d.join("nvcc")));
+    }
+    candidates.into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+fn nvcc_version(nvcc: &Path) -> String {
+    let out = Command::new(nvcc)
+        .arg("--version")
+        .output()
+        .expect("nvcc --version");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "Cuda compilation tools, release 13.0, V13.0.88"
+    text.lines()
+        .find_map(|l| l.split_once("release ").map(|(_, v)| v.trim().to_string()))
+        .unwrap_or_else(|| "unknown version".to_string())
+}
+
+/// Compiles one module to `$OUT_DIR/<name>.fatbin` and returns ptxas's resource report.
+/// A kernel that does not compile fails the build: with a compiler present, a broken
+/// kernel must never be silently replaced by the run-time path.
+fn compile_fatbin(nvcc: &Path, module: &Module, kernel_dir: &Path, out: &Path) -> String {
+    let mut cmd = Command::new(nvcc);
+    cmd.arg("-fatbin")
+        .args(NVCC_FLAGS)
+        .arg("-I")
+        .arg(kernel_dir);
+    for sm in SASS_ARCHS {
+        let compute = sm.replace("sm_", "compute_");
+        cmd.arg("-gencode").arg(format!("arch={compute},code={sm}"));
+    }
+    cmd.arg("-gencode")
+        .arg(format!("arch={PTX_ARCH},code={PTX_ARCH}"));
+    if let Some(ccbin) = env::var_os("NVCC_CCBIN") {
+        cmd.arg("-ccbin").arg(ccbin);
+    }
+    cmd.arg(&module.path)
+        .arg("-o")
+        .arg(out.join(format!("{}.fatbin", module.name)));
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !output.status.success() {
+        panic!("nvcc failed on {}:\n{stderr}", module.path.display());
+    }
+    stderr
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parsing kernels: flattened source and entry-point signatures
+
+/// One `kernels/<name>.cu` file.
+struct Module {
+    name: String,
+    path: PathBuf,
+    kernels: Vec<Kernel>,
+}
+
+struct Kernel {
+    name: String,
+    line: usize,
+    params: Vec<Param>,
+}
+
+struct Param {
+    name: String,
+    /// Rust type of the scalar (`f32`, `half::f16`, `u64`, ...).
+    rust: &'static str,
+    /// Name of the `Scalar` variant in the crate.
+    scalar: &'static str,
+    pointer: Option<Mutability>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mutability {
+    Const,
+    Mut,
+}
+
+impl Module {
+    fn parse(path: &Path, kernel_dir: &Path, out: &Path) -> Module {
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("kernel file names are UTF-8")
+            .to_string();
+        let text =
+            fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let mut seen = HashSet::new();
+        let flat = flatten(path, kernel_dir, &mut seen);
+        fs::write(out.join(format!("{name}.flat.cu")), flat).expect("write flattened source");
+        let kernels = parse_kernels(&text, path);
+        if kernels.is_empty() {
+            panic!(
+                "{} defines no extern \"C\" __global__ kernel",
+                path.display()
+            );
+        }
+        Module {
+            name,
+            path: path.to_path_buf(),
+            kernels,
+        }
+    }
+}
+
+/// Inlines every local `#include "x"` (resolved next to the including file, each file once,
+/// as `#pragma once` would) and keeps `#line` markers so NVRTC errors name the real file.
+/// `#include <...>` (CUDA's own headers) are left for NVRTC's include path.
+fn flatten(path: &Path, kernel_dir: &Path, seen: &mut HashSet<PathBuf>) -> String {
+    let canonical = path
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if !seen.insert(canonical) {
+        return String::new();
+    }
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let display = path
+        .strip_prefix(kernel_dir.parent().unwrap_or(kernel_dir))
+        .unwrap_or(path);
+    let mut out = format!("#line 1 \"{}\"\n", display.display());
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("#pragma once") {
+            out.push('\n');
+            continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix("#include") {
+            let rest = rest.trim();
+            if let Some(inc) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) {
+                let dir = path.parent().unwrap_or(kernel_dir);
+                let target = dir.join(inc);
+                if !target.exists() {
+                    panic!(
+                        "{}:{}: cannot find local include \"{inc}\"",
+                        path.display(),
+                        i + 1
+                    );
+                }
+                out.push_str(&flatten(&target, kernel_dir, seen));
+                let _ = writeln!(out, "#line {} \"{}\"", i + 2, display.display());
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Blanks out comments (keeping newlines, so line numbers stay right).
+fn strip_comments(src: &str) -> String {
+    let bytes = src.as_bytes();
+    let mut out = String::with_capacity(src.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i..].starts_with(b"//") {
+            while i < bytes.len() && bytes[i] != b'\n' {
+                i += 1;
+            }
+        } else if bytes[i..].starts_with(b"/*") {
+            i += 2;
+            while i < bytes.len() && !bytes[i..].starts_with(b"*/") {
+                if bytes[i] == b'\n' {
+                    out.push('\n');
+                }
+                i += 1;
+            }
+            i += 2;
+        } else {
+            let ch = src[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+fn parse_kernels(text: &str, path: &Path) -> Vec<Kernel> {
+    let code = strip_comments(text);
+    let mut kernels = Vec::new();
+    let mut search = 0;
+    while let Some(found) = code[search..].find("__global__") {
+        let at = search + found;
+        search = at + "__global__".len();
+        let line = code[..at].matches('\n').count() + 1;
+        let where_ = format!("{}:{line}", path.display());
+        // Skip the macro definition site in the portability header style `#define __global__`.
+        let line_start = code[..at].rfind('\n').map_or(0, |p| p + 1);
+        if code[line_start..at].trim_start().starts_with("#") {
+            continue;
+        }
+        let before = code[line_start..at].trim();
+        if !before.ends_with("extern \"C\"") {
+            panic!(
+                "{where_}: every __global__ kernel must be declared `extern \"C\" __global__` so \
+                 its symbol name is stable for the launchers"
+            );
+        }
+        let mut rest = code[search..].trim_start();
+        if let Some(after) = rest.strip_prefix("__launch_bounds__") {
+            let close = after
+                .find(')')
+                .unwrap_or_else(|| panic!("{where_}: unclosed __launch_bounds__"));
+            rest = after[close + 1..].trim_start();
+        }
+        let rest = rest
+            .strip_prefix("void")
+            .unwrap_or_else(|| panic!("{where_}: a __global__ kernel must return void"))
+            .trim_start();
+        let open = rest
+            .find('(')
+            .unwrap_or_else(|| panic!("{where_}: expected `(`"));
+        let name = rest[..open].trim().to_string();
+        let close = rest
+            .find(')')
+            .unwrap_or_else(|| panic!("{where_}: expected `)`"));
+        let params = rest[open + 1..close]
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty() && *p != "void")
+            .map(|p| parse_param(p, &where_))
+            .collect();
+        kernels.push(Kernel { name, line, params });
+    }
+    kernels
+}
+
+/// Parses one parameter such as `const float* __restrict__ x` or `unsigned long long n`.
+fn parse_param(text: &str, where_: &str) -> Param {
+    let spaced = text.replace('*', " * ");
+    let mut words: Vec<&str> = spaced
+        .split_whitespace()
+        .filter(|w| *w != "__restrict__" && *w != "__restrict")
+        .collect();
+    let name = words
+        .pop()
+        .unwrap_or_else(|| panic!("{where_}: empty parameter"))
+        .to_string();
+    let stars = words.iter().filter(|w| **w == "*").count();
+    let is_const = words.first() == Some(&"const");
+    let base: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|w| *w != "*" && *w != "const")
+        .collect();
+    let base = base.join(" ");
+    let (rust, scalar) = match base.as_str() {
+        "float" => ("f32", "F32"),
+        "double" => ("f64", "F64"),
+        "__half" | "half" => ("half::f16", "F16"),
+        "int" | "int32_t" => ("i32", "I32"),
+        "unsigned" | "unsigned int" | "uint32_t" => ("u32", "U32"),
+        "long long" | "int64_t" => ("i64", "I64"),
+        "unsigned long long" | "uint64_t" => ("u64", "U64"),
+        "unsigned char" | "uint8_t" => ("u8", "U8"),
+        other => panic!(
+            "{where_}: parameter `{text}`: type `{other}` has no Rust mapping; use float, double, \
+             __half, int, unsigned, long long, unsigned long long or unsigned char (or pointers to them)"
+        ),
+    };
+    let pointer = match stars {
+        0 => None,
+        1 if is_const => Some(Mutability::Const),
+        1 => Some(Mutability::Mut),
+        _ => panic!("{where_}: parameter `{text}`: pointers to pointers are not supported"),
+    };
+    if pointer.is_none() && scalar == "U8" || pointer.is_none() && scalar == "F16" {
+        panic!(
+            "{where_}: parameter `{text}`: pass bytes and halves by pointer, or widen to 32 bits"
+        );
+    }
+    Param {
+        name,
+        rust,
+        scalar,
+        pointer,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Code generation
+
+fn generate_rust(
+    modules: &[Module],
+    reports: &[Option<String>],
+    toolchain: Option<&str>,
+    nvcc: Option<&Path>,
+) -> String {
+    let out = env::var("OUT_DIR").expect("OUT_DIR");
+    let mut g = String::from("// @generated by build.rs from kernels/*.cu. Do not edit.\n\n");
+
+    match toolchain {
+        Some(version) => {
+            let archs: Vec<String> = SASS_ARCHS.iter().map(|a| format!("{a:?}")).collect();
+            let include = nvcc
+                .and_then(|n| n.parent())
+                .and_then(|bin| bin.parent())
+                .map(|home| home.join("include"))
+                .filter(|p| p.join("cuda_fp16.h").exists());
+            let _ = writeln!(
+                g,
+                "/// How the kernels were prebuilt; `None` when the build found no nvcc.\n\
+                 pub const PREBUILT: Option<Prebuilt> = Some(Prebuilt {{ nvcc_version: {version:?}, \
+                 sass_archs: &[{}], ptx_arch: {PTX_ARCH:?}, cuda_include_dir: {:?} }});\n",
+                archs.join(", "),
+                include.map(|p| p.display().to_string()),
+            );
+        }
+        None => g.push_str(
+            "/// How the kernels were prebuilt; `None` when the build found no nvcc.\n\
+             pub const PREBUILT: Option<Prebuilt> = None;\n\n",
+        ),
+    }
+
+    g.push_str(
+        "/// Every kernel file, in file-name order.\npub static MODULES: &[KernelModule] = &[\n",
+    );
+    for (m, report) in modules.iter().zip(reports) {
+        let fatbin = match report {
+            Some(_) => format!("Some(include_bytes!(\"{out}/{}.fatbin\"))", m.name),
+            None => "None".to_string(),
+        };
+        let kernels: Vec<String> = m
+            .kernels
+            .iter()
+            .map(|k| format!("&{}::{}", m.name, k.name.to_uppercase()))
+            .collect();
+        let _ = writeln!(
+            g,
+            "    KernelModule {{ name: {:?}, file: \"kernels/{}.cu\", source: include_str!(\"{out}/{}.flat.cu\"), \
+             fatbin: {fatbin}, ptxas_report: {:?}, kernels: &[{}] }},",
+            m.name,
+            m.name,
+            m.name,
+            report,
+            kernels.join(", ")
+        );
+    }
+    g.push_str("];\n\n");
+
+    for m in modules {
+        let _ = writeln!(
+            g,
+            "/// Signatures and typed launchers of `kernels/{}.cu`.\npub mod {} {{\n    #[allow(unused_imports)]\n    \
+             use crate::backend::{{DeviceBuffer, KernelArg, Launch, LaunchConfig}};\n    \
+             use crate::kernels::{{KernelSignature, Param, ParamKind, Scalar}};\n",
+            m.name, m.name
+        );
+        for k in &m.kernels {
+            generate_kernel(&mut g, m, k);
+        }
+        g.push_str("}\n\n");
+    }
+    g
+}
+
+fn generate_kernel(g: &mut String, m: &Module, k: &Kernel) {
+    let upper = k.name.to_uppercase();
+    let params: Vec<String> = k
+        .params
+        .iter()
+        .map(|p| {
+            let kind = match p.pointer {
+                None => format!("ParamKind::Value(Scalar::{})", p.scalar),
+                Some(Mutability::Const) => format!("ParamKind::ConstPtr(Scalar::{})", p.scalar),
+                Some(Mutability::Mut) => format!("ParamKind::MutPtr(Scalar::{})", p.scalar),
+            };
+            format!("Param {{ name: {:?}, kind: {kind} }}", p.name)
+        })
+        .collect();
+    let _ = writeln!(
+        g,
+        "    /// Signature of `{}` (kernels/{}.cu:{}).\n    pub static {upper}: KernelSignature = KernelSignature {{ \
+         module: {:?}, name: {:?}, line: {}, params: &[{}] }};\n",
+        k.name,
+        m.name,
+        k.line,
+        m.name,
+        k.name,
+        k.line,
+        params.join(", ")
+    );
+
+    let mut args = Vec::new();
+    let mut values = Vec::new();
+    for p in &k.params {
+        let ident = rust_ident(&p.name);
+        match p.pointer {
+            None => {
+                args.push(format!("{ident}: {}", p.rust));
+                values.push(format!("KernelArg::{}({ident})", p.scalar));
+            }
+            Some(Mutability::Const) => {
+                args.push(format!("{ident}: &D::Buffer<{}>", p.rust));
+                values.push(format!("KernelArg::Ptr({ident}.device_addr())"));
+            }
+            Some(Mutability::Mut) => {
+                args.push(format!("{ident}: &mut D::Buffer<{}>", p.rust));
+                values.push(format!("KernelArg::Ptr({ident}.device_addr())"));
+            }
+        }
+    }
+    let _ = writeln!(
+        g,
+        "    /// Launches `{}` (kernels/{}.cu:{}) on `dev`.\n    ///\n    /// # Safety\n    /// The kernel indexes \
+         its buffers by its scalar arguments with no bounds checks: they must describe\n    /// ranges inside the \
+         buffers passed, as the kernel's comment defines.\n    #[allow(clippy::too_many_arguments)]\n    \
+         pub unsafe fn {}<D: Launch + ?Sized>(dev: &D, cfg: LaunchConfig, {}) -> Result<(), crate::backend::BackendError> {{\n        \
+         // SAFETY: the caller upholds the kernel's bounds contract; the arguments match the signature by construction.\n        \
+         unsafe {{ dev.launch(&{upper}, cfg, &[{}]) }}\n    }}\n",
+        k.name,
+        m.name,
+        k.line,
+        k.name,
+        args.join(", "),
+        values.join(", ")
+    );
+}
+
+fn rust_ident(name: &str) -> String {
+    const KEYWORDS: &[&str] = &[
+        "type", "in", "ref", "mod", "fn", "loop", "match", "move", "use", "where", "self",
+    ];
+    if KEYWORDS.contains(&name) {
+        format!("r#{name}")
+    } else {
+        name.to_string()
+    }
+}

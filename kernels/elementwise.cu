@@ -1,0 +1,51 @@
+// elementwise.cu — flat, memory-bound kernels over contiguous buffers.
+//
+// Launch shape: 1-D grid, 1-D blocks (256 threads is the default the Rust launchers pick),
+// grid-stride loops, so any grid covers any n >= 0 and n may exceed 2^32.
+// No shared memory, no barriers, no tiles: each element is independent.
+//
+// Roofline: every kernel here does O(1) FLOPs per element and is bound by DRAM bandwidth.
+// Bytes moved per element (the figure a bench compares with peak bandwidth):
+//   fill             4 B   (write f32)
+//   scale            8 B   (read + write f32)                 1 FLOP
+//   axpy            12 B   (read x, read y, write y)           2 FLOPs
+//   add             12 B   (read a, read b, write out)         1 FLOP
+//   cast_f32_to_f16  6 B   (read f32, write f16)
+//   cast_f16_to_f32  6 B   (read f16, write f32)
+// Casts round to nearest even (__float2half_rn), the IEEE default, so results are the
+// same on every backend.
+#include "simt.cuh"
+
+// out[i] = value
+extern "C" __global__ void fill_f32(float* __restrict__ out, float value, unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = value; }
+}
+
+// x[i] = alpha * x[i]
+extern "C" __global__ void scale_f32(float* __restrict__ x, float alpha, unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { x[i] = alpha * x[i]; }
+}
+
+// y[i] = alpha * x[i] + y[i]   (BLAS axpy; one fused multiply-add per element)
+extern "C" __global__ void axpy_f32(const float* __restrict__ x, float* __restrict__ y, float alpha,
+                                    unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { y[i] = fmaf(alpha, x[i], y[i]); }
+}
+
+// out[i] = a[i] + b[i]
+extern "C" __global__ void add_f32(const float* __restrict__ a, const float* __restrict__ b,
+                                   float* __restrict__ out, unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
+}
+
+// out[i] = (half) in[i], round to nearest even; overflow gives ±inf, NaN stays NaN.
+extern "C" __global__ void cast_f32_to_f16(const float* __restrict__ in, __half* __restrict__ out,
+                                           unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = __float2half_rn(in[i]); }
+}
+
+// out[i] = (float) in[i]; exact for every half value.
+extern "C" __global__ void cast_f16_to_f32(const __half* __restrict__ in, float* __restrict__ out,
+                                           unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = __half2float(in[i]); }
+}

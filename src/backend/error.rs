@@ -1,0 +1,102 @@
+//! The one error type every backend returns.
+
+use thiserror::Error;
+
+/// Why a backend operation failed. Messages say what to do next where there is a choice.
+#[derive(Debug, Error)]
+pub enum BackendError {
+    /// `libcuda.so` could not be loaded.
+    #[error(
+        "no CUDA driver: libcuda.so (or libcuda.so.1) was not found on the library path; install \
+         the NVIDIA driver, or run on the CPU"
+    )]
+    NoCudaDriver,
+    /// The driver loaded but reports no usable GPU.
+    #[error("the CUDA driver found no GPU ({reason})")]
+    NoGpu {
+        /// What the driver said.
+        reason: String,
+    },
+    /// A device ordinal past the last GPU.
+    #[error("GPU {ordinal} does not exist: this machine has {count} GPU(s), numbered from 0")]
+    NoSuchDevice {
+        /// Ordinal asked for.
+        ordinal: usize,
+        /// GPUs present.
+        count: usize,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call failed while {during}: {source}")]
+    Driver {
+        /// What we were doing.
+        during: String,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// Kernels must be compiled at run time but `libnvrtc.so` is missing.
+    #[error(
+        "kernel module `{module}` has no binary for this GPU and NVRTC (libnvrtc.so.13) was not \
+         found to compile it; install the CUDA toolkit or `pip install nvidia-cuda-nvrtc` and put \
+         its lib/ folder on LD_LIBRARY_PATH, or rebuild nanoddp with nvcc available"
+    )]
+    NoNvrtc {
+        /// Module that needed compiling.
+        module: String,
+    },
+    /// NVRTC rejected a kernel source.
+    #[error("NVRTC could not compile kernel module `{module}` for {arch}:\n{log}")]
+    Compile {
+        /// Module name.
+        module: String,
+        /// Target architecture.
+        arch: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// No variant of a module would load on the device.
+    #[error("kernel module `{module}` did not load on {device}: {attempts}")]
+    ModuleLoad {
+        /// Module name.
+        module: String,
+        /// Device description.
+        device: String,
+        /// Every attempt and why it failed.
+        attempts: String,
+    },
+    /// A kernel name no embedded module defines.
+    #[error("kernel `{kernel}` is not defined in module `{module}`")]
+    NoSuchKernel {
+        /// Module name.
+        module: String,
+        /// Kernel name.
+        kernel: String,
+    },
+    /// Arguments that do not match the kernel's declared parameters.
+    #[error("kernel `{kernel}`: {detail}")]
+    BadArguments {
+        /// Kernel name.
+        kernel: String,
+        /// What does not match.
+        detail: String,
+    },
+    /// A launch shape CUDA would reject.
+    #[error("kernel `{kernel}`: invalid launch configuration: {detail}")]
+    BadLaunch {
+        /// Kernel name.
+        kernel: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Host and device lengths that differ in a copy, or an operation on buffers of
+    /// different lengths.
+    #[error("{operation}: length mismatch ({left} vs {right} elements)")]
+    LengthMismatch {
+        /// What was attempted.
+        operation: &'static str,
+        /// One length.
+        left: usize,
+        /// The other.
+        right: usize,
+    },
+}

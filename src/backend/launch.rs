@@ -1,0 +1,290 @@
+//! The launch interface shared by every backend.
+
+use super::BackendError;
+use crate::kernels::{KernelSignature, ParamKind, Scalar};
+
+/// Grid and block shape of one launch, as in CUDA's `<<<grid, block, shared>>>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z (at most 1024 in all).
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, bytes.
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// Threads per block the flat (1-D) kernels use: a multiple of the warp size that keeps
+    /// enough warps per SM in flight to hide DRAM latency.
+    pub const FLAT_BLOCK: u32 = 256;
+    /// Most blocks a flat launch asks for; grid-stride loops cover the rest. 65535 blocks of
+    /// 256 threads is far past the point where every SM of any current GPU is full.
+    pub const FLAT_MAX_BLOCKS: u32 = 65_535;
+
+    /// A 1-D launch over `n` elements for a kernel with a grid-stride loop.
+    pub fn flat(n: usize) -> Self {
+        let block = Self::FLAT_BLOCK;
+        let blocks = n
+            .div_ceil(block as usize)
+            .clamp(1, Self::FLAT_MAX_BLOCKS as usize);
+        LaunchConfig {
+            grid: (blocks as u32, 1, 1),
+            block: (block, 1, 1),
+            shared_bytes: 0,
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads_per_block(&self) -> u64 {
+        u64::from(self.block.0) * u64::from(self.block.1) * u64::from(self.block.2)
+    }
+
+    /// Checks the limits every CUDA device since sm_30 shares; a backend may check more.
+    pub fn validate(&self, kernel: &str) -> Result<(), BackendError> {
+        let bad = |detail: String| BackendError::BadLaunch {
+            kernel: kernel.to_string(),
+            detail,
+        };
+        let (gx, gy, gz) = self.grid;
+        let (bx, by, bz) = self.block;
+        if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 {
+            return Err(bad(format!(
+                "zero-sized grid {:?} or block {:?}",
+                self.grid, self.block
+            )));
+        }
+        if gx > i32::MAX as u32 || gy > 65_535 || gz > 65_535 {
+            return Err(bad(format!(
+                "grid {:?} exceeds (2^31-1, 65535, 65535)",
+                self.grid
+            )));
+        }
+        if bx > 1024 || by > 1024 || bz > 64 || self.threads_per_block() > 1024 {
+            return Err(bad(format!(
+                "block {:?} exceeds 1024 threads (or (1024, 1024, 64) per dimension)",
+                self.block
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One kernel argument, in CUDA's by-value parameter encoding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg {
+    /// A device address (any pointer parameter).
+    Ptr(u64),
+    /// `float`
+    F32(f32),
+    /// `double`
+    F64(f64),
+    /// `int`
+    I32(i32),
+    /// `unsigned int`
+    U32(u32),
+    /// `long long`
+    I64(i64),
+    /// `unsigned long long`
+    U64(u64),
+}
+
+impl KernelArg {
+    /// Whether this argument can be passed for parameter kind `kind`.
+    pub fn fits(&self, kind: ParamKind) -> bool {
+        matches!(
+            (self, kind),
+            (
+                KernelArg::Ptr(_),
+                ParamKind::ConstPtr(_) | ParamKind::MutPtr(_)
+            ) | (KernelArg::F32(_), ParamKind::Value(Scalar::F32))
+                | (KernelArg::F64(_), ParamKind::Value(Scalar::F64))
+                | (KernelArg::I32(_), ParamKind::Value(Scalar::I32))
+                | (KernelArg::U32(_), ParamKind::Value(Scalar::U32))
+                | (KernelArg::I64(_), ParamKind::Value(Scalar::I64))
+                | (KernelArg::U64(_), ParamKind::Value(Scalar::U64))
+        )
+    }
+}
+
+/// Checks `args` against the kernel's declared parameters and `cfg` against CUDA's limits.
+/// Backends call this before every launch; the typed launchers can never fail it, raw
+/// [`Launch::launch`] callers can.
+pub(crate) fn check_launch(
+    kernel: &KernelSignature,
+    cfg: &LaunchConfig,
+    args: &[KernelArg],
+) -> Result<(), BackendError> {
+    cfg.validate(kernel.name)?;
+    if args.len() != kernel.params.len() {
+        return Err(BackendError::BadArguments {
+            kernel: kernel.name.to_string(),
+            detail: format!(
+                "expected {} arguments, got {}",
+                kernel.params.len(),
+                args.len()
+            ),
+        });
+    }
+    for (i, (arg, param)) in args.iter().zip(kernel.params).enumerate() {
+        if !arg.fits(param.kind) {
+            return Err(BackendError::BadArguments {
+                kernel: kernel.name.to_string(),
+                detail: format!(
+                    "argument {i} (`{}`) is declared {:?} but got {arg:?}",
+                    param.name, param.kind
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Element types device buffers may hold.
+pub trait DeviceScalar:
+    bytemuck::Pod + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Send + Sync + 'static
+{
+    /// The kernel-side type.
+    const SCALAR: Scalar;
+}
+
+macro_rules! device_scalar {
+    ($($t:ty => $s:ident),* $(,)?) => {
+        $(impl DeviceScalar for $t { const SCALAR: Scalar = Scalar::$s; })*
+    };
+}
+device_scalar!(f32 => F32, f64 => F64, half::f16 => F16, i32 => I32, u32 => U32, i64 => I64, u64 => U64, u8 => U8);
+
+/// A typed allocation in some backend's device memory.
+pub trait DeviceBuffer<T: DeviceScalar> {
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// True when it holds no element.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The address kernels see for element 0.
+    fn device_addr(&self) -> u64;
+}
+
+/// A backend that can run the embedded kernels.
+pub trait Launch {
+    /// This backend's device buffer.
+    type Buffer<T: DeviceScalar>: DeviceBuffer<T>;
+
+    /// Runs `kernel` with `args` in parameter order. Launches are asynchronous in the CUDA
+    /// sense: ordered with this device's other work, finished by the next synchronizing call.
+    ///
+    /// # Safety
+    /// Pointer arguments must be addresses of live buffers of this backend (or of a peer the
+    /// backend lets kernels read), and the kernel must stay inside them given the scalar
+    /// arguments. Prefer the typed launchers in [`crate::kernels`] and the safe operations
+    /// built on them; both check everything but the kernel's own index bounds.
+    unsafe fn launch(
+        &self,
+        kernel: &'static KernelSignature,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::elementwise::AXPY_F32;
+
+    #[test]
+    fn flat_launches_cover_every_element_or_stride_over_it() {
+        for n in [
+            0usize,
+            1,
+            255,
+            256,
+            257,
+            65_535 * 256,
+            65_535 * 256 + 1,
+            1 << 33,
+        ] {
+            let cfg = LaunchConfig::flat(n);
+            cfg.validate("flat").expect("flat shapes are valid");
+            let threads = u64::from(cfg.grid.0) * cfg.threads_per_block();
+            // Either one thread per element, or the maximal grid that grid-stride loops rely on.
+            assert!(
+                threads >= n as u64 || cfg.grid.0 == LaunchConfig::FLAT_MAX_BLOCKS,
+                "n={n} cfg={cfg:?}"
+            );
+            assert!(
+                threads < n as u64 + 256 || n == 0 || cfg.grid.0 == LaunchConfig::FLAT_MAX_BLOCKS
+            );
+        }
+    }
+
+    #[test]
+    fn impossible_shapes_are_rejected() {
+        let ok = LaunchConfig {
+            grid: (1, 1, 1),
+            block: (1024, 1, 1),
+            shared_bytes: 0,
+        };
+        ok.validate("k").expect("1024 threads is legal");
+        for bad in [
+            LaunchConfig {
+                block: (1025, 1, 1),
+                ..ok
+            },
+            LaunchConfig {
+                block: (32, 32, 2),
+                ..ok
+            },
+            LaunchConfig {
+                block: (0, 1, 1),
+                ..ok
+            },
+            LaunchConfig {
+                grid: (1, 0, 1),
+                ..ok
+            },
+            LaunchConfig {
+                grid: (1, 65_536, 1),
+                ..ok
+            },
+        ] {
+            assert!(
+                matches!(bad.validate("k"), Err(BackendError::BadLaunch { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_against_the_declaration() {
+        let cfg = LaunchConfig::flat(10);
+        // axpy_f32(const float* x, float* y, float alpha, unsigned long long n)
+        let good = [
+            KernelArg::Ptr(16),
+            KernelArg::Ptr(32),
+            KernelArg::F32(2.0),
+            KernelArg::U64(10),
+        ];
+        check_launch(&AXPY_F32, &cfg, &good).expect("matches");
+        let short = &good[..3];
+        let swapped = [
+            KernelArg::Ptr(16),
+            KernelArg::Ptr(32),
+            KernelArg::U64(10),
+            KernelArg::F32(2.0),
+        ];
+        let by_value = [
+            KernelArg::F32(0.0),
+            KernelArg::Ptr(32),
+            KernelArg::F32(2.0),
+            KernelArg::U64(10),
+        ];
+        for bad in [short, &swapped[..], &by_value[..]] {
+            assert!(matches!(
+                check_launch(&AXPY_F32, &cfg, bad),
+                Err(BackendError::BadArguments { .. })
+            ));
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! `nanoddp info`: what this build and this machine can do.
+
+use std::io::{self, Write};
+
+use nanoddp::backend::{cuda, nvrtc};
+use nanoddp::kernels::{fatbin, resources, MODULES, PREBUILT};
+use nanoddp::system;
+
+/// Writes the report. Fails only if `out` cannot be written; a machine with no CUDA at all
+/// is a normal answer, not an error.
+pub fn run(out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "nanoddp {}", env!("CARGO_PKG_VERSION"))?;
+    writeln!(out)?;
+    kernels(out)?;
+    writeln!(out)?;
+    gpus(out)?;
+    writeln!(out)?;
+    cpu(out)
+}
+
+fn kernels(out: &mut impl Write) -> io::Result<()> {
+    let count: usize = MODULES.iter().map(|m| m.kernels.len()).sum();
+    writeln!(
+        out,
+        "Kernels: {count} in {} files under kernels/",
+        MODULES.len()
+    )?;
+    let Some(pre) = PREBUILT else {
+        writeln!(
+            out,
+            "  not prebuilt: the build found no nvcc, so each module is compiled at run time by \
+             NVRTC\n  (libnvrtc.so.13) on first use on a GPU. Set NVCC or CUDA_HOME and rebuild to prebuild."
+        )?;
+        return Ok(());
+    };
+    writeln!(
+        out,
+        "  prebuilt by nvcc {}: SASS for {}, PTX for {} (JIT on other GPUs)",
+        pre.nvcc_version,
+        pre.sass_archs.join(", "),
+        pre.ptx_arch
+    )?;
+    for module in MODULES {
+        let images = match module.fatbin.map(fatbin::images) {
+            Some(Ok(images)) => images
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            Some(Err(e)) => format!("unreadable fatbin: {e}"),
+            None => "no fatbin".to_string(),
+        };
+        writeln!(
+            out,
+            "  {}: {} kernels, {} B fatbin [{images}]",
+            module.file,
+            module.kernels.len(),
+            module.fatbin.map_or(0, <[u8]>::len)
+        )?;
+    }
+    let mut rows = match resources::all() {
+        Ok(rows) => rows,
+        Err(e) => return writeln!(out, "  the embedded ptxas report does not parse: {e}"),
+    };
+    rows.sort_by(|(ma, a), (mb, b)| (ma, &a.kernel, &a.arch).cmp(&(mb, &b.kernel, &b.arch)));
+    writeln!(
+        out,
+        "  {:<12} {:<18} {:<6} {:>5} {:>9} {:>6} {:>12}",
+        "module", "kernel", "arch", "regs", "smem B", "stack", "spill st/ld"
+    )?;
+    for (module, r) in &rows {
+        writeln!(
+            out,
+            "  {:<12} {:<18} {:<6} {:>5} {:>9} {:>6} {:>12}{}",
+            module,
+            r.kernel,
+            r.arch,
+            r.registers,
+            r.shared_bytes,
+            r.stack_bytes,
+            format!("{}/{}", r.spill_store_bytes, r.spill_load_bytes),
+            if r.spills() { "  <- SPILLS" } else { "" }
+        )?;
+    }
+    Ok(())
+}
+
+fn gpus(out: &mut impl Write) -> io::Result<()> {
+    write!(out, "CUDA: ")?;
+    if !cuda::driver_present() {
+        writeln!(
+            out,
+            "no CUDA driver found (libcuda.so / libcuda.so.1 is not on the library path).\n  \
+             GPU backends are unavailable; everything runs on the CPU."
+        )?;
+    } else {
+        match cuda::driver_version() {
+            Ok((major, minor)) => writeln!(out, "driver supports CUDA {major}.{minor}")?,
+            Err(e) => writeln!(out, "driver present but unusable: {e}")?,
+        }
+        match cuda::CudaDevice::all_infos() {
+            Ok(devices) => {
+                for d in devices {
+                    writeln!(
+                        out,
+                        "  GPU {}: {} (sm_{}{}, {:.1} GiB)",
+                        d.ordinal,
+                        d.name,
+                        d.compute_capability.0,
+                        d.compute_capability.1,
+                        d.total_memory as f64 / (1u64 << 30) as f64
+                    )?;
+                }
+            }
+            Err(e) => writeln!(out, "  {e}")?,
+        }
+    }
+    match nvrtc::version() {
+        Some((major, minor)) => writeln!(
+            out,
+            "  NVRTC {major}.{minor} available for run-time compilation"
+        )?,
+        None => writeln!(
+            out,
+            "  NVRTC not found (needed only when no prebuilt kernel fits the GPU)"
+        )?,
+    }
+    Ok(())
+}
+
+fn cpu(out: &mut impl Write) -> io::Result<()> {
+    let info = system::cpu_info();
+    writeln!(
+        out,
+        "CPU: {} ({} threads available)",
+        info.model.as_deref().unwrap_or("unknown model"),
+        info.threads
+    )?;
+    let simd = if info.simd.is_empty() {
+        "none detected".to_string()
+    } else {
+        info.simd.join(" ")
+    };
+    writeln!(out, "  SIMD: {simd}")
+}

@@ -1,0 +1,3 @@
+//! Subcommands of the `nanoddp` binary, one module each.
+
+pub mod info;

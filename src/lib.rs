@@ -1,0 +1,28 @@
+//! # nanoddp
+//!
+//! Data-parallel training from scratch: hand-written CUDA kernels compiled by `build.rs`
+//! from `kernels/`, collectives built by hand, and a LeNet trainer on top, with no ML
+//! framework. No machine that builds or tests this crate has a GPU, so every kernel is
+//! compiled by the real nvcc when one is found (and its resource use is recorded), and
+//! the crate builds and runs without any CUDA at all.
+//!
+//! ## Three ways to use it
+//! * **As a backend you link**: open a device ([`backend::cuda::CudaDevice`]), allocate
+//!   buffers, run the operations in [`ops`] or any kernel through its typed launcher in
+//!   [`kernels`].
+//! * **As a test suite**: `cargo test` checks every kernel against float64 references.
+//! * **As a text**: each kernel file opens with its launch shape and roofline; each module
+//!   here explains one idea.
+//!
+//! ## Map
+//! * [`kernels`]: what `build.rs` embedded (sources, fatbins, ptxas reports, signatures)
+//!   and the typed launchers generated from the `.cu` declarations.
+//! * [`backend`]: the [`Launch`](backend::Launch) interface and the CUDA backend, with
+//!   run-time compilation by NVRTC.
+//! * [`ops`]: safe, length-checked operations on device buffers.
+//! * [`system`]: the host CPU's description.
+
+pub mod backend;
+pub mod kernels;
+pub mod ops;
+pub mod system;

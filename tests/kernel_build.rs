@@ -1,0 +1,241 @@
+//! What build.rs embedded: every kernel file, its flattened source, the signatures parsed
+//! from it, and (when nvcc was found) the fatbin and a ptxas report with no spills.
+//!
+//! CI sets NANODDP_EXPECT_PREBUILT=1 (nvcc build) or 0 (NANODDP_NO_NVCC build), so a build
+//! that silently took the other path fails here instead of skipping checks.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use nanoddp::kernels::fatbin::{self, ImageKind};
+use nanoddp::kernels::{resources, KernelSignature, ParamKind, Scalar, MODULES, PREBUILT};
+
+fn kernel_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels"))
+}
+
+#[test]
+fn the_build_took_the_path_ci_asked_for() {
+    match std::env::var("NANODDP_EXPECT_PREBUILT").as_deref() {
+        Ok("1") => assert!(
+            PREBUILT.is_some(),
+            "expected an nvcc build, but the kernels were not prebuilt"
+        ),
+        Ok("0") => assert!(
+            PREBUILT.is_none(),
+            "expected a build without nvcc, but kernels were prebuilt"
+        ),
+        _ => eprintln!(
+            "NANODDP_EXPECT_PREBUILT unset: accepting either build (prebuilt: {})",
+            PREBUILT.is_some()
+        ),
+    }
+    for m in MODULES {
+        assert_eq!(
+            m.fatbin.is_some(),
+            PREBUILT.is_some(),
+            "{}: fatbin presence disagrees with PREBUILT",
+            m.name
+        );
+        assert_eq!(
+            m.ptxas_report.is_some(),
+            PREBUILT.is_some(),
+            "{}: report presence disagrees",
+            m.name
+        );
+    }
+}
+
+#[test]
+fn every_kernel_file_is_embedded_once() {
+    let on_disk: BTreeSet<String> = std::fs::read_dir(kernel_dir())
+        .expect("kernels/ exists")
+        .filter_map(|e| e.ok()?.path().file_name()?.to_str().map(str::to_string))
+        .filter_map(|name| name.strip_suffix(".cu").map(str::to_string))
+        .collect();
+    let embedded: Vec<&str> = MODULES.iter().map(|m| m.name).collect();
+    assert_eq!(
+        embedded
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<BTreeSet<_>>(),
+        on_disk
+    );
+    assert_eq!(embedded.len(), on_disk.len(), "a module is embedded twice");
+}
+
+#[test]
+fn flattened_sources_are_self_contained() {
+    for m in MODULES {
+        for (i, line) in m.source.lines().enumerate() {
+            let t = line.trim_start();
+            assert!(
+                !(t.starts_with("#include") && t.contains('"')),
+                "{}: line {} of the embedded source still includes a local file: {line}",
+                m.name,
+                i + 1
+            );
+        }
+        // Every local header the file includes is inlined, once.
+        let headers = std::fs::read_dir(kernel_dir())
+            .unwrap()
+            .filter_map(|e| e.ok()?.path().file_name()?.to_str().map(str::to_string))
+            .filter(|n| n.ends_with(".cuh"));
+        let original =
+            std::fs::read_to_string(kernel_dir().join(format!("{}.cu", m.name))).unwrap();
+        for h in headers {
+            let included = original.contains(&format!("#include \"{h}\""));
+            let inlined = m
+                .source
+                .matches(&format!("#line 1 \"kernels/{h}\""))
+                .count();
+            assert_eq!(
+                inlined,
+                usize::from(included),
+                "{}: {h} inlined {inlined} times",
+                m.name
+            );
+        }
+    }
+}
+
+/// The C spelling of a parameter type, rendered independently of build.rs's parser.
+fn c_type(kind: ParamKind) -> String {
+    let base = |s: Scalar| match s {
+        Scalar::F32 => "float",
+        Scalar::F64 => "double",
+        Scalar::F16 => "__half",
+        Scalar::I32 => "int",
+        Scalar::U32 => "unsigned int",
+        Scalar::I64 => "long long",
+        Scalar::U64 => "unsigned long long",
+        Scalar::U8 => "unsigned char",
+    };
+    match kind {
+        ParamKind::Value(s) => base(s).to_string(),
+        ParamKind::ConstPtr(s) => format!("const {}*", base(s)),
+        ParamKind::MutPtr(s) => format!("{}*", base(s)),
+    }
+}
+
+fn normalize(text: &str) -> String {
+    text.replace("__restrict__", "")
+        .replace('*', "* ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace(" *", "*")
+}
+
+#[test]
+fn signatures_render_back_to_their_declarations() {
+    let mut names = BTreeSet::new();
+    for m in MODULES {
+        let original =
+            std::fs::read_to_string(kernel_dir().join(format!("{}.cu", m.name))).unwrap();
+        let lines: Vec<&str> = original.lines().collect();
+        for k in m.kernels {
+            let k: &KernelSignature = k;
+            assert_eq!(k.module, m.name);
+            assert!(names.insert(k.name), "kernel {} defined twice", k.name);
+            // The declaration starts on the recorded line and runs to the closing parenthesis.
+            let from = k.line as usize - 1;
+            let decl: String = lines[from..].join(" ");
+            let decl = &decl[..decl.find(')').expect("closing parenthesis")];
+            let rendered: Vec<String> = k
+                .params
+                .iter()
+                .map(|p| format!("{} {}", c_type(p.kind), p.name))
+                .collect();
+            let expected = format!(
+                "extern \"C\" __global__ void {}({}",
+                k.name,
+                rendered.join(", ")
+            );
+            assert_eq!(
+                normalize(decl),
+                normalize(&expected),
+                "{}:{}",
+                m.file,
+                k.line
+            );
+        }
+    }
+}
+
+#[test]
+fn fatbins_hold_sass_for_each_arch_and_portable_ptx() {
+    let Some(pre) = PREBUILT else {
+        eprintln!("skipped: built without nvcc, no fatbin to inspect");
+        return;
+    };
+    for m in MODULES {
+        let images = fatbin::images(m.fatbin.expect("prebuilt")).expect("fatbin parses");
+        let sass: BTreeSet<String> = images
+            .iter()
+            .filter(|i| i.kind == ImageKind::Sass)
+            .map(|i| format!("sm_{}", i.arch))
+            .collect();
+        let ptx: Vec<String> = images
+            .iter()
+            .filter(|i| i.kind == ImageKind::Ptx)
+            .map(|i| format!("compute_{}", i.arch))
+            .collect();
+        let want: BTreeSet<String> = pre.sass_archs.iter().map(|s| s.to_string()).collect();
+        assert_eq!(sass, want, "{}: SASS images", m.name);
+        assert_eq!(
+            ptx,
+            vec![pre.ptx_arch.to_string()],
+            "{}: PTX images",
+            m.name
+        );
+    }
+}
+
+#[test]
+fn ptxas_report_covers_exactly_the_kernels_and_nothing_spills() {
+    let Some(pre) = PREBUILT else {
+        eprintln!("skipped: built without nvcc, no ptxas report");
+        return;
+    };
+    for m in MODULES {
+        let rows = resources::parse(m.ptxas_report.expect("prebuilt")).expect("report parses");
+        let got: BTreeSet<(String, String)> = rows
+            .iter()
+            .map(|r| (r.kernel.clone(), r.arch.clone()))
+            .collect();
+        let want: BTreeSet<(String, String)> = m
+            .kernels
+            .iter()
+            .flat_map(|k| {
+                pre.sass_archs
+                    .iter()
+                    .map(move |a| (k.name.to_string(), a.to_string()))
+            })
+            .collect();
+        assert_eq!(got, want, "{}: report entries", m.name);
+        assert_eq!(
+            rows.len(),
+            want.len(),
+            "{}: duplicate report entries",
+            m.name
+        );
+        for r in &rows {
+            assert!(
+                r.registers > 0 && r.registers <= 255,
+                "{}: {} registers on {}",
+                r.kernel,
+                r.registers,
+                r.arch
+            );
+            assert!(
+                !r.spills(),
+                "{} spills on {}: {} B stored, {} B loaded; reduce register pressure",
+                r.kernel,
+                r.arch,
+                r.spill_store_bytes,
+                r.spill_load_bytes
+            );
+        }
+    }
+}
