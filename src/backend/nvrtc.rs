@@ -42,8 +42,9 @@ pub fn version() -> Option<(i32, i32)> {
 }
 
 /// Folders holding `cuda_fp16.h`, which the kernels include: `NANODDP_CUDA_INCLUDE`,
-/// `$CUDA_HOME/include`, `$CUDA_PATH/include`, the headers of the nvcc the crate was built
-/// with, then `/usr/local/cuda/include`.
+/// `$CUDA_HOME/include`, `$CUDA_PATH/include`, `../include` beside the loaded libnvrtc (the
+/// layout of both a toolkit and NVIDIA's PyPI wheels), the headers of the nvcc the crate
+/// was built with, then `/usr/local/cuda/include`.
 pub fn include_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("NANODDP_CUDA_INCLUDE") {
@@ -54,6 +55,9 @@ pub fn include_dirs() -> Vec<PathBuf> {
             dirs.push(PathBuf::from(p).join("include"));
         }
     }
+    if let Some(lib_dir) = loaded_library_dir("libnvrtc.so") {
+        dirs.push(lib_dir.join("..").join("include"));
+    }
     if let Some(dir) = PREBUILT.and_then(|p| p.cuda_include_dir) {
         dirs.push(dir.into());
     }
@@ -61,6 +65,20 @@ pub fn include_dirs() -> Vec<PathBuf> {
     dirs.retain(|d| d.join("cuda_fp16.h").is_file());
     dirs.dedup();
     dirs
+}
+
+/// The folder of a shared library this process has mapped, read from `/proc/self/maps`.
+fn loaded_library_dir(name: &str) -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .map(PathBuf::from)
+        .find(|path| {
+            path.file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f.starts_with(name))
+        })
+        .and_then(|path| path.parent().map(PathBuf::from))
 }
 
 /// Compiles `module` for compute capability `major.minor`.
@@ -87,6 +105,9 @@ pub fn compile(
         .map_err(|_| compile_error("source contains a NUL byte".into()))?;
     let name = CString::new(module.file)
         .map_err(|_| compile_error("file name contains a NUL byte".into()))?;
+    // Creating the program loads libnvrtc for good, which `include_dirs` looks for.
+    let program =
+        result::create_program(&source, Some(&name)).map_err(|e| compile_error(e.to_string()))?;
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
@@ -98,8 +119,6 @@ pub fn compile(
             .map(|d| format!("--include-path={}", d.display())),
     );
 
-    let program =
-        result::create_program(&source, Some(&name)).map_err(|e| compile_error(e.to_string()))?;
     // SAFETY: `program` was just created and is destroyed exactly once below; `source` and
     // `name` outlive it.
     let compiled = unsafe { result::compile_program(program, &options) };
@@ -108,6 +127,10 @@ pub fn compile(
         .map(|raw| c_chars_to_string(&raw))
         .unwrap_or_default();
     let bytes = match compiled {
+        Err(_) if log.contains("could not open source file") => Err(compile_error(format!(
+            "{log}\nNVRTC needs CUDA's headers (cuda_fp16.h): set NANODDP_CUDA_INCLUDE to a folder \
+             holding them, or `pip install nvidia-cuda-runtime` beside nvidia-cuda-nvrtc"
+        ))),
         Err(_) => Err(compile_error(log)),
         // SAFETY: as above; the program compiled.
         Ok(()) => unsafe { take_output(program, output) }
