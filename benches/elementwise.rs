@@ -9,6 +9,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::nvrtc::{self, Output};
+use nanoddp::backend::Device;
 use nanoddp::kernels::MODULES;
 use nanoddp::ops::elementwise;
 

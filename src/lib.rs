@@ -17,7 +17,7 @@
 //! ## Map
 //! * [`kernels`]: what `build.rs` embedded (sources, fatbins, ptxas reports, signatures)
 //!   and the typed launchers generated from the `.cu` declarations.
-//! * [`backend`]: the [`Launch`](backend::Launch) interface and the CUDA backend, with
+//! * [`backend`]: the [`Device`](backend::Device) interface and the CUDA backend, with
 //!   run-time compilation by NVRTC.
 //! * [`ops`]: safe, length-checked operations on device buffers.
 //! * [`system`]: the host CPU's description.

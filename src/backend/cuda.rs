@@ -23,7 +23,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
-use super::{BackendError, DeviceBuffer, DeviceScalar, KernelArg, Launch, LaunchConfig};
+use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig};
 use crate::kernels::{KernelModule, KernelSignature};
 
 /// True when the CUDA driver library can be loaded. Never panics.
@@ -163,64 +163,6 @@ impl CudaDevice {
             .collect()
     }
 
-    /// Allocates `len` zeroed elements.
-    pub fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<CudaBuffer<T>, BackendError> {
-        let slice = self
-            .stream
-            .alloc_zeros::<T>(len)
-            .map_err(driver_err(format!(
-                "allocating {len} elements on GPU {}",
-                self.info.ordinal
-            )))?;
-        Ok(CudaBuffer { slice })
-    }
-
-    /// Copies `host` into a new device buffer.
-    pub fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<CudaBuffer<T>, BackendError> {
-        let slice = self.stream.clone_htod(host).map_err(driver_err(format!(
-            "copying {} elements to GPU {}",
-            host.len(),
-            self.info.ordinal
-        )))?;
-        Ok(CudaBuffer { slice })
-    }
-
-    /// Copies `host` into an existing buffer of the same length.
-    pub fn write<T: DeviceScalar>(
-        &self,
-        host: &[T],
-        buf: &mut CudaBuffer<T>,
-    ) -> Result<(), BackendError> {
-        if host.len() != buf.len() {
-            return Err(BackendError::LengthMismatch {
-                operation: "host-to-device copy",
-                left: host.len(),
-                right: buf.len(),
-            });
-        }
-        self.stream
-            .memcpy_htod(host, &mut buf.slice)
-            .map_err(driver_err("copying to the device"))
-    }
-
-    /// Copies a buffer back to the host (waits for the device's queued work first).
-    pub fn download<T: DeviceScalar>(&self, buf: &CudaBuffer<T>) -> Result<Vec<T>, BackendError> {
-        self.stream
-            .clone_dtoh(&buf.slice)
-            .map_err(driver_err(format!(
-                "copying {} elements from GPU {}",
-                buf.len(),
-                self.info.ordinal
-            )))
-    }
-
-    /// Waits until all work queued on this device has finished.
-    pub fn synchronize(&self) -> Result<(), BackendError> {
-        self.stream
-            .synchronize()
-            .map_err(driver_err("synchronizing the stream"))
-    }
-
     /// Loads a kernel module now (normally it loads at its first launch) and says which
     /// variant loaded.
     pub fn load(&self, module: &'static KernelModule) -> Result<ModuleOrigin, BackendError> {
@@ -338,8 +280,61 @@ impl<T: DeviceScalar> DeviceBuffer<T> for CudaBuffer<T> {
     }
 }
 
-impl Launch for CudaDevice {
+impl Device for CudaDevice {
     type Buffer<T: DeviceScalar> = CudaBuffer<T>;
+
+    fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<CudaBuffer<T>, BackendError> {
+        let slice = self
+            .stream
+            .alloc_zeros::<T>(len)
+            .map_err(driver_err(format!(
+                "allocating {len} elements on GPU {}",
+                self.info.ordinal
+            )))?;
+        Ok(CudaBuffer { slice })
+    }
+
+    fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<CudaBuffer<T>, BackendError> {
+        let slice = self.stream.clone_htod(host).map_err(driver_err(format!(
+            "copying {} elements to GPU {}",
+            host.len(),
+            self.info.ordinal
+        )))?;
+        Ok(CudaBuffer { slice })
+    }
+
+    fn write<T: DeviceScalar>(
+        &self,
+        host: &[T],
+        buf: &mut CudaBuffer<T>,
+    ) -> Result<(), BackendError> {
+        if host.len() != buf.len() {
+            return Err(BackendError::LengthMismatch {
+                operation: "host-to-device copy",
+                left: host.len(),
+                right: buf.len(),
+            });
+        }
+        self.stream
+            .memcpy_htod(host, &mut buf.slice)
+            .map_err(driver_err("copying to the device"))
+    }
+
+    fn download<T: DeviceScalar>(&self, buf: &CudaBuffer<T>) -> Result<Vec<T>, BackendError> {
+        self.stream
+            .clone_dtoh(&buf.slice)
+            .map_err(driver_err(format!(
+                "copying {} elements from GPU {}",
+                buf.len(),
+                self.info.ordinal
+            )))
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.stream
+            .synchronize()
+            .map_err(driver_err("synchronizing the stream"))
+    }
 
     unsafe fn launch(
         &self,
@@ -366,7 +361,7 @@ impl Launch for CudaDevice {
             shared_mem_bytes: cfg.shared_bytes,
         };
         // SAFETY: argument count and kinds match the kernel's declared parameters (checked
-        // above); the caller guarantees pointers and bounds per `Launch::launch`'s contract.
+        // above); the caller guarantees pointers and bounds per `Device::launch`'s contract.
         unsafe { builder.launch(config) }
             .map_err(driver_err(format!("launching `{}`", kernel.name)))?;
         Ok(())

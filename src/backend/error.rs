@@ -88,6 +88,15 @@ pub enum BackendError {
         /// What is wrong.
         detail: String,
     },
+    /// The SIMT emulator caught a kernel misbehaving.
+    #[error(transparent)]
+    Emulator(Box<crate::backend::simt::EmulatorError>),
+    /// A device allocation failed.
+    #[error("cannot allocate {bytes} bytes of device memory")]
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// Host and device lengths that differ in a copy, or an operation on buffers of
     /// different lengths.
     #[error("{operation}: length mismatch ({left} vs {right} elements)")]

@@ -109,7 +109,7 @@ impl KernelArg {
 
 /// Checks `args` against the kernel's declared parameters and `cfg` against CUDA's limits.
 /// Backends call this before every launch; the typed launchers can never fail it, raw
-/// [`Launch::launch`] callers can.
+/// [`Device::launch`] callers can.
 pub(crate) fn check_launch(
     kernel: &KernelSignature,
     cfg: &LaunchConfig,
@@ -167,10 +167,29 @@ pub trait DeviceBuffer<T: DeviceScalar> {
     fn device_addr(&self) -> u64;
 }
 
-/// A backend that can run the embedded kernels.
-pub trait Launch {
+/// A device: memory for typed buffers, and the embedded kernels run on that memory.
+pub trait Device {
     /// This backend's device buffer.
     type Buffer<T: DeviceScalar>: DeviceBuffer<T>;
+
+    /// Allocates `len` zeroed elements.
+    fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<Self::Buffer<T>, BackendError>;
+
+    /// Copies `host` into a new buffer.
+    fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<Self::Buffer<T>, BackendError>;
+
+    /// Copies `host` into `buf`, which must have the same length.
+    fn write<T: DeviceScalar>(
+        &self,
+        host: &[T],
+        buf: &mut Self::Buffer<T>,
+    ) -> Result<(), BackendError>;
+
+    /// Copies `buf` back to the host, after the device's queued work.
+    fn download<T: DeviceScalar>(&self, buf: &Self::Buffer<T>) -> Result<Vec<T>, BackendError>;
+
+    /// Waits until the device's queued work has finished.
+    fn synchronize(&self) -> Result<(), BackendError>;
 
     /// Runs `kernel` with `args` in parameter order. Launches are asynchronous in the CUDA
     /// sense: ordered with this device's other work, finished by the next synchronizing call.

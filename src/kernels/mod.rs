@@ -4,7 +4,7 @@
 //! A kernel's signature is written exactly once, in its `.cu` file. `build.rs` parses the
 //! `extern "C" __global__` declarations into [`KernelSignature`]s and generates one typed
 //! launcher per kernel (e.g. [`elementwise::axpy_f32`]) that works with every backend
-//! implementing [`Launch`](crate::backend::Launch), so the backends cannot drift apart.
+//! implementing [`Device`](crate::backend::Device), so the backends cannot drift apart.
 //!
 //! [`MODULES`] lists every kernel file with
 //! * `source`: the file with its local includes flattened, ready for NVRTC;

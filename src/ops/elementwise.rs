@@ -1,6 +1,6 @@
 //! Flat operations over whole buffers (`kernels/elementwise.cu`).
 
-use crate::backend::{BackendError, DeviceBuffer, Launch, LaunchConfig};
+use crate::backend::{BackendError, Device, DeviceBuffer, LaunchConfig};
 use crate::kernels::elementwise as k;
 
 fn same_len(operation: &'static str, left: usize, right: usize) -> Result<(), BackendError> {
@@ -16,7 +16,7 @@ fn same_len(operation: &'static str, left: usize, right: usize) -> Result<(), Ba
 }
 
 /// `out[i] = value` for every element.
-pub fn fill<D: Launch + ?Sized>(
+pub fn fill<D: Device + ?Sized>(
     dev: &D,
     out: &mut D::Buffer<f32>,
     value: f32,
@@ -27,7 +27,7 @@ pub fn fill<D: Launch + ?Sized>(
 }
 
 /// `x[i] *= alpha`.
-pub fn scale<D: Launch + ?Sized>(
+pub fn scale<D: Device + ?Sized>(
     dev: &D,
     x: &mut D::Buffer<f32>,
     alpha: f32,
@@ -38,7 +38,7 @@ pub fn scale<D: Launch + ?Sized>(
 }
 
 /// `y[i] += alpha * x[i]` (fused multiply-add).
-pub fn axpy<D: Launch + ?Sized>(
+pub fn axpy<D: Device + ?Sized>(
     dev: &D,
     alpha: f32,
     x: &D::Buffer<f32>,
@@ -51,7 +51,7 @@ pub fn axpy<D: Launch + ?Sized>(
 }
 
 /// `out[i] = a[i] + b[i]`.
-pub fn add<D: Launch + ?Sized>(
+pub fn add<D: Device + ?Sized>(
     dev: &D,
     a: &D::Buffer<f32>,
     b: &D::Buffer<f32>,
@@ -65,7 +65,7 @@ pub fn add<D: Launch + ?Sized>(
 }
 
 /// `out[i] = f16(x[i])`, rounding to nearest even.
-pub fn cast_to_f16<D: Launch + ?Sized>(
+pub fn cast_to_f16<D: Device + ?Sized>(
     dev: &D,
     x: &D::Buffer<f32>,
     out: &mut D::Buffer<half::f16>,
@@ -77,7 +77,7 @@ pub fn cast_to_f16<D: Launch + ?Sized>(
 }
 
 /// `out[i] = f32(x[i])` (exact).
-pub fn cast_to_f32<D: Launch + ?Sized>(
+pub fn cast_to_f32<D: Device + ?Sized>(
     dev: &D,
     x: &D::Buffer<half::f16>,
     out: &mut D::Buffer<f32>,

@@ -1,0 +1,427 @@
+//! The SIMT backend: the literal `kernels/*.cu` compiled as host C++ and run on the CPU by
+//! the emulator in `kernels/simt_host.cpp`, with CUDA's execution model and the checks a
+//! GPU developer gets from compute-sanitizer.
+//!
+//! * Each CUDA thread is a fiber, each block runs on one worker OS thread, blocks spread over
+//!   workers. `__syncthreads` is a counting barrier; warp intrinsics are rendezvous of the
+//!   lanes in their mask.
+//! * Divergent barriers, masks naming exited lanes, lanes disagreeing on a mask, deadlocks,
+//!   accesses past the end of an allocation and fiber stack overflows come back as
+//!   [`BackendError::Emulator`] naming the kernel, block, thread and (where known) the
+//!   source line: never a hang.
+//! * Lane order is a launch option ([`LaneOrder`]); shared memory is poisoned (0xFF bytes,
+//!   NaN as float) at the start of every block, so a missing barrier or an unwritten shared
+//!   element changes the output. [`same_under_lane_orders`] turns that into a test.
+//!
+//! Any number of emulated devices can exist; their memory is host memory, so a kernel can
+//! read another emulated device's buffer through its address, as CUDA peer access allows.
+//! Launches are synchronous: a launch returns when the grid has finished.
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use thiserror::Error;
+
+use super::launch::check_launch;
+use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig};
+use crate::kernels::{simt_entries, KernelSignature};
+
+/// The order in which a block's threads start, and are resumed after each barrier or warp
+/// rendezvous. Correct kernels give bitwise identical results under every order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LaneOrder {
+    /// Thread 0 first.
+    #[default]
+    Forward,
+    /// The last thread first.
+    Reverse,
+    /// A permutation drawn from this seed, fresh for each block and each wake-up.
+    Random(u64),
+}
+
+/// How a SIMT device runs launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SimtConfig {
+    /// Lane order within blocks.
+    pub lane_order: LaneOrder,
+    /// Worker OS threads per launch; 0 means one per available core.
+    pub workers: u32,
+}
+
+/// What went wrong inside an emulated launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmulatorFault {
+    /// `__syncthreads` not reached by every thread, or reached at different sites.
+    BarrierDivergence,
+    /// No thread could run while some were still waiting.
+    Deadlock,
+    /// A warp intrinsic used with an inconsistent mask, an exited lane, or a bad width.
+    WarpMisuse,
+    /// An access outside every device allocation, or past the end of one.
+    MemoryFault,
+    /// A thread overflowed its fiber stack.
+    StackOverflow,
+    /// A launch shape the emulator rejects.
+    BadLaunch,
+}
+
+/// A kernel failure caught by the emulator.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("kernel `{kernel}`, block ({}, {}, {}){}{}: {fault:?}: {message}",
+        block[0], block[1], block[2],
+        thread.map(|t| format!(", thread ({}, {}, {})", t[0], t[1], t[2])).unwrap_or_default(),
+        site.as_ref().map(|s| format!(" at {s}")).unwrap_or_default())]
+pub struct EmulatorError {
+    /// The kind of failure.
+    pub fault: EmulatorFault,
+    /// Kernel name.
+    pub kernel: String,
+    /// The failing block.
+    pub block: [u32; 3],
+    /// The failing thread, when one is to blame.
+    pub thread: Option<[u32; 3]>,
+    /// `file:line` of the barrier or intrinsic involved, when known.
+    pub site: Option<String>,
+    /// What happened, in words.
+    pub message: String,
+}
+
+#[repr(C)]
+struct LaunchDesc {
+    entry: simt_entries::Entry,
+    kernel: *const c_char,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_bytes: c_uint,
+    params: *const *mut c_void,
+    lane_order: c_int,
+    seed: c_ulonglong,
+    workers: c_uint,
+}
+
+#[repr(C)]
+struct RawError {
+    kind: c_int,
+    has_thread: c_int,
+    block: [c_uint; 3],
+    thread: [c_uint; 3],
+    line: c_int,
+    file: [c_char; 160],
+    message: [c_char; 512],
+}
+
+extern "C" {
+    fn simt_launch(desc: *const LaunchDesc, err: *mut RawError) -> c_int;
+    fn simt_alloc(bytes: usize, align: usize) -> *mut c_void;
+    fn simt_free(p: *mut c_void);
+}
+
+fn c_text(raw: &[c_char]) -> String {
+    let bytes: Vec<u8> = raw
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// One emulated GPU.
+#[derive(Debug, Default)]
+pub struct SimtDevice {
+    ordinal: usize,
+    config: Mutex<SimtConfig>,
+}
+
+impl SimtDevice {
+    /// Emulated device number `ordinal`, with the default configuration.
+    pub fn new(ordinal: usize) -> Self {
+        Self::with_config(ordinal, SimtConfig::default())
+    }
+
+    /// Emulated device number `ordinal` with `config`.
+    pub fn with_config(ordinal: usize, config: SimtConfig) -> Self {
+        SimtDevice {
+            ordinal,
+            config: Mutex::new(config),
+        }
+    }
+
+    /// This device's number.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The configuration launches use now.
+    pub fn config(&self) -> SimtConfig {
+        *self.config.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the lane order of later launches.
+    pub fn set_lane_order(&self, order: LaneOrder) {
+        self.config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lane_order = order;
+    }
+}
+
+/// A typed allocation in emulated device memory (host memory whose end touches a guard
+/// page, so the first element past the end faults).
+pub struct SimtBuffer<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: the buffer owns its allocation exclusively, like a Box<[T]>; T is plain data.
+unsafe impl<T: DeviceScalar> Send for SimtBuffer<T> {}
+// SAFETY: shared references only read, as with &[T].
+unsafe impl<T: DeviceScalar> Sync for SimtBuffer<T> {}
+
+impl<T: DeviceScalar> SimtBuffer<T> {
+    fn zeroed(len: usize) -> Result<Self, BackendError> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or(BackendError::OutOfMemory { bytes: usize::MAX })?;
+        // SAFETY: FFI call; the emulator maps fresh zeroed pages (or returns null).
+        let raw = unsafe { simt_alloc(bytes, align_of::<T>()) };
+        let ptr = NonNull::new(raw.cast::<T>()).ok_or(BackendError::OutOfMemory { bytes })?;
+        Ok(SimtBuffer {
+            ptr,
+            len,
+            _owns: PhantomData,
+        })
+    }
+
+    fn host(&self) -> &[T] {
+        // SAFETY: ptr is a live, aligned allocation of len zero-initialized-or-written Ts,
+        // owned by self; launches that write it need &mut self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    fn host_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `host`, and &mut self makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> std::fmt::Debug for SimtBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimtBuffer")
+            .field("addr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<T> Drop for SimtBuffer<T> {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from simt_alloc and is freed once.
+        unsafe { simt_free(self.ptr.as_ptr().cast()) }
+    }
+}
+
+impl<T: DeviceScalar> DeviceBuffer<T> for SimtBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn device_addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+}
+
+fn entry_for(kernel: &'static KernelSignature) -> Result<simt_entries::Entry, BackendError> {
+    simt_entries::ENTRIES
+        .iter()
+        .find(|(sig, _)| {
+            std::ptr::eq(*sig, kernel) || (sig.module == kernel.module && sig.name == kernel.name)
+        })
+        .map(|(_, entry)| *entry)
+        .ok_or_else(|| BackendError::NoSuchKernel {
+            module: kernel.module.to_string(),
+            kernel: kernel.name.to_string(),
+        })
+}
+
+impl Device for SimtDevice {
+    type Buffer<T: DeviceScalar> = SimtBuffer<T>;
+
+    fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<SimtBuffer<T>, BackendError> {
+        SimtBuffer::zeroed(len)
+    }
+
+    fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<SimtBuffer<T>, BackendError> {
+        let mut buf = SimtBuffer::zeroed(host.len())?;
+        buf.host_mut().copy_from_slice(host);
+        Ok(buf)
+    }
+
+    fn write<T: DeviceScalar>(
+        &self,
+        host: &[T],
+        buf: &mut SimtBuffer<T>,
+    ) -> Result<(), BackendError> {
+        if host.len() != buf.len() {
+            return Err(BackendError::LengthMismatch {
+                operation: "host-to-device copy",
+                left: host.len(),
+                right: buf.len(),
+            });
+        }
+        buf.host_mut().copy_from_slice(host);
+        Ok(())
+    }
+
+    fn download<T: DeviceScalar>(&self, buf: &SimtBuffer<T>) -> Result<Vec<T>, BackendError> {
+        Ok(buf.host().to_vec())
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    unsafe fn launch(
+        &self,
+        kernel: &'static KernelSignature,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), BackendError> {
+        check_launch(kernel, &cfg, args)?;
+        let entry = entry_for(kernel)?;
+        // kernelParams: one pointer per argument, to that argument's value. Every argument
+        // is at most 8 bytes; smaller ones sit in the low bytes (little-endian).
+        let mut values: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(v) | KernelArg::U64(v) => v,
+                KernelArg::F32(v) => u64::from(v.to_bits()),
+                KernelArg::F64(v) => v.to_bits(),
+                KernelArg::I32(v) => u64::from(v as u32),
+                KernelArg::U32(v) => u64::from(v),
+                KernelArg::I64(v) => v as u64,
+            })
+            .collect();
+        let params: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+        let name = std::ffi::CString::new(kernel.name).unwrap_or_default();
+        let config = self.config();
+        let (lane_order, seed) = match config.lane_order {
+            LaneOrder::Forward => (0, 0),
+            LaneOrder::Reverse => (1, 0),
+            LaneOrder::Random(seed) => (2, seed),
+        };
+        let desc = LaunchDesc {
+            entry,
+            kernel: name.as_ptr(),
+            grid: [cfg.grid.0, cfg.grid.1, cfg.grid.2],
+            block: [cfg.block.0, cfg.block.1, cfg.block.2],
+            shared_bytes: cfg.shared_bytes,
+            params: params.as_ptr(),
+            lane_order,
+            seed,
+            workers: config.workers,
+        };
+        let mut raw = RawError {
+            kind: 0,
+            has_thread: 0,
+            block: [0; 3],
+            thread: [0; 3],
+            line: 0,
+            file: [0; 160],
+            message: [0; 512],
+        };
+        // SAFETY: desc and raw are valid for the call; params point at `values`, which
+        // outlive it; the entry point matches the kernel (looked up by signature); pointer
+        // arguments and bounds are the caller's contract (`Device::launch`).
+        let status = unsafe { simt_launch(&desc, &mut raw) };
+        if status == 0 {
+            return Ok(());
+        }
+        let fault = match raw.kind {
+            1 => EmulatorFault::BarrierDivergence,
+            2 => EmulatorFault::Deadlock,
+            3 => EmulatorFault::WarpMisuse,
+            4 => EmulatorFault::MemoryFault,
+            5 => EmulatorFault::StackOverflow,
+            _ => EmulatorFault::BadLaunch,
+        };
+        let file = c_text(&raw.file);
+        Err(BackendError::Emulator(Box::new(EmulatorError {
+            fault,
+            kernel: kernel.name.to_string(),
+            block: raw.block,
+            thread: (raw.has_thread != 0).then_some(raw.thread),
+            site: (!file.is_empty()).then(|| format!("{file}:{}", raw.line)),
+            message: c_text(&raw.message),
+        })))
+    }
+}
+
+/// Two lane orders produced different bytes: a race (a missing barrier, or a read of
+/// shared memory no thread wrote).
+#[derive(Debug, Error)]
+pub enum OrderDependence {
+    /// The run itself failed.
+    #[error(transparent)]
+    Failed(#[from] BackendError),
+    /// Outputs differ.
+    #[error("output depends on the lane order: {first:?} and {second:?} differ at {mismatches} of {len} elements (first at index {index})")]
+    Differs {
+        /// One order.
+        first: LaneOrder,
+        /// The other.
+        second: LaneOrder,
+        /// How many elements differ.
+        mismatches: usize,
+        /// Output length.
+        len: usize,
+        /// First differing index.
+        index: usize,
+    },
+}
+
+/// Runs `run` on a fresh device per lane order in `orders` and returns the output if every
+/// order produced the same bytes. Use at least two orders; forward and reverse expose most
+/// missing barriers, a random order the rest.
+pub fn same_under_lane_orders<T: bytemuck::Pod>(
+    orders: &[LaneOrder],
+    mut run: impl FnMut(&SimtDevice) -> Result<Vec<T>, BackendError>,
+) -> Result<Vec<T>, OrderDependence> {
+    let mut reference: Option<(LaneOrder, Vec<T>)> = None;
+    for &order in orders {
+        let dev = SimtDevice::with_config(
+            0,
+            SimtConfig {
+                lane_order: order,
+                workers: 0,
+            },
+        );
+        let out = run(&dev)?;
+        match &reference {
+            None => reference = Some((order, out)),
+            Some((first, expected)) => {
+                let a: &[u8] = bytemuck::cast_slice(expected);
+                let b: &[u8] = bytemuck::cast_slice(&out);
+                if a != b {
+                    let size = size_of::<T>();
+                    let differing: Vec<usize> = (0..expected.len().min(out.len()))
+                        .filter(|&i| a[i * size..(i + 1) * size] != b[i * size..(i + 1) * size])
+                        .collect();
+                    return Err(OrderDependence::Differs {
+                        first: *first,
+                        second: order,
+                        mismatches: differing.len() + expected.len().abs_diff(out.len()),
+                        len: expected.len(),
+                        index: differing
+                            .first()
+                            .copied()
+                            .unwrap_or(expected.len().min(out.len())),
+                    });
+                }
+            }
+        }
+    }
+    Ok(reference.map(|(_, out)| out).unwrap_or_default())
+}
