@@ -222,6 +222,10 @@ struct Warp {
     unsigned existing = 0;  // lanes that exist (the last warp of a block may be partial)
     unsigned exited = 0;
     std::vector<WarpGroup> groups;
+    // Each lane's last completed rendezvous, to explain a mask that names exited lanes.
+    unsigned last_mask[32] = {};
+    const char* last_file[32] = {};
+    int last_line[32] = {};
 };
 
 struct BlockError {
@@ -449,6 +453,16 @@ void warp_sync(unsigned mask, void* payload, WarpComplete complete, const char* 
         abandon_fiber(w, t);
     }
     if (m & warp.exited) {
+        for (unsigned l = 0; l < 32; ++l) {
+            if ((m & warp.exited) >> l & 1u && same_site(file, line, warp.last_file[l], warp.last_line[l]) &&
+                warp.last_mask[l] != m) {
+                set_error(w, SIMT_WARP_MISUSE, t, file, line,
+                          "lanes disagree on the mask: lane %u calls %s with 0x%08x, but lane %u passed 0x%08x here "
+                          "and has since exited",
+                          lane, op, m, l, warp.last_mask[l]);
+                abandon_fiber(w, t);
+            }
+        }
         set_error(w, SIMT_WARP_MISUSE, t, file, line,
                   "%s with mask 0x%08x names exited lane(s) 0x%08x of warp %u; exited lanes never arrive", op, mask,
                   m & warp.exited, t->linear / 32);
@@ -485,6 +499,13 @@ void warp_sync(unsigned mask, void* payload, WarpComplete complete, const char* 
     if (group->arrived == group->mask) {
         WarpGroup done = *group;
         warp.groups.erase(warp.groups.begin() + (group - warp.groups.data()));
+        for (unsigned l = 0; l < 32; ++l) {
+            if (done.mask >> l & 1u) {
+                warp.last_mask[l] = done.mask;
+                warp.last_file[l] = done.file;
+                warp.last_line[l] = done.line;
+            }
+        }
         if (const char* problem = done.complete(done.payloads, done.mask)) {
             set_error(w, SIMT_WARP_MISUSE, t, file, line, "%s: %s", op, problem);
             abandon_fiber(w, t);
@@ -593,9 +614,11 @@ void run_block(Worker* w, unsigned long long block_linear) {
         t.status = Status::NotStarted;
         t.fiber = nullptr;
     }
-    for (std::size_t i = 0; i < w->warps.size(); ++i) {
-        w->warps[i].exited = 0;
-        w->warps[i].groups.clear();
+    for (Warp& warp : w->warps) {
+        warp.exited = 0;
+        warp.groups.clear();
+        std::fill(std::begin(warp.last_mask), std::end(warp.last_mask), 0u);
+        std::fill(std::begin(warp.last_file), std::end(warp.last_file), nullptr);
     }
     w->exited = 0;
     w->first_exited = nullptr;
