@@ -182,6 +182,12 @@ struct StackPool {
         f->stack_size = STACK_BYTES;
         return f;
     }
+    ~StackPool() {
+        for (Fiber* f : free) {
+            munmap(f->stack_lo - PAGE, f->stack_size + PAGE);
+            delete f;
+        }
+    }
     void give(Fiber* f) {
         std::lock_guard<std::mutex> g(lock);
         free.push_back(f);

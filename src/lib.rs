@@ -14,11 +14,26 @@
 //! * **As a text**: each kernel file opens with its launch shape and roofline; each module
 //!   here explains one idea.
 //!
+//! ## A kernel on the CPU, no GPU needed
+//!
+//! ```
+//! use nanoddp::backend::{simt::SimtDevice, Device};
+//! use nanoddp::ops::elementwise;
+//!
+//! let dev = SimtDevice::new(0);
+//! let x = dev.upload(&[1.0f32, 2.0, 3.0])?;
+//! let mut y = dev.upload(&[10.0f32; 3])?;
+//! elementwise::axpy(&dev, 2.0, &x, &mut y)?; // kernels/elementwise.cu under the SIMT emulator
+//! assert_eq!(dev.download(&y)?, [12.0, 14.0, 16.0]);
+//! # Ok::<(), nanoddp::backend::BackendError>(())
+//! ```
+//!
 //! ## Map
 //! * [`kernels`]: what `build.rs` embedded (sources, fatbins, ptxas reports, signatures)
 //!   and the typed launchers generated from the `.cu` declarations.
-//! * [`backend`]: the [`Device`](backend::Device) interface and the CUDA backend, with
-//!   run-time compilation by NVRTC.
+//! * [`backend`]: the [`Device`](backend::Device) interface; the CUDA backend, with
+//!   run-time compilation by NVRTC; the SIMT backend, which runs the same kernel sources on
+//!   the CPU with compute-sanitizer-like checks.
 //! * [`ops`]: safe, length-checked operations on device buffers.
 //! * [`system`]: the host CPU's description.
 

@@ -15,6 +15,8 @@ pub fn run(out: &mut impl Write) -> io::Result<()> {
     writeln!(out)?;
     gpus(out)?;
     writeln!(out)?;
+    emulator(out)?;
+    writeln!(out)?;
     cpu(out)
 }
 
@@ -83,6 +85,15 @@ fn kernels(out: &mut impl Write) -> io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+fn emulator(out: &mut impl Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "SIMT emulator: built in; runs the same kernels on the CPU ({} worker threads per launch),\n  \
+         one fiber per CUDA thread, with barrier, warp-mask and out-of-bounds checks",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    )
 }
 
 fn gpus(out: &mut impl Write) -> io::Result<()> {
