@@ -83,6 +83,48 @@ extern "C" __global__ void atomic_sum(const int* __restrict__ in, int* __restric
     SIMT_GRID_STRIDE_LOOP(i, n) { atomicAdd(total, in[i]); }
 }
 
+// The other atomics, one counter each, from every thread of every block:
+//   imax = max of ival[t] (atomicMax on int), umax = max of uval[t] (on unsigned),
+//   fsum = sum of fval[t] (atomicAdd on float; small integers, so exact in any order),
+//   usum = number of threads (atomicAdd on unsigned), ticket = threads that won a
+//   compare-and-swap race for slot t % 64 (atomicCAS: exactly one winner per slot),
+//   last = some thread's id (atomicExch on float: must be one of them).
+// 1-D grid; counters[0] imax, [1] umax bits, [2] usum, [3..67) slots; floats[0] fsum, [1] last.
+extern "C" __global__ void atomic_mix(const int* __restrict__ ival, const unsigned int* __restrict__ uval,
+                                      const float* __restrict__ fval, int* __restrict__ counters,
+                                      float* __restrict__ floats, int* __restrict__ winners) {
+    unsigned int t = blockIdx.x * blockDim.x + threadIdx.x;
+    atomicMax(&counters[0], ival[t]);
+    atomicMax(reinterpret_cast<unsigned int*>(&counters[1]), uval[t]);
+    atomicAdd(reinterpret_cast<unsigned int*>(&counters[2]), 1u);
+    atomicAdd(&floats[0], fval[t]);
+    atomicExch(&floats[1], (float)t);
+    int won = atomicCAS(&counters[3 + t % 64], 0, (int)t + 1) == 0;
+    winners[t] = won;
+}
+
+// Half arithmetic: out[4i..4i+4) = a+b, a-b, a*b, fma(a, b, c) in __half, each rounded once.
+extern "C" __global__ void half_arith(const __half* __restrict__ a, const __half* __restrict__ b,
+                                      const __half* __restrict__ c, __half* __restrict__ out, unsigned int n) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        out[4 * i + 0] = __hadd(a[i], b[i]);
+        out[4 * i + 1] = __hsub(a[i], b[i]);
+        out[4 * i + 2] = __hmul(a[i], b[i]);
+        out[4 * i + 3] = __hfma(a[i], b[i], c[i]);
+    }
+}
+
+// Warp-synchronous exchange through shared memory, ordered by __syncwarp (no block
+// barrier): each lane writes its value, __syncwarp, reads its mirror lane. Block size a
+// multiple of 32.
+extern "C" __global__ void warp_mirror(const float* __restrict__ in, float* __restrict__ out) {
+    __shared__ float lanes[1024];
+    unsigned int tid = threadIdx.x;
+    lanes[tid] = in[blockIdx.x * blockDim.x + tid];
+    __syncwarp();
+    out[blockIdx.x * blockDim.x + tid] = lanes[(tid & ~31u) + (31u - (tid & 31u))];
+}
+
 // One warp: D = A·B + C for 16x16 row-major A, B, C, D (half inputs, float accumulate).
 extern "C" __global__ void wmma_row_major(const __half* __restrict__ a, const __half* __restrict__ b,
                                           const float* __restrict__ c, float* __restrict__ d) {

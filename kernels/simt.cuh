@@ -360,11 +360,26 @@ inline __half __hadd(__half a, __half b) { return __half(float(a) + float(b)); }
 inline __half __hsub(__half a, __half b) { return __half(float(a) - float(b)); }
 inline __half __hmul(__half a, __half b) { return __half(float(a) * float(b)); }
 inline __half __hdiv(__half a, __half b) { return __half(float(a) / float(b)); }
-// One rounding: the product of two halves is exact in double and the sum rounds once
-// there; a second rounding to half can differ from a true fused result only when the
-// double sum lies exactly on a half rounding boundary after being rounded itself.
+namespace simt {
+// double -> half with a single rounding: go through float rounding to odd (truncate, then
+// set the last bit if anything was lost), which float's 13 spare bits make exact for the
+// final round-to-nearest-even to half.
+inline __half f64_to_half(double d) {
+    float f = static_cast<float>(d);
+    if (static_cast<double>(f) != d && f == f && std::isfinite(f)) {
+        if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+        std::uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        bits |= 1u;
+        std::memcpy(&f, &bits, 4);
+    }
+    return __half(f);
+}
+}  // namespace simt
+// Fused: a*b is exact in double and fma rounds the sum once; the conversion to half rounds
+// once more, exactly (see f64_to_half), so the result is the correctly rounded a*b+c.
 inline __half __hfma(__half a, __half b, __half c) {
-    return __half(static_cast<float>(std::fma(double(float(a)), double(float(b)), double(float(c)))));
+    return simt::f64_to_half(std::fma(double(float(a)), double(float(b)), double(float(c))));
 }
 inline __half __hneg(__half a) { return __ushort_as_half(a.x ^ 0x8000u); }
 inline __half __habs(__half a) { return __ushort_as_half(a.x & 0x7fffu); }

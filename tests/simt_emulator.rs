@@ -309,6 +309,134 @@ fn atomic_add_from_many_blocks_is_exact() {
     }
 }
 
+#[test]
+fn the_other_atomics_are_atomic() {
+    let (blocks, threads) = (7u32, 96u32);
+    let n = (blocks * threads) as usize;
+    let mut r = rng(11);
+    let ival: Vec<i32> = (0..n).map(|_| r.gen()).collect();
+    let uval: Vec<u32> = (0..n).map(|_| r.gen()).collect();
+    let fval: Vec<f32> = (0..n).map(|_| r.gen_range(-64i32..64) as f32).collect();
+    for workers in [1u32, 2, 3] {
+        let dev = SimtDevice::with_config(
+            0,
+            SimtConfig {
+                lane_order: LaneOrder::Random(u64::from(workers)),
+                workers,
+            },
+        );
+        let (di, du, df) = (
+            dev.upload(&ival).unwrap(),
+            dev.upload(&uval).unwrap(),
+            dev.upload(&fval).unwrap(),
+        );
+        let mut counters = dev
+            .upload(
+                &[i32::MIN, 0, 0]
+                    .iter()
+                    .copied()
+                    .chain([0; 64])
+                    .collect::<Vec<i32>>(),
+            )
+            .unwrap();
+        let mut floats = dev.upload(&[0.0f32, -1.0]).unwrap();
+        let mut winners = dev.upload(&vec![-1i32; n]).unwrap();
+        // SAFETY: one input and one winner slot per thread; 67 counters and 2 floats.
+        unsafe {
+            k::atomic_mix(
+                &dev,
+                cfg(blocks, threads),
+                &di,
+                &du,
+                &df,
+                &mut counters,
+                &mut floats,
+                &mut winners,
+            )
+            .unwrap()
+        };
+        let c = dev.download(&counters).unwrap();
+        let f = dev.download(&floats).unwrap();
+        let w = dev.download(&winners).unwrap();
+        assert_eq!(c[0], *ival.iter().max().unwrap(), "atomicMax(int)");
+        assert_eq!(
+            c[1] as u32,
+            *uval.iter().max().unwrap(),
+            "atomicMax(unsigned)"
+        );
+        assert_eq!(c[2] as usize, n, "atomicAdd(unsigned)");
+        assert_eq!(
+            f[0] as f64,
+            fval.iter().map(|&v| v as f64).sum::<f64>(),
+            "atomicAdd(float)"
+        );
+        assert!(
+            f[1] >= 0.0 && (f[1] as usize) < n && f[1].fract() == 0.0,
+            "atomicExch(float) kept a thread id"
+        );
+        for slot in 0..64 {
+            let contenders: Vec<usize> = (slot..n).step_by(64).collect();
+            let won: Vec<usize> = contenders.iter().copied().filter(|&t| w[t] == 1).collect();
+            assert_eq!(won.len(), 1, "atomicCAS: slot {slot} has winners {won:?}");
+            assert_eq!(
+                c[3 + slot] as usize,
+                won[0] + 1,
+                "the winner's value stays in slot {slot}"
+            );
+        }
+    }
+}
+
+#[test]
+fn half_arithmetic_rounds_once_to_nearest_even() {
+    let n = 50_000usize;
+    let mut r = rng(12);
+    // Magnitudes up to 8: every a*b+c below is exact in float64, so one rounding of the
+    // float64 value is the correctly rounded half result.
+    let mut draw =
+        || f16::from_f32(r.gen_range(-8.0f32..8.0) * if r.gen_bool(0.1) { 1e-3 } else { 1.0 });
+    let a: Vec<f16> = (0..n).map(|_| draw()).collect();
+    let b: Vec<f16> = (0..n).map(|_| draw()).collect();
+    let c: Vec<f16> = (0..n).map(|_| draw()).collect();
+    let got = same_under_lane_orders(&TWO_ORDERS, |dev| {
+        let (da, db, dc) = (dev.upload(&a)?, dev.upload(&b)?, dev.upload(&c)?);
+        let mut out = dev.upload(&vec![f16::NAN; 4 * n])?;
+        // SAFETY: three inputs of n, four outputs per input.
+        unsafe { k::half_arith(dev, cfg(40, 128), &da, &db, &dc, &mut out, n as u32)? };
+        dev.download(&out)
+    })
+    .unwrap();
+    for i in 0..n {
+        let (x, y, z) = (a[i].to_f64(), b[i].to_f64(), c[i].to_f64());
+        let want = [x + y, x - y, x * y, x * y + z].map(f16::from_f64);
+        for (k, w) in want.iter().enumerate() {
+            assert_eq!(
+                got[4 * i + k].to_bits(),
+                w.to_bits(),
+                "op {k} on ({x}, {y}, {z})"
+            );
+        }
+    }
+}
+
+#[test]
+fn syncwarp_orders_a_warp_exchange_through_shared_memory() {
+    let (blocks, threads) = (2u32, 96u32);
+    let n = (blocks * threads) as usize;
+    let input: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let got = same_under_lane_orders(&THREE_ORDERS, |dev| {
+        let din = dev.upload(&input)?;
+        let mut out = dev.upload(&vec![f32::NAN; n])?;
+        // SAFETY: one element per thread.
+        unsafe { k::warp_mirror(dev, cfg(blocks, threads), &din, &mut out)? };
+        dev.download(&out)
+    })
+    .unwrap();
+    for (t, v) in got.iter().enumerate() {
+        assert_eq!(*v, input[(t & !31) + 31 - (t & 31)], "thread {t}");
+    }
+}
+
 fn random_halves(r: &mut impl Rng, n: usize) -> Vec<f16> {
     (0..n)
         .map(|_| f16::from_f32(r.gen_range(-1.0f32..1.0)))
@@ -443,8 +571,13 @@ fn a_missing_barrier_is_exposed_by_lane_order_and_poison() {
         matches!(verdict, Err(OrderDependence::Differs { .. })),
         "{verdict:?}"
     );
-    // In forward order, thread 0 reads slot[1] before thread 1 ran: poison, not a stale value.
-    let forward = run(&SimtDevice::new(0)).unwrap();
+    // In forward order, thread 0 reads slot[1] before thread 1 ran: poison, not a stale value,
+    // also in the second block, which runs on the same worker after the first wrote slot[].
+    let one_worker = SimtConfig {
+        lane_order: LaneOrder::Forward,
+        workers: 1,
+    };
+    let forward = run(&SimtDevice::with_config(0, one_worker)).unwrap();
     assert!(
         forward[0].is_nan() && forward[128].is_nan(),
         "unwritten shared memory must read as NaN in every block"
