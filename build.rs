@@ -460,10 +460,16 @@ fn parse_kernels(text: &str, path: &Path) -> Vec<Kernel> {
                 .unwrap_or_else(|| panic!("{where_}: unclosed __launch_bounds__"));
             rest = after[close + 1..].trim_start();
         }
-        let rest = rest
+        let mut rest = rest
             .strip_prefix("void")
             .unwrap_or_else(|| panic!("{where_}: a __global__ kernel must return void"))
             .trim_start();
+        if let Some(after) = rest.strip_prefix("__launch_bounds__") {
+            let close = after
+                .find(')')
+                .unwrap_or_else(|| panic!("{where_}: unclosed __launch_bounds__"));
+            rest = after[close + 1..].trim_start();
+        }
         let open = rest
             .find('(')
             .unwrap_or_else(|| panic!("{where_}: expected `(`"));
@@ -628,7 +634,7 @@ fn generate_rust(
         let _ = writeln!(
             g,
             "/// Signatures and typed launchers of `kernels/{}.cu`.\npub mod {} {{\n    #[allow(unused_imports)]\n    \
-             use crate::backend::{{DeviceBuffer, KernelArg, Device, LaunchConfig}};\n    \
+             use crate::backend::{{Device, KernelArg, LaunchConfig}};\n    \
              use crate::kernels::{{KernelSignature, Param, ParamKind, Scalar}};\n",
             m.name, m.name
         );
@@ -676,13 +682,34 @@ fn generate_kernel(g: &mut String, m: &Module, k: &Kernel) {
                 args.push(format!("{ident}: {}", p.rust));
                 values.push(format!("KernelArg::{}({ident})", p.scalar));
             }
-            Some(Mutability::Const) => {
-                args.push(format!("{ident}: &D::Buffer<{}>", p.rust));
-                values.push(format!("KernelArg::Ptr({ident}.device_addr())"));
-            }
-            Some(Mutability::Mut) => {
-                args.push(format!("{ident}: &mut D::Buffer<{}>", p.rust));
-                values.push(format!("KernelArg::Ptr({ident}.device_addr())"));
+            // `x_or_null` parameters are optional buffers: `None` passes a null pointer.
+            Some(mutability) => {
+                let reference = if mutability == Mutability::Mut {
+                    "&mut "
+                } else {
+                    "&"
+                };
+                if p.name.ends_with("_or_null") {
+                    args.push(format!("{ident}: Option<{reference}D::Buffer<{}>>", p.rust));
+                    values.push(format!(
+                        "KernelArg::{}({ident})",
+                        if mutability == Mutability::Mut {
+                            "optional_mut"
+                        } else {
+                            "optional"
+                        }
+                    ));
+                } else {
+                    args.push(format!("{ident}: {reference}D::Buffer<{}>", p.rust));
+                    values.push(format!(
+                        "KernelArg::{}({ident})",
+                        if mutability == Mutability::Mut {
+                            "buffer_mut"
+                        } else {
+                            "buffer"
+                        }
+                    ));
+                }
             }
         }
     }

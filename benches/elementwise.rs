@@ -9,9 +9,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::nvrtc::{self, Output};
-use nanoddp::backend::Device;
+use nanoddp::backend::{Backend, Memory};
 use nanoddp::kernels::MODULES;
-use nanoddp::ops::elementwise;
 
 fn nvrtc_compile(c: &mut Criterion) {
     if !nvrtc::is_available() {
@@ -53,7 +52,7 @@ fn cuda_axpy(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(12 * n as u64));
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
             b.iter(|| {
-                elementwise::axpy(&dev, 1e-3, &x, &mut y).expect("launch");
+                dev.axpy(1e-3, &x, &mut y).expect("launch");
                 dev.synchronize().expect("sync");
             })
         });

@@ -11,7 +11,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use nanoddp::backend::simt::SimtDevice;
-use nanoddp::backend::{Device, LaunchConfig};
+use nanoddp::backend::{LaunchConfig, Memory};
 use nanoddp::kernels::selftest as k;
 
 const GRID: LaunchConfig = LaunchConfig {

@@ -7,8 +7,9 @@
 //! the crate builds and runs without any CUDA at all.
 //!
 //! ## Three ways to use it
-//! * **As a backend you link**: open a device ([`backend::cuda::CudaDevice`]), allocate
-//!   buffers, run the operations in [`ops`] or any kernel through its typed launcher in
+//! * **As a backend you link**: open a device ([`backend::cuda::CudaDevice`],
+//!   [`backend::simt::SimtDevice`] or [`backend::cpu::CpuDevice`]), allocate buffers, run the
+//!   operations of [`backend::Backend`], or any kernel through its typed launcher in
 //!   [`kernels`].
 //! * **As a test suite**: `cargo test` checks every kernel against float64 references.
 //! * **As a text**: each kernel file opens with its launch shape and roofline; each module
@@ -17,13 +18,12 @@
 //! ## A kernel on the CPU, no GPU needed
 //!
 //! ```
-//! use nanoddp::backend::{simt::SimtDevice, Device};
-//! use nanoddp::ops::elementwise;
+//! use nanoddp::backend::{simt::SimtDevice, Backend, Memory};
 //!
 //! let dev = SimtDevice::new(0);
 //! let x = dev.upload(&[1.0f32, 2.0, 3.0])?;
 //! let mut y = dev.upload(&[10.0f32; 3])?;
-//! elementwise::axpy(&dev, 2.0, &x, &mut y)?; // kernels/elementwise.cu under the SIMT emulator
+//! dev.axpy(2.0, &x, &mut y)?; // kernels/elementwise.cu under the SIMT emulator
 //! assert_eq!(dev.download(&y)?, [12.0, 14.0, 16.0]);
 //! # Ok::<(), nanoddp::backend::BackendError>(())
 //! ```
@@ -31,13 +31,12 @@
 //! ## Map
 //! * [`kernels`]: what `build.rs` embedded (sources, fatbins, ptxas reports, signatures)
 //!   and the typed launchers generated from the `.cu` declarations.
-//! * [`backend`]: the [`Device`](backend::Device) interface; the CUDA backend, with
+//! * [`backend`]: [`Memory`](backend::Memory), [`Device`](backend::Device) (runs kernels) and
+//!   [`Backend`](backend::Backend) (the operations LeNet needs); the CUDA backend, with
 //!   run-time compilation by NVRTC; the SIMT backend, which runs the same kernel sources on
-//!   the CPU with compute-sanitizer-like checks.
-//! * [`ops`]: safe, length-checked operations on device buffers.
+//!   the CPU with compute-sanitizer-like checks; the native CPU backend.
 //! * [`system`]: the host CPU's description.
 
 pub mod backend;
 pub mod kernels;
-pub mod ops;
 pub mod system;

@@ -1,12 +1,13 @@
 //! The elementwise kernels (`kernels/elementwise.cu`) against float64 references, on odd
 //! sizes, with outputs poisoned before every launch. Each test body is written once and run
-//! on the SIMT emulator under two lane orders, and on the GPU when there is one.
+//! on the CPU backend, on the SIMT emulator under two lane orders, and on the GPU when there
+//! is one.
 
 use half::f16;
+use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::{LaneOrder, SimtConfig, SimtDevice};
-use nanoddp::backend::{BackendError, Device, DeviceBuffer};
-use nanoddp::ops::elementwise;
+use nanoddp::backend::{Backend, BackendError, DeviceBuffer};
 use rand::{Rng, SeedableRng};
 
 /// Sizes: 1, primes, around the 256-thread block, and past one full grid of blocks so the
@@ -40,7 +41,7 @@ fn assert_close(got: &[f32], want: &[f64], atol: f64, rtol: f64, what: &str) {
     );
 }
 
-fn elementwise_matches_float64<D: Device>(dev: &D, sizes: &[usize]) {
+fn elementwise_matches_float64<D: Backend>(dev: &D, sizes: &[usize]) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
     let eps = f32::EPSILON as f64;
     for &n in sizes {
@@ -50,7 +51,7 @@ fn elementwise_matches_float64<D: Device>(dev: &D, sizes: &[usize]) {
         let dy = dev.upload(&y).unwrap();
 
         let mut out = dev.upload(&vec![f32::NAN; n]).unwrap();
-        elementwise::fill(dev, &mut out, 1.5).unwrap();
+        dev.fill(&mut out, 1.5).unwrap();
         assert_close(
             &dev.download(&out).unwrap(),
             &vec![1.5; n],
@@ -60,7 +61,7 @@ fn elementwise_matches_float64<D: Device>(dev: &D, sizes: &[usize]) {
         );
 
         dev.write(&vec![f32::NAN; n], &mut out).unwrap();
-        elementwise::add(dev, &dx, &dy, &mut out).unwrap();
+        dev.add(&dx, &dy, &mut out).unwrap();
         let want: Vec<f64> = x
             .iter()
             .zip(&y)
@@ -69,7 +70,7 @@ fn elementwise_matches_float64<D: Device>(dev: &D, sizes: &[usize]) {
         assert_close(&dev.download(&out).unwrap(), &want, 0.0, eps / 2.0, "add");
 
         let mut acc = dev.upload(&y).unwrap();
-        elementwise::axpy(dev, 0.75, &dx, &mut acc).unwrap();
+        dev.axpy(0.75, &dx, &mut acc).unwrap();
         let want: Vec<f64> = x
             .iter()
             .zip(&y)
@@ -79,7 +80,7 @@ fn elementwise_matches_float64<D: Device>(dev: &D, sizes: &[usize]) {
         assert_close(&dev.download(&acc).unwrap(), &want, 4.0 * eps, eps, "axpy");
 
         let before = dev.download(&acc).unwrap();
-        elementwise::scale(dev, &mut acc, -2.0).unwrap();
+        dev.scale(&mut acc, -2.0).unwrap();
         let want: Vec<f64> = before.iter().map(|v| -2.0 * *v as f64).collect();
         assert_close(
             &dev.download(&acc).unwrap(),
@@ -121,12 +122,12 @@ fn is_rne(x: f32, h: f16) -> bool {
     })
 }
 
-fn casts_round_to_nearest_even<D: Device>(dev: &D) {
+fn casts_round_to_nearest_even<D: Backend>(dev: &D) {
     // Every half value, as f32 (exact), must survive the round trip bit for bit.
     let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
     let dh = dev.upload(&all).unwrap();
     let mut wide = dev.upload(&vec![f32::NAN; all.len()]).unwrap();
-    elementwise::cast_to_f32(dev, &dh, &mut wide).unwrap();
+    dev.cast_to_f32(&dh, &mut wide).unwrap();
     let wide_host = dev.download(&wide).unwrap();
     for (h, f) in all.iter().zip(&wide_host) {
         if h.is_nan() {
@@ -141,7 +142,7 @@ fn casts_round_to_nearest_even<D: Device>(dev: &D) {
         }
     }
     let mut back = dev.upload(&vec![f16::NAN; all.len()]).unwrap();
-    elementwise::cast_to_f16(dev, &wide, &mut back).unwrap();
+    dev.cast_to_f16(&wide, &mut back).unwrap();
     for (h, b) in all.iter().zip(dev.download(&back).unwrap()) {
         if !h.is_nan() {
             assert_eq!(
@@ -189,7 +190,7 @@ fn casts_round_to_nearest_even<D: Device>(dev: &D) {
     ]);
     let dx = dev.upload(&xs).unwrap();
     let mut dh = dev.upload(&vec![f16::from_bits(0x7e00); xs.len()]).unwrap();
-    elementwise::cast_to_f16(dev, &dx, &mut dh).unwrap();
+    dev.cast_to_f16(&dx, &mut dh).unwrap();
     let got = dev.download(&dh).unwrap();
     let bad: Vec<_> = xs
         .iter()
@@ -200,10 +201,10 @@ fn casts_round_to_nearest_even<D: Device>(dev: &D) {
     assert!(bad.is_empty(), "not round-to-nearest-even: {bad:?}");
 }
 
-fn length_mismatch_is_an_error<D: Device>(dev: &D) {
+fn length_mismatch_is_an_error<D: Backend>(dev: &D) {
     let short = dev.upload(&[1.0f32; 3]).unwrap();
     let mut long = dev.upload(&[1.0f32; 4]).unwrap();
-    let err = elementwise::axpy(dev, 1.0, &short, &mut long).unwrap_err();
+    let err = dev.axpy(1.0, &short, &mut long).unwrap_err();
     assert!(
         matches!(
             err,
@@ -252,6 +253,14 @@ fn simt_casts_round_to_nearest_even() {
 #[test]
 fn simt_length_mismatch_is_an_error() {
     length_mismatch_is_an_error(&simt(LaneOrder::Forward));
+}
+
+#[test]
+fn cpu_elementwise_matches_float64() {
+    let dev = CpuDevice::new();
+    elementwise_matches_float64(&dev, &SIZES);
+    casts_round_to_nearest_even(&dev);
+    length_mismatch_is_an_error(&dev);
 }
 
 #[test]

@@ -118,6 +118,17 @@ fn c_type(kind: ParamKind) -> String {
     }
 }
 
+/// Drops `__launch_bounds__(n)`: an attribute, not part of the signature.
+fn strip_launch_bounds(text: &str) -> String {
+    match text.find("__launch_bounds__") {
+        Some(at) => {
+            let close = at + text[at..].find(')').expect("closed");
+            format!("{}{}", &text[..at], &text[close + 1..])
+        }
+        None => text.to_string(),
+    }
+}
+
 fn normalize(text: &str) -> String {
     text.replace("__restrict__", "")
         .replace('*', "* ")
@@ -140,7 +151,7 @@ fn signatures_render_back_to_their_declarations() {
             assert!(names.insert(k.name), "kernel {} defined twice", k.name);
             // The declaration starts on the recorded line and runs to the closing parenthesis.
             let from = k.line as usize - 1;
-            let decl: String = lines[from..].join(" ");
+            let decl: String = strip_launch_bounds(&lines[from..].join(" "));
             let decl = &decl[..decl.find(')').expect("closing parenthesis")];
             let rendered: Vec<String> = k
                 .params

@@ -10,7 +10,7 @@ use nanoddp::backend::simt::{
     same_under_lane_orders, EmulatorError, EmulatorFault, LaneOrder, OrderDependence, SimtConfig,
     SimtDevice,
 };
-use nanoddp::backend::{BackendError, Device, LaunchConfig};
+use nanoddp::backend::{BackendError, LaunchConfig, Memory};
 use nanoddp::kernels::selftest as k;
 use rand::{Rng, SeedableRng};
 

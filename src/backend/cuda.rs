@@ -23,7 +23,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
-use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig};
+use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
 use crate::kernels::{KernelModule, KernelSignature};
 
 /// True when the CUDA driver library can be loaded. Never panics.
@@ -280,7 +280,7 @@ impl<T: DeviceScalar> DeviceBuffer<T> for CudaBuffer<T> {
     }
 }
 
-impl Device for CudaDevice {
+impl Memory for CudaDevice {
     type Buffer<T: DeviceScalar> = CudaBuffer<T>;
 
     fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<CudaBuffer<T>, BackendError> {
@@ -335,7 +335,9 @@ impl Device for CudaDevice {
             .synchronize()
             .map_err(driver_err("synchronizing the stream"))
     }
+}
 
+impl Device for CudaDevice {
     unsafe fn launch(
         &self,
         kernel: &'static KernelSignature,
@@ -347,7 +349,7 @@ impl Device for CudaDevice {
         let mut builder = self.stream.launch_builder(&function);
         for arg in args {
             match arg {
-                KernelArg::Ptr(v) | KernelArg::U64(v) => builder.arg(v),
+                KernelArg::Ptr { addr: v, .. } | KernelArg::U64(v) => builder.arg(v),
                 KernelArg::F32(v) => builder.arg(v),
                 KernelArg::F64(v) => builder.arg(v),
                 KernelArg::I32(v) => builder.arg(v),

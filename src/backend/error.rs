@@ -97,6 +97,26 @@ pub enum BackendError {
         /// Bytes asked for.
         bytes: usize,
     },
+    /// A problem shape an operation cannot run.
+    #[error("{op}: invalid shape: {detail}")]
+    BadShape {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A buffer whose length does not match the operation's shape.
+    #[error("{op}: buffer `{buffer}` holds {got} elements, the shape needs {expected}")]
+    BufferSize {
+        /// The operation.
+        op: &'static str,
+        /// Which argument.
+        buffer: &'static str,
+        /// Elements the shape implies.
+        expected: usize,
+        /// Elements it has.
+        got: usize,
+    },
     /// Host and device lengths that differ in a copy, or an operation on buffers of
     /// different lengths.
     #[error("{operation}: length mismatch ({left} vs {right} elements)")]

@@ -73,8 +73,16 @@ impl LaunchConfig {
 /// One kernel argument, in CUDA's by-value parameter encoding.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KernelArg {
-    /// A device address (any pointer parameter).
-    Ptr(u64),
+    /// A device address, with the element type and access it was taken with, so a launch
+    /// can check it against the parameter (0 is null, accepted only by `*_or_null`).
+    Ptr {
+        /// The address.
+        addr: u64,
+        /// Element type of the buffer it points into.
+        elem: Scalar,
+        /// Taken from a `&mut` buffer: the kernel may write through it.
+        mutable: bool,
+    },
     /// `float`
     F32(f32),
     /// `double`
@@ -90,20 +98,57 @@ pub enum KernelArg {
 }
 
 impl KernelArg {
-    /// Whether this argument can be passed for parameter kind `kind`.
+    /// A buffer the kernel reads.
+    pub fn buffer<T: DeviceScalar>(buf: &impl DeviceBuffer<T>) -> Self {
+        KernelArg::Ptr {
+            addr: buf.device_addr(),
+            elem: T::SCALAR,
+            mutable: false,
+        }
+    }
+
+    /// A buffer the kernel may write.
+    pub fn buffer_mut<T: DeviceScalar>(buf: &mut impl DeviceBuffer<T>) -> Self {
+        KernelArg::Ptr {
+            addr: buf.device_addr(),
+            elem: T::SCALAR,
+            mutable: true,
+        }
+    }
+
+    /// An optional buffer the kernel reads; `None` is a null pointer.
+    pub fn optional<T: DeviceScalar, B: DeviceBuffer<T>>(buf: Option<&B>) -> Self {
+        KernelArg::Ptr {
+            addr: buf.map_or(0, |b| b.device_addr()),
+            elem: T::SCALAR,
+            mutable: false,
+        }
+    }
+
+    /// An optional buffer the kernel may write; `None` is a null pointer.
+    pub fn optional_mut<T: DeviceScalar, B: DeviceBuffer<T>>(buf: Option<&mut B>) -> Self {
+        KernelArg::Ptr {
+            addr: buf.map_or(0, |b| b.device_addr()),
+            elem: T::SCALAR,
+            mutable: true,
+        }
+    }
+
+    /// Whether this argument can be passed for parameter kind `kind` (nullability aside).
     pub fn fits(&self, kind: ParamKind) -> bool {
-        matches!(
-            (self, kind),
-            (
-                KernelArg::Ptr(_),
-                ParamKind::ConstPtr(_) | ParamKind::MutPtr(_)
-            ) | (KernelArg::F32(_), ParamKind::Value(Scalar::F32))
-                | (KernelArg::F64(_), ParamKind::Value(Scalar::F64))
-                | (KernelArg::I32(_), ParamKind::Value(Scalar::I32))
-                | (KernelArg::U32(_), ParamKind::Value(Scalar::U32))
-                | (KernelArg::I64(_), ParamKind::Value(Scalar::I64))
-                | (KernelArg::U64(_), ParamKind::Value(Scalar::U64))
-        )
+        match (*self, kind) {
+            (KernelArg::Ptr { elem, .. }, ParamKind::ConstPtr(s)) => elem == s,
+            (KernelArg::Ptr { elem, mutable, .. }, ParamKind::MutPtr(s)) => elem == s && mutable,
+            (arg, kind) => matches!(
+                (arg, kind),
+                (KernelArg::F32(_), ParamKind::Value(Scalar::F32))
+                    | (KernelArg::F64(_), ParamKind::Value(Scalar::F64))
+                    | (KernelArg::I32(_), ParamKind::Value(Scalar::I32))
+                    | (KernelArg::U32(_), ParamKind::Value(Scalar::U32))
+                    | (KernelArg::I64(_), ParamKind::Value(Scalar::I64))
+                    | (KernelArg::U64(_), ParamKind::Value(Scalar::U64))
+            ),
+        }
     }
 }
 
@@ -127,6 +172,14 @@ pub(crate) fn check_launch(
         });
     }
     for (i, (arg, param)) in args.iter().zip(kernel.params).enumerate() {
+        if let KernelArg::Ptr { addr: 0, .. } = arg {
+            if !param.name.ends_with("_or_null") {
+                return Err(BackendError::BadArguments {
+                    kernel: kernel.name.to_string(),
+                    detail: format!("argument {i} (`{}`) may not be null", param.name),
+                });
+            }
+        }
         if !arg.fits(param.kind) {
             return Err(BackendError::BadArguments {
                 kernel: kernel.name.to_string(),
@@ -167,8 +220,8 @@ pub trait DeviceBuffer<T: DeviceScalar> {
     fn device_addr(&self) -> u64;
 }
 
-/// A device: memory for typed buffers, and the embedded kernels run on that memory.
-pub trait Device {
+/// Typed buffers in some memory: a GPU's, an emulated device's, or the host's.
+pub trait Memory {
     /// This backend's device buffer.
     type Buffer<T: DeviceScalar>: DeviceBuffer<T>;
 
@@ -190,7 +243,10 @@ pub trait Device {
 
     /// Waits until the device's queued work has finished.
     fn synchronize(&self) -> Result<(), BackendError>;
+}
 
+/// A device that runs the embedded kernels on its [`Memory`].
+pub trait Device: Memory {
     /// Runs `kernel` with `args` in parameter order. Launches are asynchronous in the CUDA
     /// sense: ordered with this device's other work, finished by the next synchronizing call.
     ///
@@ -275,31 +331,50 @@ mod tests {
         }
     }
 
+    fn ptr(addr: u64, elem: Scalar, mutable: bool) -> KernelArg {
+        KernelArg::Ptr {
+            addr,
+            elem,
+            mutable,
+        }
+    }
+
     #[test]
     fn arguments_are_checked_against_the_declaration() {
         let cfg = LaunchConfig::flat(10);
         // axpy_f32(const float* x, float* y, float alpha, unsigned long long n)
         let good = [
-            KernelArg::Ptr(16),
-            KernelArg::Ptr(32),
+            ptr(16, Scalar::F32, false),
+            ptr(32, Scalar::F32, true),
             KernelArg::F32(2.0),
             KernelArg::U64(10),
         ];
         check_launch(&AXPY_F32, &cfg, &good).expect("matches");
         let short = &good[..3];
         let swapped = [
-            KernelArg::Ptr(16),
-            KernelArg::Ptr(32),
+            ptr(16, Scalar::F32, false),
+            ptr(32, Scalar::F32, true),
             KernelArg::U64(10),
             KernelArg::F32(2.0),
         ];
         let by_value = [
             KernelArg::F32(0.0),
-            KernelArg::Ptr(32),
+            ptr(32, Scalar::F32, true),
             KernelArg::F32(2.0),
             KernelArg::U64(10),
         ];
-        for bad in [short, &swapped[..], &by_value[..]] {
+        // y is written: a read-only pointer does not do; nor does a buffer of halves, or null.
+        let read_only_y = [good[0], ptr(32, Scalar::F32, false), good[2], good[3]];
+        let wrong_elem = [ptr(16, Scalar::F16, false), good[1], good[2], good[3]];
+        let null_x = [ptr(0, Scalar::F32, false), good[1], good[2], good[3]];
+        for bad in [
+            short,
+            &swapped[..],
+            &by_value[..],
+            &read_only_y[..],
+            &wrong_elem[..],
+            &null_x[..],
+        ] {
             assert!(matches!(
                 check_launch(&AXPY_F32, &cfg, bad),
                 Err(BackendError::BadArguments { .. })

@@ -1,22 +1,31 @@
-//! Backends: where kernels run.
+//! Backends: where the operations run.
 //!
-//! Every backend implements [`Device`]: it owns device buffers ([`DeviceBuffer`]) and runs
-//! a kernel given its [`KernelSignature`] and the arguments in CUDA's `kernelParams` order.
-//! The typed launchers generated from the `.cu` files (see [`crate::kernels`]) sit on top of
-//! that one method, so a kernel's argument list is checked by the Rust compiler on every
-//! backend at once.
+//! * [`Memory`]: typed buffers ([`DeviceBuffer`]) and copies, on every backend.
+//! * [`Device`]: a [`Memory`] that runs the embedded kernels, given a [`KernelSignature`] and
+//!   the arguments in CUDA's `kernelParams` order. The typed launchers generated from the
+//!   `.cu` files (see [`crate::kernels`]) sit on top of that one method, so a kernel's
+//!   argument list is checked by the Rust compiler on every kernel backend at once.
+//! * [`Backend`]: the operations LeNet needs (GEMM, convolution, pooling, loss, optimizer),
+//!   implemented once for every [`Device`] by launching kernels, and natively by [`cpu`].
 //!
 //! * [`cuda`]: NVIDIA GPUs through the driver API (cudarc), kernels from the embedded fatbin
 //!   or compiled at run time by [`nvrtc`].
 //! * [`simt`]: the same kernel sources compiled as host C++ and run on the CPU by the SIMT
 //!   emulator, with compute-sanitizer-like checks. This is how kernels are tested here.
+//! * [`cpu`]: native Rust, the production path without a GPU.
 
+pub mod cpu;
 pub mod cuda;
 pub mod nvrtc;
+pub mod ops;
+pub mod shapes;
 pub mod simt;
 
 mod error;
+mod kernel_ops;
 mod launch;
 
 pub use error::BackendError;
-pub use launch::{Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig};
+pub use launch::{Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
+pub use ops::{Backend, Precision};
+pub use shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};

@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use thiserror::Error;
 
 use super::launch::check_launch;
-use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig};
+use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
 use crate::kernels::{simt_entries, KernelSignature};
 
 /// The order in which a block's threads start, and are resumed after each barrier or warp
@@ -246,7 +246,7 @@ fn entry_for(kernel: &'static KernelSignature) -> Result<simt_entries::Entry, Ba
         })
 }
 
-impl Device for SimtDevice {
+impl Memory for SimtDevice {
     type Buffer<T: DeviceScalar> = SimtBuffer<T>;
 
     fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<SimtBuffer<T>, BackendError> {
@@ -282,7 +282,9 @@ impl Device for SimtDevice {
     fn synchronize(&self) -> Result<(), BackendError> {
         Ok(())
     }
+}
 
+impl Device for SimtDevice {
     unsafe fn launch(
         &self,
         kernel: &'static KernelSignature,
@@ -296,7 +298,7 @@ impl Device for SimtDevice {
         let mut values: Vec<u64> = args
             .iter()
             .map(|a| match *a {
-                KernelArg::Ptr(v) | KernelArg::U64(v) => v,
+                KernelArg::Ptr { addr: v, .. } | KernelArg::U64(v) => v,
                 KernelArg::F32(v) => u64::from(v.to_bits()),
                 KernelArg::F64(v) => v.to_bits(),
                 KernelArg::I32(v) => u64::from(v as u32),

@@ -1,0 +1,215 @@
+// conv.cu — 2-D convolution (cross-correlation, as in every DL framework), NCHW.
+//
+//   y[n][o][p][q] = epilogue(bias[o] + Σ_c Σ_i Σ_j x[n][c][p·s - pad + i][q·s - pad + j] · w[o][c][i][j])
+//   x: batch x C x H x W, w: O x C x KH x KW, y: batch x O x P x Q with
+//   P = (H + 2·pad - KH) / s + 1, Q likewise. Out-of-range input taps read zero (padding).
+//
+// Why a tiled direct convolution and not implicit GEMM: LeNet's layers have C ≤ 6 input
+// channels and 5x5 windows, so the GEMM view (K = C·KH·KW ≤ 150) is too shallow to amortize
+// im2col index arithmetic or tensor-core tiles; the work is dominated by reading x. Direct
+// convolution keeps each output a plain dot product, stages the filter (the operand every
+// thread of a block shares) in shared memory, and reads x through the cache, where the
+// KH·KW overlapping windows of neighbouring threads hit the same lines.
+//
+// Kernels, each for fp32 (_f32) and for half storage with float accumulation (_f16):
+//   conv2d_forward:         one thread per output pixel; grid (ceil(P·Q/256), O, batch),
+//                           block 256. The block's filter w[o] is staged in shared memory
+//                           in chunks of whole input channels (≤ 1024 floats; KH·KW ≤ 1024).
+//                           FLOPs 2·batch·O·P·Q·C·KH·KW; bytes ≥ |x| + |w| + |y|.
+//   conv2d_backward_input:  dx = convolution of dy with the flipped filter, one thread per
+//                           input pixel gathering the outputs whose windows cover it (no
+//                           atomics: deterministic); grid (ceil(H·W/256), C, batch), block
+//                           256; w[:, c] staged in shared memory in chunks of output channels.
+//   conv2d_backward_filter: dw[o][c][i][j] = Σ_n Σ_p Σ_q dy[n][o][p][q] · x[n][c][..]; one
+//                           block per filter element, 256 threads striding over batch·P·Q,
+//                           then a shared-memory tree reduction (fixed order: deterministic).
+//                           grid O·C·KH·KW, block 256. Written in float (master-weight grads).
+//   conv2d_backward_bias:   db[o] = Σ dy[:, o]; one block per output channel, as above.
+#include "simt.cuh"
+
+#define CONV_THREADS 256
+#define CONV_TILE 1024  // floats of filter staged per pass (4 KiB)
+
+template <class T>
+__device__ __forceinline__ void conv2d_forward(const T* __restrict__ x, const T* __restrict__ w,
+                                               const float* __restrict__ bias, T* __restrict__ y, int in_c, int in_h,
+                                               int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,
+                                               int out_w, int relu) {
+    __shared__ float wtile[CONV_TILE];
+    const int n = blockIdx.z, o = blockIdx.y;
+    const int pixel = blockIdx.x * blockDim.x + threadIdx.x;
+    const int p = pixel / out_w, q = pixel % out_w;
+    const bool active = pixel < out_h * out_w;
+    const int window = k_h * k_w;
+    const int chunk = CONV_TILE / window;  // whole input channels per pass
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < in_c; c0 += chunk) {
+        const int c1 = min(in_c, c0 + chunk);
+        for (int t = threadIdx.x; t < (c1 - c0) * window; t += blockDim.x)
+            wtile[t] = (float)w[((long long)o * in_c + c0) * window + t];
+        __syncthreads();
+        if (active) {
+            for (int c = c0; c < c1; ++c) {
+                const T* plane = x + ((long long)n * in_c + c) * in_h * in_w;
+                const float* wc = wtile + (c - c0) * window;
+                for (int i = 0; i < k_h; ++i) {
+                    int ih = p * stride - pad + i;
+                    if (ih < 0 || ih >= in_h) continue;
+                    for (int j = 0; j < k_w; ++j) {
+                        int iw = q * stride - pad + j;
+                        if (iw < 0 || iw >= in_w) continue;
+                        acc = fmaf((float)plane[ih * in_w + iw], wc[i * k_w + j], acc);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (!active) return;
+    if (bias) acc += bias[o];
+    if (relu) acc = fmaxf(acc, 0.0f);
+    y[(((long long)n * out_c + o) * out_h + p) * out_w + q] = (T)acc;
+}
+
+template <class T>
+__device__ __forceinline__ void conv2d_backward_input(const T* __restrict__ dy, const T* __restrict__ w,
+                                                      T* __restrict__ dx, int in_c, int in_h, int in_w, int out_c,
+                                                      int k_h, int k_w, int stride, int pad, int out_h, int out_w) {
+    __shared__ float wtile[CONV_TILE];
+    const int n = blockIdx.z, c = blockIdx.y;
+    const int pixel = blockIdx.x * blockDim.x + threadIdx.x;
+    const int ih = pixel / in_w, iw = pixel % in_w;
+    const bool active = pixel < in_h * in_w;
+    const int window = k_h * k_w;
+    const int chunk = CONV_TILE / window;  // whole output channels per pass
+    float acc = 0.0f;
+    for (int o0 = 0; o0 < out_c; o0 += chunk) {
+        const int o1 = min(out_c, o0 + chunk);
+        for (int t = threadIdx.x; t < (o1 - o0) * window; t += blockDim.x) {
+            int o = o0 + t / window, ij = t % window;
+            wtile[t] = (float)w[((long long)o * in_c + c) * window + ij];
+        }
+        __syncthreads();
+        if (active) {
+            for (int o = o0; o < o1; ++o) {
+                const T* plane = dy + ((long long)n * out_c + o) * out_h * out_w;
+                const float* wo = wtile + (o - o0) * window;
+                for (int i = 0; i < k_h; ++i) {
+                    int num = ih + pad - i;  // = p·stride for the output row p that used this tap
+                    if (num < 0 || num % stride != 0) continue;
+                    int p = num / stride;
+                    if (p >= out_h) continue;
+                    for (int j = 0; j < k_w; ++j) {
+                        int numq = iw + pad - j;
+                        if (numq < 0 || numq % stride != 0) continue;
+                        int q = numq / stride;
+                        if (q >= out_w) continue;
+                        acc = fmaf((float)plane[p * out_w + q], wo[i * k_w + j], acc);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (active) dx[(((long long)n * in_c + c) * in_h + ih) * in_w + iw] = (T)acc;
+}
+
+// Sum of `v` over the block (blockDim.x a power of two ≤ 1024); the result is in red[0].
+__device__ __forceinline__ void block_reduce(float* red, float v) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void conv2d_backward_filter(const T* __restrict__ x, const T* __restrict__ dy,
+                                                       float* __restrict__ dw, int batch, int in_c, int in_h, int in_w,
+                                                       int out_c, int k_h, int k_w, int stride, int pad, int out_h,
+                                                       int out_w) {
+    __shared__ float red[CONV_THREADS];
+    const int e = blockIdx.x;  // filter element (o, c, i, j)
+    const int j = e % k_w, i = e / k_w % k_h, c = e / (k_w * k_h) % in_c, o = e / (k_w * k_h * in_c);
+    const long long pixels = (long long)out_h * out_w;
+    float acc = 0.0f;
+    for (long long t = threadIdx.x; t < batch * pixels; t += blockDim.x) {
+        int n = (int)(t / pixels);
+        int p = (int)(t % pixels) / out_w, q = (int)(t % pixels) % out_w;
+        int ih = p * stride - pad + i, iw = q * stride - pad + j;
+        if (ih < 0 || ih >= in_h || iw < 0 || iw >= in_w) continue;
+        float g = (float)dy[((long long)n * out_c + o) * pixels + p * out_w + q];
+        acc = fmaf(g, (float)x[(((long long)n * in_c + c) * in_h + ih) * in_w + iw], acc);
+    }
+    block_reduce(red, acc);
+    if (threadIdx.x == 0) dw[e] = red[0];
+}
+
+template <class T>
+__device__ __forceinline__ void conv2d_backward_bias(const T* __restrict__ dy, float* __restrict__ db, int batch,
+                                                     int out_c, int pixels) {
+    __shared__ float red[CONV_THREADS];
+    const int o = blockIdx.x;
+    float acc = 0.0f;
+    for (long long t = threadIdx.x; t < (long long)batch * pixels; t += blockDim.x) {
+        long long n = t / pixels, pq = t % pixels;
+        acc += (float)dy[(n * out_c + o) * pixels + pq];
+    }
+    block_reduce(red, acc);
+    if (threadIdx.x == 0) db[o] = red[0];
+}
+
+// ---------------------------------------------------------------- entry points
+
+extern "C" __global__ void __launch_bounds__(256)
+    conv2d_forward_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias_or_null,
+                       float* __restrict__ y, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
+                       int pad, int out_h, int out_w, int relu) {
+    conv2d_forward<float>(x, w, bias_or_null, y, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    conv2d_forward_f16(const __half* __restrict__ x, const __half* __restrict__ w,
+                       const float* __restrict__ bias_or_null, __half* __restrict__ y, int in_c, int in_h, int in_w,
+                       int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int relu) {
+    conv2d_forward<__half>(x, w, bias_or_null, y, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    conv2d_backward_input_f32(const float* __restrict__ dy, const float* __restrict__ w, float* __restrict__ dx,
+                              int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
+                              int out_h, int out_w) {
+    conv2d_backward_input<float>(dy, w, dx, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    conv2d_backward_input_f16(const __half* __restrict__ dy, const __half* __restrict__ w, __half* __restrict__ dx,
+                              int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
+                              int out_h, int out_w) {
+    conv2d_backward_input<__half>(dy, w, dx, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    conv2d_backward_filter_f32(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ dw,
+                               int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
+                               int pad, int out_h, int out_w) {
+    conv2d_backward_filter<float>(x, dy, dw, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    conv2d_backward_filter_f16(const __half* __restrict__ x, const __half* __restrict__ dy, float* __restrict__ dw,
+                               int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
+                               int pad, int out_h, int out_w) {
+    conv2d_backward_filter<__half>(x, dy, dw, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    conv2d_backward_bias_f32(const float* __restrict__ dy, float* __restrict__ db, int batch, int out_c, int pixels) {
+    conv2d_backward_bias<float>(dy, db, batch, out_c, pixels);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    conv2d_backward_bias_f16(const __half* __restrict__ dy, float* __restrict__ db, int batch, int out_c, int pixels) {
+    conv2d_backward_bias<__half>(dy, db, batch, out_c, pixels);
+}

@@ -1,0 +1,175 @@
+// gemm.cu — matrix products for the linear layers, fp32 and mixed precision.
+//
+//   C = epilogue(alpha · op(A) · op(B) + beta · C)        op(X) = X or Xᵀ
+//   epilogue: + bias[n] (per output column), then ReLU; each optional.
+// Row-major storage with leading dimensions: op(A) is M x K, op(B) is K x N, C is M x N.
+// A is stored M x K (trans_a = 0) or K x M (trans_a = 1); B is K x N or N x K (trans_b).
+// A linear layer y = x·Wᵀ + b is (trans_b = 1); its backward is dx = dy·W (no transpose)
+// and dW = dyᵀ·x (trans_a = 1).
+//
+// Work: 2·M·N·K FLOPs. Bytes at least 4·(M·K + K·N + M·N·(1 + [beta != 0])) for fp32; half
+// that for the inputs of the mixed kernel. At LeNet's sizes (M = batch 256, N, K ≤ 256) the
+// products are small and latency-bound; at 1024³ the fp32 kernel is compute-bound.
+//
+// gemm_f32 — shared-memory tiling with register blocking.
+//   Block tile 64 x 64, K step 16, 256 threads as 16 x 16; each thread owns a 4 x 4 block of
+//   C at rows ty + 16i, columns tx + 16j (strided, so a warp's shared-memory reads of a B row
+//   hit 16 consecutive banks and its A reads broadcast). Per K step each thread loads 4
+//   elements of A and 4 of B into shared memory (zero past the edges, transposes applied
+//   here so the inner loop never branches) and does 16·16 = 256 FMAs from registers.
+//   Arithmetic intensity per block tile: 2·64·64·16 FLOPs / (2·64·16·4) B = 16 FLOP/B.
+//   Launch: grid (ceil(N/64), ceil(M/64)), block 256.
+//
+// gemm_f16_wmma_{f32,f16}out — tensor cores through nvcuda::wmma, half in, float accumulate.
+//   Block tile 64 x 64, K step 16, 4 warps as 2 x 2, each warp owning 32 x 32 = 2 x 2 16x16
+//   accumulator fragments. Tiles are staged in shared memory zero-padded past M, N and K, so
+//   any shape works; shared rows are padded (24 and 72 halves) to spread banks while keeping
+//   wmma's 16-byte leading-dimension rule. The epilogue goes through shared memory (float) to
+//   apply alpha, beta, bias and ReLU per element with bounds checks.
+//   Launch: grid (ceil(N/64), ceil(M/64)), block 128.
+#include "simt.cuh"
+
+#define GEMM_BM 64
+#define GEMM_BN 64
+#define GEMM_BK 16
+
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
+             const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc, int trans_a,
+             int trans_b, float alpha, float beta, int relu) {
+    __shared__ float as[GEMM_BK][GEMM_BM];
+    __shared__ float bs[GEMM_BK][GEMM_BN];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
+    float acc[4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < k; k0 += GEMM_BK) {
+        for (int r = 0; r < 4; ++r) {
+            int idx = threadIdx.x + 256 * r;
+            // A tile (64 rows of op(A) x 16 ks): walk memory contiguously in either layout.
+            int am, ak;
+            if (trans_a) { am = idx % GEMM_BM; ak = idx / GEMM_BM; }
+            else { ak = idx % GEMM_BK; am = idx / GEMM_BK; }
+            int gm = m0 + am, gk = k0 + ak;
+            float av = 0.0f;
+            if (gm < m && gk < k) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
+            as[ak][am] = av;
+            // B tile (16 ks x 64 columns of op(B)).
+            int bk, bn;
+            if (trans_b) { bk = idx % GEMM_BK; bn = idx / GEMM_BK; }
+            else { bn = idx % GEMM_BN; bk = idx / GEMM_BN; }
+            int gn = n0 + bn;
+            gk = k0 + bk;
+            float bv = 0.0f;
+            if (gn < n && gk < k) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
+            bs[bk][bn] = bv;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < GEMM_BK; ++kk) {
+            float ar[4], br[4];
+            for (int i = 0; i < 4; ++i) ar[i] = as[kk][ty + 16 * i];
+            for (int j = 0; j < 4; ++j) br[j] = bs[kk][tx + 16 * j];
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(ar[i], br[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+    for (int i = 0; i < 4; ++i) {
+        int gm = m0 + ty + 16 * i;
+        if (gm >= m) continue;
+        for (int j = 0; j < 4; ++j) {
+            int gn = n0 + tx + 16 * j;
+            if (gn >= n) continue;
+            float* out = &c[(long long)gm * ldc + gn];
+            float v = alpha * acc[i][j];
+            if (beta != 0.0f) v = fmaf(beta, *out, v);  // beta = 0 never reads C (it may be garbage)
+            if (bias_or_null) v += bias_or_null[gn];
+            if (relu) v = fmaxf(v, 0.0f);
+            *out = v;
+        }
+    }
+}
+
+#define WMMA_LDA 24  // 16 + 8 halves: a 48-byte row stride spreads shared-memory banks
+#define WMMA_LDB 72  // 64 + 8
+#define WMMA_LDC 68  // floats
+
+template <class TOut>
+__device__ __forceinline__ void gemm_f16_wmma(const __half* __restrict__ a, const __half* __restrict__ b,
+                                              TOut* __restrict__ c, const float* __restrict__ bias, int m, int n, int k,
+                                              int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha,
+                                              float beta, int relu) {
+    using namespace nvcuda;
+    __shared__ __half as[GEMM_BM * WMMA_LDA];
+    __shared__ __half bs[GEMM_BK * WMMA_LDB];
+    __shared__ float cs[GEMM_BM * WMMA_LDC];
+    const int warp = threadIdx.x / 32;
+    const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;  // this warp's 32 x 32 corner
+    const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    for (int k0 = 0; k0 < k; k0 += GEMM_BK) {
+        for (int r = 0; r < 8; ++r) {  // 1024 elements of each tile, 128 threads
+            int idx = threadIdx.x + 128 * r;
+            int am, ak;
+            if (trans_a) { am = idx % GEMM_BM; ak = idx / GEMM_BM; }
+            else { ak = idx % GEMM_BK; am = idx / GEMM_BK; }
+            int gm = m0 + am, gk = k0 + ak;
+            __half av = __float2half_rn(0.0f);
+            if (gm < m && gk < k) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
+            as[am * WMMA_LDA + ak] = av;
+            int bk, bn;
+            if (trans_b) { bk = idx % GEMM_BK; bn = idx / GEMM_BK; }
+            else { bn = idx % GEMM_BN; bk = idx / GEMM_BN; }
+            int gn = n0 + bn;
+            gk = k0 + bk;
+            __half bv = __float2half_rn(0.0f);
+            if (gn < n && gk < k) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
+            bs[bk * WMMA_LDB + bn] = bv;
+        }
+        __syncthreads();
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
+        for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &as[(wm + 16 * i) * WMMA_LDA], WMMA_LDA);
+        for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &bs[wn + 16 * j], WMMA_LDB);
+        for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        __syncthreads();
+    }
+
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(&cs[(wm + 16 * i) * WMMA_LDC + wn + 16 * j], acc[i][j], WMMA_LDC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < GEMM_BM * GEMM_BN; idx += 128) {
+        int gm = m0 + idx / GEMM_BN, gn = n0 + idx % GEMM_BN;
+        if (gm >= m || gn >= n) continue;
+        TOut* out = &c[(long long)gm * ldc + gn];
+        float v = alpha * cs[(idx / GEMM_BN) * WMMA_LDC + idx % GEMM_BN];
+        if (beta != 0.0f) v = fmaf(beta, (float)*out, v);
+        if (bias) v += bias[gn];
+        if (relu) v = fmaxf(v, 0.0f);
+        *out = (TOut)v;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemm_f16_wmma_f32out(const __half* __restrict__ a, const __half* __restrict__ b, float* __restrict__ c,
+                         const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
+                         int trans_a, int trans_b, float alpha, float beta, int relu) {
+    gemm_f16_wmma<float>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemm_f16_wmma_f16out(const __half* __restrict__ a, const __half* __restrict__ b, __half* __restrict__ c,
+                         const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
+                         int trans_a, int trans_b, float alpha, float beta, int relu) {
+    gemm_f16_wmma<__half>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu);
+}

@@ -1,0 +1,478 @@
+//! The native CPU backend: the same operations as the kernels, in Rust, on host memory.
+//!
+//! It is the production path on machines without a GPU, so it is built for speed: GEMMs go
+//! to `matrixmultiply` (cache-blocked, SIMD, threaded), convolutions are im2col + GEMM per
+//! image, and loops over images, planes and rows run on all cores with rayon. Arithmetic is
+//! f32 with f16 storage for mixed precision, as on the GPU. Every reduction has a fixed
+//! order that does not depend on the number of threads, so results are bitwise
+//! reproducible across machines.
+//!
+//! The float64 reference the tests compare against is separate (`tests/common/reference.rs`).
+
+mod conv;
+mod gemm;
+mod loss;
+mod optim;
+mod pool;
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::ops::{expect_len, Backend, Precision};
+use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
+use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
+
+/// The host as a device.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuDevice;
+
+impl CpuDevice {
+    /// The CPU backend (it uses rayon's global thread pool).
+    pub fn new() -> Self {
+        CpuDevice
+    }
+}
+
+/// A buffer in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuBuffer<T>(Vec<T>);
+
+impl<T> CpuBuffer<T> {
+    /// The elements.
+    pub fn as_slice(&self) -> &[T] {
+        &self.0
+    }
+
+    /// The elements, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.0
+    }
+}
+
+impl<T: DeviceScalar> DeviceBuffer<T> for CpuBuffer<T> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn device_addr(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+}
+
+impl Memory for CpuDevice {
+    type Buffer<T: DeviceScalar> = CpuBuffer<T>;
+
+    fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<CpuBuffer<T>, BackendError> {
+        Ok(CpuBuffer(vec![T::zeroed(); len]))
+    }
+
+    fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<CpuBuffer<T>, BackendError> {
+        Ok(CpuBuffer(host.to_vec()))
+    }
+
+    fn write<T: DeviceScalar>(
+        &self,
+        host: &[T],
+        buf: &mut CpuBuffer<T>,
+    ) -> Result<(), BackendError> {
+        same_len("host-to-device copy", host.len(), buf.0.len())?;
+        buf.0.copy_from_slice(host);
+        Ok(())
+    }
+
+    fn download<T: DeviceScalar>(&self, buf: &CpuBuffer<T>) -> Result<Vec<T>, BackendError> {
+        Ok(buf.0.clone())
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+fn same_len(operation: &'static str, left: usize, right: usize) -> Result<(), BackendError> {
+    if left == right {
+        Ok(())
+    } else {
+        Err(BackendError::LengthMismatch {
+            operation,
+            left,
+            right,
+        })
+    }
+}
+
+/// Elements per rayon task for flat loops: big enough that scheduling is noise.
+const FLAT_CHUNK: usize = 1 << 14;
+
+fn map_into<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&A) -> B + Sync) {
+    dst.par_chunks_mut(FLAT_CHUNK)
+        .zip(src.par_chunks(FLAT_CHUNK))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = f(s)));
+}
+
+impl Backend for CpuDevice {
+    fn fill(&self, out: &mut CpuBuffer<f32>, value: f32) -> Result<(), BackendError> {
+        out.0.par_chunks_mut(FLAT_CHUNK).for_each(|c| c.fill(value));
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut CpuBuffer<f32>, alpha: f32) -> Result<(), BackendError> {
+        x.0.par_chunks_mut(FLAT_CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|v| *v *= alpha));
+        Ok(())
+    }
+
+    fn axpy(
+        &self,
+        alpha: f32,
+        x: &CpuBuffer<f32>,
+        y: &mut CpuBuffer<f32>,
+    ) -> Result<(), BackendError> {
+        same_len("axpy", x.0.len(), y.0.len())?;
+        y.0.par_chunks_mut(FLAT_CHUNK)
+            .zip(x.0.par_chunks(FLAT_CHUNK))
+            .for_each(|(y, x)| {
+                y.iter_mut()
+                    .zip(x)
+                    .for_each(|(y, x)| *y = alpha.mul_add(*x, *y))
+            });
+        Ok(())
+    }
+
+    fn add(
+        &self,
+        a: &CpuBuffer<f32>,
+        b: &CpuBuffer<f32>,
+        out: &mut CpuBuffer<f32>,
+    ) -> Result<(), BackendError> {
+        same_len("add", a.0.len(), b.0.len())?;
+        same_len("add", a.0.len(), out.0.len())?;
+        out.0
+            .par_chunks_mut(FLAT_CHUNK)
+            .zip(a.0.par_chunks(FLAT_CHUNK).zip(b.0.par_chunks(FLAT_CHUNK)))
+            .for_each(|(o, (a, b))| {
+                o.iter_mut()
+                    .zip(a.iter().zip(b))
+                    .for_each(|(o, (a, b))| *o = a + b)
+            });
+        Ok(())
+    }
+
+    fn cast_to_f16(
+        &self,
+        x: &CpuBuffer<f32>,
+        out: &mut CpuBuffer<f16>,
+    ) -> Result<(), BackendError> {
+        same_len("cast_f32_to_f16", x.0.len(), out.0.len())?;
+        map_into(&x.0, &mut out.0, |v| f16::from_f32(*v));
+        Ok(())
+    }
+
+    fn cast_to_f32(
+        &self,
+        x: &CpuBuffer<f16>,
+        out: &mut CpuBuffer<f32>,
+    ) -> Result<(), BackendError> {
+        same_len("cast_f16_to_f32", x.0.len(), out.0.len())?;
+        map_into(&x.0, &mut out.0, |v| v.to_f32());
+        Ok(())
+    }
+
+    fn relu_backward<T: Precision>(
+        &self,
+        y: &CpuBuffer<T>,
+        dy: &CpuBuffer<T>,
+        dx: &mut CpuBuffer<T>,
+    ) -> Result<(), BackendError> {
+        same_len("relu_backward", y.0.len(), dy.0.len())?;
+        same_len("relu_backward", y.0.len(), dx.0.len())?;
+        dx.0.par_chunks_mut(FLAT_CHUNK)
+            .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
+            .for_each(|(dx, (y, dy))| {
+                for ((dx, y), dy) in dx.iter_mut().zip(y).zip(dy) {
+                    *dx = if y.to_f32() > 0.0 {
+                        *dy
+                    } else {
+                        T::from_f32(0.0)
+                    };
+                }
+            });
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        shape: &GemmShape,
+        a: &CpuBuffer<f32>,
+        b: &CpuBuffer<f32>,
+        bias: Option<&CpuBuffer<f32>>,
+        c: &mut CpuBuffer<f32>,
+        epilogue: Epilogue,
+    ) -> Result<(), BackendError> {
+        gemm::check(
+            shape,
+            a.0.len(),
+            b.0.len(),
+            c.0.len(),
+            bias.map(|b| b.0.len()),
+        )?;
+        gemm::gemm_f32(
+            shape,
+            &a.0,
+            &b.0,
+            bias.map(|b| b.as_slice()),
+            &mut c.0,
+            epilogue,
+        );
+        Ok(())
+    }
+
+    fn gemm_f16<O: Precision>(
+        &self,
+        shape: &GemmShape,
+        a: &CpuBuffer<f16>,
+        b: &CpuBuffer<f16>,
+        bias: Option<&CpuBuffer<f32>>,
+        c: &mut CpuBuffer<O>,
+        epilogue: Epilogue,
+    ) -> Result<(), BackendError> {
+        gemm::check(
+            shape,
+            a.0.len(),
+            b.0.len(),
+            c.0.len(),
+            bias.map(|b| b.0.len()),
+        )?;
+        let wide = |h: &[f16]| h.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+        let mut c32: Vec<f32> = c.0.iter().map(|v| v.to_f32()).collect();
+        gemm::gemm_f32(
+            shape,
+            &wide(&a.0),
+            &wide(&b.0),
+            bias.map(|b| b.as_slice()),
+            &mut c32,
+            epilogue,
+        );
+        map_into(&c32, &mut c.0, |v| O::from_f32(*v));
+        Ok(())
+    }
+
+    fn conv2d_forward<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &CpuBuffer<T>,
+        w: &CpuBuffer<T>,
+        bias: Option<&CpuBuffer<f32>>,
+        y: &mut CpuBuffer<T>,
+        relu: bool,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ws, ys) = shape.sizes();
+        expect_len("conv2d_forward", "x", x.0.len(), xs)?;
+        expect_len("conv2d_forward", "w", w.0.len(), ws)?;
+        expect_len("conv2d_forward", "y", y.0.len(), ys)?;
+        if let Some(bias) = bias {
+            expect_len("conv2d_forward", "bias", bias.0.len(), shape.out_c)?;
+        }
+        conv::forward(
+            shape,
+            &x.0,
+            &w.0,
+            bias.map(|b| b.as_slice()),
+            &mut y.0,
+            relu,
+        );
+        Ok(())
+    }
+
+    fn conv2d_backward_input<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        dy: &CpuBuffer<T>,
+        w: &CpuBuffer<T>,
+        dx: &mut CpuBuffer<T>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ws, ys) = shape.sizes();
+        expect_len("conv2d_backward_input", "dy", dy.0.len(), ys)?;
+        expect_len("conv2d_backward_input", "w", w.0.len(), ws)?;
+        expect_len("conv2d_backward_input", "dx", dx.0.len(), xs)?;
+        conv::backward_input(shape, &dy.0, &w.0, &mut dx.0);
+        Ok(())
+    }
+
+    fn conv2d_backward_filter<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &CpuBuffer<T>,
+        dy: &CpuBuffer<T>,
+        dw: &mut CpuBuffer<f32>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ws, ys) = shape.sizes();
+        expect_len("conv2d_backward_filter", "x", x.0.len(), xs)?;
+        expect_len("conv2d_backward_filter", "dy", dy.0.len(), ys)?;
+        expect_len("conv2d_backward_filter", "dw", dw.0.len(), ws)?;
+        conv::backward_filter(shape, &x.0, &dy.0, &mut dw.0);
+        Ok(())
+    }
+
+    fn conv2d_backward_bias<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        dy: &CpuBuffer<T>,
+        db: &mut CpuBuffer<f32>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        expect_len("conv2d_backward_bias", "dy", dy.0.len(), shape.sizes().2)?;
+        expect_len("conv2d_backward_bias", "db", db.0.len(), shape.out_c)?;
+        conv::backward_bias(shape, &dy.0, &mut db.0);
+        Ok(())
+    }
+
+    fn max_pool_forward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        x: &CpuBuffer<T>,
+        y: &mut CpuBuffer<T>,
+        argmax: &mut CpuBuffer<i32>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ys) = shape.sizes();
+        expect_len("max_pool_forward", "x", x.0.len(), xs)?;
+        expect_len("max_pool_forward", "y", y.0.len(), ys)?;
+        expect_len("max_pool_forward", "argmax", argmax.0.len(), ys)?;
+        pool::max_forward(shape, &x.0, &mut y.0, &mut argmax.0);
+        Ok(())
+    }
+
+    fn max_pool_backward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        dy: &CpuBuffer<T>,
+        argmax: &CpuBuffer<i32>,
+        dx: &mut CpuBuffer<T>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ys) = shape.sizes();
+        expect_len("max_pool_backward", "dy", dy.0.len(), ys)?;
+        expect_len("max_pool_backward", "argmax", argmax.0.len(), ys)?;
+        expect_len("max_pool_backward", "dx", dx.0.len(), xs)?;
+        pool::max_backward(shape, &dy.0, &argmax.0, &mut dx.0);
+        Ok(())
+    }
+
+    fn avg_pool_forward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        x: &CpuBuffer<T>,
+        y: &mut CpuBuffer<T>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ys) = shape.sizes();
+        expect_len("avg_pool_forward", "x", x.0.len(), xs)?;
+        expect_len("avg_pool_forward", "y", y.0.len(), ys)?;
+        pool::avg_forward(shape, &x.0, &mut y.0);
+        Ok(())
+    }
+
+    fn avg_pool_backward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        dy: &CpuBuffer<T>,
+        dx: &mut CpuBuffer<T>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ys) = shape.sizes();
+        expect_len("avg_pool_backward", "dy", dy.0.len(), ys)?;
+        expect_len("avg_pool_backward", "dx", dx.0.len(), xs)?;
+        pool::avg_backward(shape, &dy.0, &mut dx.0);
+        Ok(())
+    }
+
+    fn softmax_cross_entropy<T: Precision>(
+        &self,
+        rows: usize,
+        classes: usize,
+        logits: &CpuBuffer<T>,
+        labels: &CpuBuffer<u8>,
+        loss: &mut CpuBuffer<f32>,
+        grad: Option<&mut CpuBuffer<T>>,
+        correct: &mut CpuBuffer<i32>,
+        grad_scale: f32,
+    ) -> Result<(), BackendError> {
+        if rows == 0 || classes == 0 {
+            return Err(BackendError::BadShape {
+                op: "softmax_cross_entropy",
+                detail: format!("{rows} rows x {classes} classes"),
+            });
+        }
+        expect_len(
+            "softmax_cross_entropy",
+            "logits",
+            logits.0.len(),
+            rows * classes,
+        )?;
+        expect_len("softmax_cross_entropy", "labels", labels.0.len(), rows)?;
+        expect_len("softmax_cross_entropy", "loss", loss.0.len(), rows)?;
+        expect_len("softmax_cross_entropy", "correct", correct.0.len(), 1)?;
+        if let Some(g) = grad.as_deref() {
+            expect_len("softmax_cross_entropy", "grad", g.0.len(), rows * classes)?;
+        }
+        let right = loss::softmax_cross_entropy(
+            classes,
+            &logits.0,
+            &labels.0,
+            &mut loss.0,
+            grad.map(|g| g.as_mut_slice()),
+            grad_scale,
+        );
+        correct.0[0] += right;
+        Ok(())
+    }
+
+    fn grad_check<G: Precision>(
+        &self,
+        grad: &CpuBuffer<G>,
+        found: &mut CpuBuffer<i32>,
+    ) -> Result<(), BackendError> {
+        expect_len("grad_check", "found", found.0.len(), 1)?;
+        if optim::any_nonfinite(&grad.0) {
+            found.0[0] = 1;
+        }
+        Ok(())
+    }
+
+    fn sgd_step<G: Precision>(
+        &self,
+        w: &mut CpuBuffer<f32>,
+        grad: &CpuBuffer<G>,
+        velocity: Option<&mut CpuBuffer<f32>>,
+        w_half: Option<&mut CpuBuffer<f16>>,
+        step: SgdStep,
+        found: Option<&CpuBuffer<i32>>,
+    ) -> Result<(), BackendError> {
+        let n = w.0.len();
+        expect_len("sgd_step", "grad", grad.0.len(), n)?;
+        if let Some(v) = velocity.as_deref() {
+            expect_len("sgd_step", "velocity", v.0.len(), n)?;
+        }
+        if let Some(h) = w_half.as_deref() {
+            expect_len("sgd_step", "w_half", h.0.len(), n)?;
+        }
+        if let Some(f) = found {
+            expect_len("sgd_step", "found", f.0.len(), 1)?;
+            if f.0[0] != 0 {
+                return Ok(());
+            }
+        }
+        optim::sgd_step(
+            &mut w.0,
+            &grad.0,
+            velocity.map(|v| v.as_mut_slice()),
+            w_half.map(|h| h.as_mut_slice()),
+            step,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,107 @@
+//! Max and average pooling, one plane per rayon task. Backward gathers per input element
+//! (like the kernels), so overlapping windows need no atomics and results are exact.
+
+use rayon::prelude::*;
+
+use crate::backend::ops::Precision;
+use crate::backend::shapes::Pool2dShape;
+
+/// Output rows (or columns) whose window covers input row `i`: `ceil((i-k+1)/s) ..= min(i/s, out-1)`.
+fn covering(i: usize, k: usize, stride: usize, out: usize) -> std::ops::RangeInclusive<usize> {
+    let first = (i + 1).saturating_sub(k).div_ceil(stride);
+    first..=(i / stride).min(out - 1)
+}
+
+pub(super) fn max_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T], argmax: &mut [i32]) {
+    let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+    y.par_chunks_mut(oh * ow)
+        .zip(argmax.par_chunks_mut(oh * ow))
+        .enumerate()
+        .for_each(|(pl, (y, am))| {
+            let x = &x[pl * plane_in..(pl + 1) * plane_in];
+            for p in 0..oh {
+                for q in 0..ow {
+                    let mut arg = p * s.stride * s.in_w + q * s.stride;
+                    let mut best = x[arg].to_f32();
+                    for i in 0..s.k_h {
+                        for j in 0..s.k_w {
+                            let idx = (p * s.stride + i) * s.in_w + q * s.stride + j;
+                            let v = x[idx].to_f32();
+                            if v > best || (v.is_nan() && !best.is_nan()) {
+                                best = v;
+                                arg = idx;
+                            }
+                        }
+                    }
+                    y[p * ow + q] = T::from_f32(best);
+                    am[p * ow + q] = arg as i32;
+                }
+            }
+        });
+}
+
+pub(super) fn max_backward<T: Precision>(s: &Pool2dShape, dy: &[T], argmax: &[i32], dx: &mut [T]) {
+    let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+    dx.par_chunks_mut(plane_in)
+        .enumerate()
+        .for_each(|(pl, dx)| {
+            let (dy, am) = (
+                &dy[pl * oh * ow..(pl + 1) * oh * ow],
+                &argmax[pl * oh * ow..(pl + 1) * oh * ow],
+            );
+            for ih in 0..s.in_h {
+                for iw in 0..s.in_w {
+                    let here = (ih * s.in_w + iw) as i32;
+                    let mut acc = 0.0f32;
+                    for p in covering(ih, s.k_h, s.stride, oh) {
+                        for q in covering(iw, s.k_w, s.stride, ow) {
+                            if am[p * ow + q] == here {
+                                acc += dy[p * ow + q].to_f32();
+                            }
+                        }
+                    }
+                    dx[ih * s.in_w + iw] = T::from_f32(acc);
+                }
+            }
+        });
+}
+
+pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
+    let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+    let inv = 1.0 / (s.k_h * s.k_w) as f32;
+    y.par_chunks_mut(oh * ow).enumerate().for_each(|(pl, y)| {
+        let x = &x[pl * plane_in..(pl + 1) * plane_in];
+        for p in 0..oh {
+            for q in 0..ow {
+                let mut acc = 0.0f32;
+                for i in 0..s.k_h {
+                    for j in 0..s.k_w {
+                        acc += x[(p * s.stride + i) * s.in_w + q * s.stride + j].to_f32();
+                    }
+                }
+                y[p * ow + q] = T::from_f32(acc * inv);
+            }
+        }
+    });
+}
+
+pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]) {
+    let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+    let inv = 1.0 / (s.k_h * s.k_w) as f32;
+    dx.par_chunks_mut(plane_in)
+        .enumerate()
+        .for_each(|(pl, dx)| {
+            let dy = &dy[pl * oh * ow..(pl + 1) * oh * ow];
+            for ih in 0..s.in_h {
+                for iw in 0..s.in_w {
+                    let mut acc = 0.0f32;
+                    for p in covering(ih, s.k_h, s.stride, oh) {
+                        for q in covering(iw, s.k_w, s.stride, ow) {
+                            acc += dy[p * ow + q].to_f32();
+                        }
+                    }
+                    dx[ih * s.in_w + iw] = T::from_f32(acc * inv);
+                }
+            }
+        });
+}

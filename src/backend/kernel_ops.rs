@@ -1,0 +1,552 @@
+//! [`Backend`] for every kernel [`Device`] (CUDA and the SIMT emulator): check the shape and
+//! the buffer lengths, choose the launch shape, launch the kernel from `kernels/*.cu`.
+//!
+//! Every `unsafe` launch below is sound for the same reason: the kernel's index ranges are
+//! exactly the shape just validated, and every buffer's length was checked against that
+//! shape first.
+
+use half::f16;
+
+use super::launch::DeviceBuffer;
+use super::ops::{expect_len, Backend, Precision, PrecisionOp};
+use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
+use super::{BackendError, Device, KernelArg, LaunchConfig, Memory};
+use crate::kernels::{elementwise as ew, gemm};
+
+type Buf<D, T> = <D as Memory>::Buffer<T>;
+
+fn same_len(operation: &'static str, left: usize, right: usize) -> Result<(), BackendError> {
+    if left == right {
+        Ok(())
+    } else {
+        Err(BackendError::LengthMismatch {
+            operation,
+            left,
+            right,
+        })
+    }
+}
+
+fn i32_arg(v: usize) -> KernelArg {
+    // Shapes are validated to fit i32 before any launch.
+    KernelArg::I32(v as i32)
+}
+
+fn blocks(n: usize, per_block: usize) -> u32 {
+    n.div_ceil(per_block).max(1) as u32
+}
+
+fn gemm_args<D: Device, A: super::DeviceScalar, C: super::DeviceScalar>(
+    shape: &GemmShape,
+    a: &Buf<D, A>,
+    b: &Buf<D, A>,
+    bias: Option<&Buf<D, f32>>,
+    c: &mut Buf<D, C>,
+    epilogue: Epilogue,
+) -> Result<Vec<KernelArg>, BackendError> {
+    shape.validate()?;
+    expect_len("gemm", "a", a.len(), shape.m * shape.k)?;
+    expect_len("gemm", "b", b.len(), shape.k * shape.n)?;
+    expect_len("gemm", "c", c.len(), shape.m * shape.n)?;
+    if let Some(bias) = bias {
+        expect_len("gemm", "bias", bias.len(), shape.n)?;
+    }
+    let (lda, ldb, ldc) = shape.leading_dims();
+    Ok(vec![
+        KernelArg::buffer(a),
+        KernelArg::buffer(b),
+        KernelArg::buffer_mut(c),
+        KernelArg::optional(bias),
+        i32_arg(shape.m),
+        i32_arg(shape.n),
+        i32_arg(shape.k),
+        i32_arg(lda),
+        i32_arg(ldb),
+        i32_arg(ldc),
+        KernelArg::I32(shape.trans_a.into()),
+        KernelArg::I32(shape.trans_b.into()),
+        KernelArg::F32(epilogue.alpha),
+        KernelArg::F32(epilogue.beta),
+        KernelArg::I32(epilogue.relu.into()),
+    ])
+}
+
+fn conv_dims(s: &Conv2dShape) -> [KernelArg; 10] {
+    [
+        i32_arg(s.in_h),
+        i32_arg(s.in_w),
+        i32_arg(s.out_c),
+        i32_arg(s.k_h),
+        i32_arg(s.k_w),
+        i32_arg(s.stride),
+        i32_arg(s.pad),
+        i32_arg(s.out_h()),
+        i32_arg(s.out_w()),
+        KernelArg::I32(0),
+    ]
+}
+
+fn pool_dims(s: &Pool2dShape) -> [KernelArg; 8] {
+    [
+        i32_arg(s.planes),
+        i32_arg(s.in_h),
+        i32_arg(s.in_w),
+        i32_arg(s.k_h),
+        i32_arg(s.k_w),
+        i32_arg(s.stride),
+        i32_arg(s.out_h()),
+        i32_arg(s.out_w()),
+    ]
+}
+
+impl<D: Device> Backend for D {
+    fn fill(&self, out: &mut Buf<D, f32>, value: f32) -> Result<(), BackendError> {
+        let n = out.len();
+        // SAFETY: see the module docs.
+        unsafe { ew::fill_f32(self, LaunchConfig::flat(n), out, value, n as u64) }
+    }
+
+    fn scale(&self, x: &mut Buf<D, f32>, alpha: f32) -> Result<(), BackendError> {
+        let n = x.len();
+        // SAFETY: see the module docs.
+        unsafe { ew::scale_f32(self, LaunchConfig::flat(n), x, alpha, n as u64) }
+    }
+
+    fn axpy(&self, alpha: f32, x: &Buf<D, f32>, y: &mut Buf<D, f32>) -> Result<(), BackendError> {
+        same_len("axpy", x.len(), y.len())?;
+        let n = y.len();
+        // SAFETY: see the module docs.
+        unsafe { ew::axpy_f32(self, LaunchConfig::flat(n), x, y, alpha, n as u64) }
+    }
+
+    fn add(
+        &self,
+        a: &Buf<D, f32>,
+        b: &Buf<D, f32>,
+        out: &mut Buf<D, f32>,
+    ) -> Result<(), BackendError> {
+        same_len("add", a.len(), b.len())?;
+        same_len("add", a.len(), out.len())?;
+        let n = out.len();
+        // SAFETY: see the module docs.
+        unsafe { ew::add_f32(self, LaunchConfig::flat(n), a, b, out, n as u64) }
+    }
+
+    fn cast_to_f16(&self, x: &Buf<D, f32>, out: &mut Buf<D, f16>) -> Result<(), BackendError> {
+        same_len("cast_f32_to_f16", x.len(), out.len())?;
+        let n = x.len();
+        // SAFETY: see the module docs.
+        unsafe { ew::cast_f32_to_f16(self, LaunchConfig::flat(n), x, out, n as u64) }
+    }
+
+    fn cast_to_f32(&self, x: &Buf<D, f16>, out: &mut Buf<D, f32>) -> Result<(), BackendError> {
+        same_len("cast_f16_to_f32", x.len(), out.len())?;
+        let n = x.len();
+        // SAFETY: see the module docs.
+        unsafe { ew::cast_f16_to_f32(self, LaunchConfig::flat(n), x, out, n as u64) }
+    }
+
+    fn relu_backward<T: Precision>(
+        &self,
+        y: &Buf<D, T>,
+        dy: &Buf<D, T>,
+        dx: &mut Buf<D, T>,
+    ) -> Result<(), BackendError> {
+        same_len("relu_backward", y.len(), dy.len())?;
+        same_len("relu_backward", y.len(), dx.len())?;
+        let n = y.len();
+        let args = [
+            KernelArg::buffer(y),
+            KernelArg::buffer(dy),
+            KernelArg::buffer_mut(dx),
+            KernelArg::U64(n as u64),
+        ];
+        // SAFETY: see the module docs.
+        unsafe {
+            self.launch(
+                T::kernel(PrecisionOp::ReluBackward),
+                LaunchConfig::flat(n),
+                &args,
+            )
+        }
+    }
+
+    fn gemm(
+        &self,
+        shape: &GemmShape,
+        a: &Buf<D, f32>,
+        b: &Buf<D, f32>,
+        bias: Option<&Buf<D, f32>>,
+        c: &mut Buf<D, f32>,
+        epilogue: Epilogue,
+    ) -> Result<(), BackendError> {
+        let args = gemm_args::<D, f32, f32>(shape, a, b, bias, c, epilogue)?;
+        let cfg = LaunchConfig {
+            grid: (blocks(shape.n, 64), blocks(shape.m, 64), 1),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: see the module docs.
+        unsafe { self.launch(&gemm::GEMM_F32, cfg, &args) }
+    }
+
+    fn gemm_f16<O: Precision>(
+        &self,
+        shape: &GemmShape,
+        a: &Buf<D, f16>,
+        b: &Buf<D, f16>,
+        bias: Option<&Buf<D, f32>>,
+        c: &mut Buf<D, O>,
+        epilogue: Epilogue,
+    ) -> Result<(), BackendError> {
+        let args = gemm_args::<D, f16, O>(shape, a, b, bias, c, epilogue)?;
+        let cfg = LaunchConfig {
+            grid: (blocks(shape.n, 64), blocks(shape.m, 64), 1),
+            block: (128, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: see the module docs.
+        unsafe { self.launch(O::kernel(PrecisionOp::GemmF16), cfg, &args) }
+    }
+
+    fn conv2d_forward<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<D, T>,
+        w: &Buf<D, T>,
+        bias: Option<&Buf<D, f32>>,
+        y: &mut Buf<D, T>,
+        relu: bool,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ws, ys) = shape.sizes();
+        expect_len("conv2d_forward", "x", x.len(), xs)?;
+        expect_len("conv2d_forward", "w", w.len(), ws)?;
+        expect_len("conv2d_forward", "y", y.len(), ys)?;
+        if let Some(bias) = bias {
+            expect_len("conv2d_forward", "bias", bias.len(), shape.out_c)?;
+        }
+        let mut args = vec![
+            KernelArg::buffer(x),
+            KernelArg::buffer(w),
+            KernelArg::optional(bias),
+            KernelArg::buffer_mut(y),
+        ];
+        args.push(i32_arg(shape.in_c));
+        let mut dims = conv_dims(shape);
+        dims[9] = KernelArg::I32(relu.into());
+        args.extend(dims);
+        let pixels = shape.out_h() * shape.out_w();
+        let cfg = LaunchConfig {
+            grid: (blocks(pixels, 256), shape.out_c as u32, shape.batch as u32),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: see the module docs.
+        unsafe { self.launch(T::kernel(PrecisionOp::Conv2dForward), cfg, &args) }
+    }
+
+    fn conv2d_backward_input<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        dy: &Buf<D, T>,
+        w: &Buf<D, T>,
+        dx: &mut Buf<D, T>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ws, ys) = shape.sizes();
+        expect_len("conv2d_backward_input", "dy", dy.len(), ys)?;
+        expect_len("conv2d_backward_input", "w", w.len(), ws)?;
+        expect_len("conv2d_backward_input", "dx", dx.len(), xs)?;
+        let mut args = vec![
+            KernelArg::buffer(dy),
+            KernelArg::buffer(w),
+            KernelArg::buffer_mut(dx),
+            i32_arg(shape.in_c),
+        ];
+        args.extend(&conv_dims(shape)[..9]);
+        let cfg = LaunchConfig {
+            grid: (
+                blocks(shape.in_h * shape.in_w, 256),
+                shape.in_c as u32,
+                shape.batch as u32,
+            ),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: see the module docs.
+        unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardInput), cfg, &args) }
+    }
+
+    fn conv2d_backward_filter<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<D, T>,
+        dy: &Buf<D, T>,
+        dw: &mut Buf<D, f32>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ws, ys) = shape.sizes();
+        expect_len("conv2d_backward_filter", "x", x.len(), xs)?;
+        expect_len("conv2d_backward_filter", "dy", dy.len(), ys)?;
+        expect_len("conv2d_backward_filter", "dw", dw.len(), ws)?;
+        let mut args = vec![
+            KernelArg::buffer(x),
+            KernelArg::buffer(dy),
+            KernelArg::buffer_mut(dw),
+            i32_arg(shape.batch),
+            i32_arg(shape.in_c),
+        ];
+        args.extend(&conv_dims(shape)[..9]);
+        let cfg = LaunchConfig {
+            grid: (ws as u32, 1, 1),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: see the module docs.
+        unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardFilter), cfg, &args) }
+    }
+
+    fn conv2d_backward_bias<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        dy: &Buf<D, T>,
+        db: &mut Buf<D, f32>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        expect_len("conv2d_backward_bias", "dy", dy.len(), shape.sizes().2)?;
+        expect_len("conv2d_backward_bias", "db", db.len(), shape.out_c)?;
+        let args = [
+            KernelArg::buffer(dy),
+            KernelArg::buffer_mut(db),
+            i32_arg(shape.batch),
+            i32_arg(shape.out_c),
+            i32_arg(shape.out_h() * shape.out_w()),
+        ];
+        let cfg = LaunchConfig {
+            grid: (shape.out_c as u32, 1, 1),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: see the module docs.
+        unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardBias), cfg, &args) }
+    }
+
+    fn max_pool_forward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        x: &Buf<D, T>,
+        y: &mut Buf<D, T>,
+        argmax: &mut Buf<D, i32>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ys) = shape.sizes();
+        expect_len("max_pool_forward", "x", x.len(), xs)?;
+        expect_len("max_pool_forward", "y", y.len(), ys)?;
+        expect_len("max_pool_forward", "argmax", argmax.len(), ys)?;
+        let mut args = vec![
+            KernelArg::buffer(x),
+            KernelArg::buffer_mut(y),
+            KernelArg::buffer_mut(argmax),
+        ];
+        args.extend(pool_dims(shape));
+        // SAFETY: see the module docs.
+        unsafe {
+            self.launch(
+                T::kernel(PrecisionOp::MaxPoolForward),
+                LaunchConfig::flat(ys),
+                &args,
+            )
+        }
+    }
+
+    fn max_pool_backward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        dy: &Buf<D, T>,
+        argmax: &Buf<D, i32>,
+        dx: &mut Buf<D, T>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ys) = shape.sizes();
+        expect_len("max_pool_backward", "dy", dy.len(), ys)?;
+        expect_len("max_pool_backward", "argmax", argmax.len(), ys)?;
+        expect_len("max_pool_backward", "dx", dx.len(), xs)?;
+        let mut args = vec![
+            KernelArg::buffer(dy),
+            KernelArg::buffer(argmax),
+            KernelArg::buffer_mut(dx),
+        ];
+        args.extend(pool_dims(shape));
+        // SAFETY: see the module docs. (argmax values come from max_pool_forward of this shape.)
+        unsafe {
+            self.launch(
+                T::kernel(PrecisionOp::MaxPoolBackward),
+                LaunchConfig::flat(xs),
+                &args,
+            )
+        }
+    }
+
+    fn avg_pool_forward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        x: &Buf<D, T>,
+        y: &mut Buf<D, T>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ys) = shape.sizes();
+        expect_len("avg_pool_forward", "x", x.len(), xs)?;
+        expect_len("avg_pool_forward", "y", y.len(), ys)?;
+        let mut args = vec![KernelArg::buffer(x), KernelArg::buffer_mut(y)];
+        args.extend(pool_dims(shape));
+        // SAFETY: see the module docs.
+        unsafe {
+            self.launch(
+                T::kernel(PrecisionOp::AvgPoolForward),
+                LaunchConfig::flat(ys),
+                &args,
+            )
+        }
+    }
+
+    fn avg_pool_backward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        dy: &Buf<D, T>,
+        dx: &mut Buf<D, T>,
+    ) -> Result<(), BackendError> {
+        shape.validate()?;
+        let (xs, ys) = shape.sizes();
+        expect_len("avg_pool_backward", "dy", dy.len(), ys)?;
+        expect_len("avg_pool_backward", "dx", dx.len(), xs)?;
+        let mut args = vec![KernelArg::buffer(dy), KernelArg::buffer_mut(dx)];
+        args.extend(pool_dims(shape));
+        // SAFETY: see the module docs.
+        unsafe {
+            self.launch(
+                T::kernel(PrecisionOp::AvgPoolBackward),
+                LaunchConfig::flat(xs),
+                &args,
+            )
+        }
+    }
+
+    fn softmax_cross_entropy<T: Precision>(
+        &self,
+        rows: usize,
+        classes: usize,
+        logits: &Buf<D, T>,
+        labels: &Buf<D, u8>,
+        loss: &mut Buf<D, f32>,
+        grad: Option<&mut Buf<D, T>>,
+        correct: &mut Buf<D, i32>,
+        grad_scale: f32,
+    ) -> Result<(), BackendError> {
+        if rows == 0
+            || classes == 0
+            || rows > i32::MAX as usize
+            || rows
+                .checked_mul(classes)
+                .is_none_or(|n| n > i32::MAX as usize)
+        {
+            return Err(BackendError::BadShape {
+                op: "softmax_cross_entropy",
+                detail: format!("{rows} rows x {classes} classes"),
+            });
+        }
+        expect_len(
+            "softmax_cross_entropy",
+            "logits",
+            logits.len(),
+            rows * classes,
+        )?;
+        expect_len("softmax_cross_entropy", "labels", labels.len(), rows)?;
+        expect_len("softmax_cross_entropy", "loss", loss.len(), rows)?;
+        expect_len("softmax_cross_entropy", "correct", correct.len(), 1)?;
+        if let Some(g) = grad.as_deref() {
+            expect_len("softmax_cross_entropy", "grad", g.len(), rows * classes)?;
+        }
+        let args = [
+            KernelArg::buffer(logits),
+            KernelArg::buffer(labels),
+            KernelArg::buffer_mut(loss),
+            KernelArg::optional_mut(grad),
+            KernelArg::buffer_mut(correct),
+            i32_arg(rows),
+            i32_arg(classes),
+            KernelArg::F32(grad_scale),
+        ];
+        let cfg = LaunchConfig {
+            grid: (blocks(rows, 8), 1, 1),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: see the module docs.
+        unsafe { self.launch(T::kernel(PrecisionOp::SoftmaxCrossEntropy), cfg, &args) }
+    }
+
+    fn grad_check<G: Precision>(
+        &self,
+        grad: &Buf<D, G>,
+        found: &mut Buf<D, i32>,
+    ) -> Result<(), BackendError> {
+        expect_len("grad_check", "found", found.len(), 1)?;
+        let n = grad.len();
+        let args = [
+            KernelArg::buffer(grad),
+            KernelArg::U64(n as u64),
+            KernelArg::buffer_mut(found),
+        ];
+        // SAFETY: see the module docs.
+        unsafe {
+            self.launch(
+                G::kernel(PrecisionOp::GradCheck),
+                LaunchConfig::flat(n),
+                &args,
+            )
+        }
+    }
+
+    fn sgd_step<G: Precision>(
+        &self,
+        w: &mut Buf<D, f32>,
+        grad: &Buf<D, G>,
+        velocity: Option<&mut Buf<D, f32>>,
+        w_half: Option<&mut Buf<D, f16>>,
+        step: SgdStep,
+        found: Option<&Buf<D, i32>>,
+    ) -> Result<(), BackendError> {
+        let n = w.len();
+        expect_len("sgd_step", "grad", grad.len(), n)?;
+        if let Some(v) = velocity.as_deref() {
+            expect_len("sgd_step", "velocity", v.len(), n)?;
+        }
+        if let Some(h) = w_half.as_deref() {
+            expect_len("sgd_step", "w_half", h.len(), n)?;
+        }
+        if let Some(f) = found {
+            expect_len("sgd_step", "found", f.len(), 1)?;
+        }
+        let args = [
+            KernelArg::buffer_mut(w),
+            KernelArg::buffer(grad),
+            KernelArg::optional_mut(velocity),
+            KernelArg::optional_mut(w_half),
+            KernelArg::U64(n as u64),
+            KernelArg::F32(step.lr),
+            KernelArg::F32(step.inv_scale),
+            KernelArg::F32(step.momentum),
+            KernelArg::F32(step.weight_decay),
+            KernelArg::optional(found),
+        ];
+        // SAFETY: see the module docs.
+        unsafe {
+            self.launch(
+                G::kernel(PrecisionOp::SgdStep),
+                LaunchConfig::flat(n),
+                &args,
+            )
+        }
+    }
+}

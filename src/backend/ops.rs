@@ -1,0 +1,280 @@
+//! The operations a LeNet needs, as one trait every backend implements: the kernel devices
+//! (CUDA, SIMT) by launching `kernels/*.cu`, the CPU backend in native Rust.
+//!
+//! Activations may be stored in f32 or f16 ([`Precision`]); arithmetic is f32 either way,
+//! and weight gradients, biases and master weights are always f32.
+
+use half::f16;
+
+use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
+use super::{BackendError, DeviceScalar, Memory};
+use crate::kernels::{conv, elementwise, gemm, loss, optim, pool, KernelSignature};
+
+/// The kernels that exist per storage precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrecisionOp {
+    /// `conv2d_forward_*`
+    Conv2dForward,
+    /// `conv2d_backward_input_*`
+    Conv2dBackwardInput,
+    /// `conv2d_backward_filter_*`
+    Conv2dBackwardFilter,
+    /// `conv2d_backward_bias_*`
+    Conv2dBackwardBias,
+    /// `max_pool_forward_*`
+    MaxPoolForward,
+    /// `max_pool_backward_*`
+    MaxPoolBackward,
+    /// `avg_pool_forward_*`
+    AvgPoolForward,
+    /// `avg_pool_backward_*`
+    AvgPoolBackward,
+    /// `softmax_cross_entropy_*`
+    SoftmaxCrossEntropy,
+    /// `relu_backward_*`
+    ReluBackward,
+    /// `grad_check_*`
+    GradCheck,
+    /// `sgd_step_*grad`
+    SgdStep,
+    /// `gemm_f16_wmma_*out` (by output precision)
+    GemmF16,
+}
+
+/// Storage precision of activations and gradients: `f32`, or `f16` computed in f32.
+pub trait Precision: DeviceScalar {
+    /// Widens to f32 (exact).
+    fn to_f32(self) -> f32;
+    /// Rounds from f32 (to nearest even for f16).
+    fn from_f32(v: f32) -> Self;
+    /// The kernel implementing `op` at this precision.
+    fn kernel(op: PrecisionOp) -> &'static KernelSignature;
+}
+
+impl Precision for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
+        match op {
+            PrecisionOp::Conv2dForward => &conv::CONV2D_FORWARD_F32,
+            PrecisionOp::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT_F32,
+            PrecisionOp::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER_F32,
+            PrecisionOp::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS_F32,
+            PrecisionOp::MaxPoolForward => &pool::MAX_POOL_FORWARD_F32,
+            PrecisionOp::MaxPoolBackward => &pool::MAX_POOL_BACKWARD_F32,
+            PrecisionOp::AvgPoolForward => &pool::AVG_POOL_FORWARD_F32,
+            PrecisionOp::AvgPoolBackward => &pool::AVG_POOL_BACKWARD_F32,
+            PrecisionOp::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY_F32,
+            PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F32,
+            PrecisionOp::GradCheck => &optim::GRAD_CHECK_F32,
+            PrecisionOp::SgdStep => &optim::SGD_STEP_F32GRAD,
+            PrecisionOp::GemmF16 => &gemm::GEMM_F16_WMMA_F32OUT,
+        }
+    }
+}
+
+impl Precision for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
+        match op {
+            PrecisionOp::Conv2dForward => &conv::CONV2D_FORWARD_F16,
+            PrecisionOp::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT_F16,
+            PrecisionOp::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER_F16,
+            PrecisionOp::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS_F16,
+            PrecisionOp::MaxPoolForward => &pool::MAX_POOL_FORWARD_F16,
+            PrecisionOp::MaxPoolBackward => &pool::MAX_POOL_BACKWARD_F16,
+            PrecisionOp::AvgPoolForward => &pool::AVG_POOL_FORWARD_F16,
+            PrecisionOp::AvgPoolBackward => &pool::AVG_POOL_BACKWARD_F16,
+            PrecisionOp::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY_F16,
+            PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F16,
+            PrecisionOp::GradCheck => &optim::GRAD_CHECK_F16,
+            PrecisionOp::SgdStep => &optim::SGD_STEP_F16GRAD,
+            PrecisionOp::GemmF16 => &gemm::GEMM_F16_WMMA_F16OUT,
+        }
+    }
+}
+
+/// Checks that buffer `name` of `op` holds exactly `expected` elements.
+pub(crate) fn expect_len(
+    op: &'static str,
+    name: &'static str,
+    got: usize,
+    expected: usize,
+) -> Result<(), BackendError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(BackendError::BufferSize {
+            op,
+            buffer: name,
+            expected,
+            got,
+        })
+    }
+}
+
+type Buf<B, T> = <B as Memory>::Buffer<T>;
+
+/// Every operation LeNet training needs. Results land in the `&mut` buffers; shapes and
+/// buffer lengths are checked first and reported as [`BackendError::BadShape`] or
+/// [`BackendError::BufferSize`].
+pub trait Backend: Memory {
+    /// `out[i] = value`.
+    fn fill(&self, out: &mut Buf<Self, f32>, value: f32) -> Result<(), BackendError>;
+    /// `x[i] *= alpha`.
+    fn scale(&self, x: &mut Buf<Self, f32>, alpha: f32) -> Result<(), BackendError>;
+    /// `y[i] += alpha · x[i]`.
+    fn axpy(
+        &self,
+        alpha: f32,
+        x: &Buf<Self, f32>,
+        y: &mut Buf<Self, f32>,
+    ) -> Result<(), BackendError>;
+    /// `out[i] = a[i] + b[i]`.
+    fn add(
+        &self,
+        a: &Buf<Self, f32>,
+        b: &Buf<Self, f32>,
+        out: &mut Buf<Self, f32>,
+    ) -> Result<(), BackendError>;
+    /// `out[i] = f16(x[i])`, round to nearest even.
+    fn cast_to_f16(&self, x: &Buf<Self, f32>, out: &mut Buf<Self, f16>)
+        -> Result<(), BackendError>;
+    /// `out[i] = f32(x[i])`.
+    fn cast_to_f32(&self, x: &Buf<Self, f16>, out: &mut Buf<Self, f32>)
+        -> Result<(), BackendError>;
+    /// `dx[i] = y[i] > 0 ? dy[i] : 0`, with `y` the ReLU's output.
+    fn relu_backward<T: Precision>(
+        &self,
+        y: &Buf<Self, T>,
+        dy: &Buf<Self, T>,
+        dx: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+
+    /// `C = epilogue(alpha·op(A)·op(B) + beta·C)` in f32, bias per column of C.
+    fn gemm(
+        &self,
+        shape: &GemmShape,
+        a: &Buf<Self, f32>,
+        b: &Buf<Self, f32>,
+        bias: Option<&Buf<Self, f32>>,
+        c: &mut Buf<Self, f32>,
+        epilogue: Epilogue,
+    ) -> Result<(), BackendError>;
+    /// The same with half inputs and f32 accumulation (tensor cores on a GPU), C in `O`.
+    fn gemm_f16<O: Precision>(
+        &self,
+        shape: &GemmShape,
+        a: &Buf<Self, f16>,
+        b: &Buf<Self, f16>,
+        bias: Option<&Buf<Self, f32>>,
+        c: &mut Buf<Self, O>,
+        epilogue: Epilogue,
+    ) -> Result<(), BackendError>;
+
+    /// `y = conv2d(x, w) + bias`, then ReLU if asked.
+    fn conv2d_forward<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<Self, T>,
+        w: &Buf<Self, T>,
+        bias: Option<&Buf<Self, f32>>,
+        y: &mut Buf<Self, T>,
+        relu: bool,
+    ) -> Result<(), BackendError>;
+    /// `dx` from `dy` (the transposed convolution).
+    fn conv2d_backward_input<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        dy: &Buf<Self, T>,
+        w: &Buf<Self, T>,
+        dx: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+    /// `dw` (f32) from `x` and `dy`.
+    fn conv2d_backward_filter<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<Self, T>,
+        dy: &Buf<Self, T>,
+        dw: &mut Buf<Self, f32>,
+    ) -> Result<(), BackendError>;
+    /// `db[o] = Σ dy[:, o]` (f32).
+    fn conv2d_backward_bias<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        dy: &Buf<Self, T>,
+        db: &mut Buf<Self, f32>,
+    ) -> Result<(), BackendError>;
+
+    /// Max pooling; `argmax` gets each output's index within its input plane.
+    fn max_pool_forward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        x: &Buf<Self, T>,
+        y: &mut Buf<Self, T>,
+        argmax: &mut Buf<Self, i32>,
+    ) -> Result<(), BackendError>;
+    /// Routes `dy` to the recorded argmax positions.
+    fn max_pool_backward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        dy: &Buf<Self, T>,
+        argmax: &Buf<Self, i32>,
+        dx: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+    /// Average pooling.
+    fn avg_pool_forward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        x: &Buf<Self, T>,
+        y: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+    /// Spreads `dy` evenly over each window.
+    fn avg_pool_backward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        dy: &Buf<Self, T>,
+        dx: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+
+    /// Per-row softmax cross-entropy loss, optionally its logits' gradient times
+    /// `grad_scale`, and `correct[0] +=` the number of rows whose argmax is the label.
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_cross_entropy<T: Precision>(
+        &self,
+        rows: usize,
+        classes: usize,
+        logits: &Buf<Self, T>,
+        labels: &Buf<Self, u8>,
+        loss: &mut Buf<Self, f32>,
+        grad: Option<&mut Buf<Self, T>>,
+        correct: &mut Buf<Self, i32>,
+        grad_scale: f32,
+    ) -> Result<(), BackendError>;
+
+    /// Sets `found[0] = 1` if any gradient is inf or NaN (leaves it alone otherwise).
+    fn grad_check<G: Precision>(
+        &self,
+        grad: &Buf<Self, G>,
+        found: &mut Buf<Self, i32>,
+    ) -> Result<(), BackendError>;
+    /// One fused SGD step (see `kernels/optim.cu`); skipped entirely when `found[0] != 0`.
+    fn sgd_step<G: Precision>(
+        &self,
+        w: &mut Buf<Self, f32>,
+        grad: &Buf<Self, G>,
+        velocity: Option<&mut Buf<Self, f32>>,
+        w_half: Option<&mut Buf<Self, f16>>,
+        step: SgdStep,
+        found: Option<&Buf<Self, i32>>,
+    ) -> Result<(), BackendError>;
+}
