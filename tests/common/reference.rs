@@ -1,0 +1,310 @@
+//! The float64 reference of every operation: naive loops written for clarity, sharing no
+//! code with any backend. Each function returns the values and, for sums, the magnitude
+//! `Σ |term|` that bounds their rounding error (tolerances scale with it: a sum with
+//! cancellation can be tiny while its rounding error is not).
+
+#![allow(dead_code)]
+
+use nanoddp::backend::{Conv2dShape, GemmShape, Pool2dShape};
+
+/// Values and their magnitudes.
+pub struct Ref {
+    pub value: Vec<f64>,
+    pub mag: Vec<f64>,
+}
+
+impl Ref {
+    fn zeros(n: usize) -> Self {
+        Ref {
+            value: vec![0.0; n],
+            mag: vec![0.0; n],
+        }
+    }
+}
+
+/// op(A)[m][k] for packed row-major storage.
+fn at(x: &[f64], transposed: bool, rows: usize, cols: usize, r: usize, c: usize) -> f64 {
+    if transposed {
+        x[c * rows + r]
+    } else {
+        x[r * cols + c]
+    }
+}
+
+pub fn gemm(
+    s: &GemmShape,
+    a: &[f64],
+    b: &[f64],
+    bias: Option<&[f64]>,
+    c_in: &[f64],
+    alpha: f64,
+    beta: f64,
+    relu: bool,
+) -> Ref {
+    let mut out = Ref::zeros(s.m * s.n);
+    for i in 0..s.m {
+        for j in 0..s.n {
+            let (mut v, mut mag) = (0.0, 0.0);
+            for k in 0..s.k {
+                let t = at(a, s.trans_a, s.m, s.k, i, k) * at(b, s.trans_b, s.k, s.n, k, j);
+                v += t;
+                mag += t.abs();
+            }
+            let (mut v, mut mag) = (alpha * v, alpha.abs() * mag);
+            if beta != 0.0 {
+                v += beta * c_in[i * s.n + j];
+                mag += (beta * c_in[i * s.n + j]).abs();
+            }
+            if let Some(bias) = bias {
+                v += bias[j];
+                mag += bias[j].abs();
+            }
+            out.value[i * s.n + j] = if relu { v.max(0.0) } else { v };
+            out.mag[i * s.n + j] = mag;
+        }
+    }
+    out
+}
+
+/// x[n][c][ih][iw] with zero padding outside.
+fn tap(s: &Conv2dShape, x: &[f64], n: usize, c: usize, ih: isize, iw: isize) -> f64 {
+    if ih < 0 || iw < 0 || ih as usize >= s.in_h || iw as usize >= s.in_w {
+        return 0.0;
+    }
+    x[((n * s.in_c + c) * s.in_h + ih as usize) * s.in_w + iw as usize]
+}
+
+fn y_index(s: &Conv2dShape, n: usize, o: usize, p: usize, q: usize) -> usize {
+    ((n * s.out_c + o) * s.out_h() + p) * s.out_w() + q
+}
+
+fn w_index(s: &Conv2dShape, o: usize, c: usize, i: usize, j: usize) -> usize {
+    ((o * s.in_c + c) * s.k_h + i) * s.k_w + j
+}
+
+fn input_row(s: &Conv2dShape, p: usize, i: usize) -> isize {
+    (p * s.stride + i) as isize - s.pad as isize
+}
+
+pub fn conv_forward(
+    s: &Conv2dShape,
+    x: &[f64],
+    w: &[f64],
+    bias: Option<&[f64]>,
+    relu: bool,
+) -> Ref {
+    let mut out = Ref::zeros(s.sizes().2);
+    for n in 0..s.batch {
+        for o in 0..s.out_c {
+            for p in 0..s.out_h() {
+                for q in 0..s.out_w() {
+                    let (mut v, mut mag) =
+                        (bias.map_or(0.0, |b| b[o]), bias.map_or(0.0, |b| b[o].abs()));
+                    for c in 0..s.in_c {
+                        for i in 0..s.k_h {
+                            for j in 0..s.k_w {
+                                let t = tap(s, x, n, c, input_row(s, p, i), input_row(s, q, j))
+                                    * w[w_index(s, o, c, i, j)];
+                                v += t;
+                                mag += t.abs();
+                            }
+                        }
+                    }
+                    let at = y_index(s, n, o, p, q);
+                    out.value[at] = if relu { v.max(0.0) } else { v };
+                    out.mag[at] = mag;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// dx: every (output, tap) pair that read x[n][c][ih][iw] contributes dy · w.
+pub fn conv_backward_input(s: &Conv2dShape, dy: &[f64], w: &[f64]) -> Ref {
+    let mut out = Ref::zeros(s.sizes().0);
+    for n in 0..s.batch {
+        for o in 0..s.out_c {
+            for p in 0..s.out_h() {
+                for q in 0..s.out_w() {
+                    for c in 0..s.in_c {
+                        for i in 0..s.k_h {
+                            for j in 0..s.k_w {
+                                let (ih, iw) = (input_row(s, p, i), input_row(s, q, j));
+                                if ih < 0
+                                    || iw < 0
+                                    || ih as usize >= s.in_h
+                                    || iw as usize >= s.in_w
+                                {
+                                    continue;
+                                }
+                                let t = dy[y_index(s, n, o, p, q)] * w[w_index(s, o, c, i, j)];
+                                let at = ((n * s.in_c + c) * s.in_h + ih as usize) * s.in_w
+                                    + iw as usize;
+                                out.value[at] += t;
+                                out.mag[at] += t.abs();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn conv_backward_filter(s: &Conv2dShape, x: &[f64], dy: &[f64]) -> Ref {
+    let mut out = Ref::zeros(s.sizes().1);
+    for n in 0..s.batch {
+        for o in 0..s.out_c {
+            for p in 0..s.out_h() {
+                for q in 0..s.out_w() {
+                    for c in 0..s.in_c {
+                        for i in 0..s.k_h {
+                            for j in 0..s.k_w {
+                                let t = dy[y_index(s, n, o, p, q)]
+                                    * tap(s, x, n, c, input_row(s, p, i), input_row(s, q, j));
+                                let at = w_index(s, o, c, i, j);
+                                out.value[at] += t;
+                                out.mag[at] += t.abs();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn conv_backward_bias(s: &Conv2dShape, dy: &[f64]) -> Ref {
+    let mut out = Ref::zeros(s.out_c);
+    for n in 0..s.batch {
+        for o in 0..s.out_c {
+            for p in 0..s.out_h() {
+                for q in 0..s.out_w() {
+                    let t = dy[y_index(s, n, o, p, q)];
+                    out.value[o] += t;
+                    out.mag[o] += t.abs();
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Max pooling: values and the argmax within each plane (first maximum; NaN wins).
+pub fn max_pool_forward(s: &Pool2dShape, x: &[f64]) -> (Vec<f64>, Vec<i32>) {
+    let (oh, ow) = (s.out_h(), s.out_w());
+    let mut y = vec![0.0; s.planes * oh * ow];
+    let mut arg = vec![0i32; s.planes * oh * ow];
+    for pl in 0..s.planes {
+        for p in 0..oh {
+            for q in 0..ow {
+                let mut best: Option<(f64, usize)> = None;
+                for i in 0..s.k_h {
+                    for j in 0..s.k_w {
+                        let idx = (p * s.stride + i) * s.in_w + q * s.stride + j;
+                        let v = x[pl * s.in_h * s.in_w + idx];
+                        best = match best {
+                            None => Some((v, idx)),
+                            Some((b, _)) if v > b || (v.is_nan() && !b.is_nan()) => Some((v, idx)),
+                            keep => keep,
+                        };
+                    }
+                }
+                let (v, idx) = best.expect("non-empty window");
+                y[(pl * oh + p) * ow + q] = v;
+                arg[(pl * oh + p) * ow + q] = idx as i32;
+            }
+        }
+    }
+    (y, arg)
+}
+
+pub fn max_pool_backward(s: &Pool2dShape, dy: &[f64], argmax: &[i32]) -> Ref {
+    let (oh, ow) = (s.out_h(), s.out_w());
+    let mut out = Ref::zeros(s.sizes().0);
+    for pl in 0..s.planes {
+        for o in 0..oh * ow {
+            let at = pl * s.in_h * s.in_w + argmax[pl * oh * ow + o] as usize;
+            out.value[at] += dy[pl * oh * ow + o];
+            out.mag[at] += dy[pl * oh * ow + o].abs();
+        }
+    }
+    out
+}
+
+pub fn avg_pool_forward(s: &Pool2dShape, x: &[f64]) -> Ref {
+    let (oh, ow) = (s.out_h(), s.out_w());
+    let mut out = Ref::zeros(s.sizes().1);
+    let area = (s.k_h * s.k_w) as f64;
+    for pl in 0..s.planes {
+        for p in 0..oh {
+            for q in 0..ow {
+                for i in 0..s.k_h {
+                    for j in 0..s.k_w {
+                        let v = x
+                            [pl * s.in_h * s.in_w + (p * s.stride + i) * s.in_w + q * s.stride + j];
+                        out.value[(pl * oh + p) * ow + q] += v / area;
+                        out.mag[(pl * oh + p) * ow + q] += v.abs() / area;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn avg_pool_backward(s: &Pool2dShape, dy: &[f64]) -> Ref {
+    let (oh, ow) = (s.out_h(), s.out_w());
+    let mut out = Ref::zeros(s.sizes().0);
+    let area = (s.k_h * s.k_w) as f64;
+    for pl in 0..s.planes {
+        for p in 0..oh {
+            for q in 0..ow {
+                let g = dy[(pl * oh + p) * ow + q] / area;
+                for i in 0..s.k_h {
+                    for j in 0..s.k_w {
+                        let at =
+                            pl * s.in_h * s.in_w + (p * s.stride + i) * s.in_w + q * s.stride + j;
+                        out.value[at] += g;
+                        out.mag[at] += g.abs();
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per-row loss, the gradient of the mean loss times `grad_scale`, and the correct count.
+pub fn softmax_cross_entropy(
+    classes: usize,
+    logits: &[f64],
+    labels: &[u8],
+    grad_scale: f64,
+) -> (Vec<f64>, Vec<f64>, i32) {
+    let rows = labels.len();
+    let (mut loss, mut grad, mut correct) = (vec![0.0; rows], vec![0.0; rows * classes], 0);
+    for r in 0..rows {
+        let z = &logits[r * classes..(r + 1) * classes];
+        let label = labels[r] as usize;
+        let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = z.iter().map(|v| (v - max).exp()).sum();
+        loss[r] = if label < classes {
+            max + sum.ln() - z[label]
+        } else {
+            f64::NAN
+        };
+        for c in 0..classes {
+            let p = (z[c] - max).exp() / sum;
+            grad[r * classes + c] = (p - if c == label { 1.0 } else { 0.0 }) * grad_scale;
+        }
+        let first_max = (0..classes).find(|&c| z[c] == max);
+        if label < classes && first_max == Some(label) {
+            correct += 1;
+        }
+    }
+    (loss, grad, correct)
+}

@@ -1,0 +1,164 @@
+//! Convolution (`kernels/conv.cu` and the CPU backend) against the float64 reference:
+//! forward with and without the fused bias + ReLU, and the three backward passes, for
+//! LeNet's layers, 3x3 windows with padding and stride, batch 1 and 257, fp32 and half.
+
+mod common;
+
+use common::reference as r;
+use common::{assert_close, bytes, per_backend, random, rng, wide, Tol, F16, F32, F32_LONG};
+use half::f16;
+use nanoddp::backend::{Backend, Conv2dShape, Precision};
+
+fn shape(
+    batch: usize,
+    in_c: usize,
+    in_hw: (usize, usize),
+    out_c: usize,
+    k: (usize, usize),
+    stride: usize,
+    pad: usize,
+) -> Conv2dShape {
+    Conv2dShape {
+        batch,
+        in_c,
+        in_h: in_hw.0,
+        in_w: in_hw.1,
+        out_c,
+        k_h: k.0,
+        k_w: k.1,
+        stride,
+        pad,
+    }
+}
+
+fn shapes() -> Vec<Conv2dShape> {
+    vec![
+        shape(3, 1, (28, 28), 6, (5, 5), 1, 0),  // LeNet conv1
+        shape(2, 6, (12, 12), 16, (5, 5), 1, 0), // LeNet conv2
+        shape(1, 3, (7, 9), 5, (3, 3), 1, 1),    // 3x3, padded, batch 1, non-square
+        shape(2, 2, (11, 10), 3, (3, 3), 2, 1),  // stride 2: taps that skip input pixels
+        shape(1, 1, (1, 1), 1, (1, 1), 1, 0),    // the degenerate 1x1
+        shape(2, 45, (6, 6), 2, (5, 5), 1, 2), // 45·25 = 1125 filter taps: two shared-memory passes
+        shape(257, 1, (6, 5), 2, (3, 2), 1, 0), // batch 257
+    ]
+}
+
+fn conv_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce: Tol) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut g = rng(seed);
+    for (i, s) in shapes().into_iter().enumerate() {
+        let (xs, ws, ys) = s.sizes();
+        let x: Vec<T> = random(&mut g, xs);
+        let w: Vec<T> = random(&mut g, ws);
+        let bias: Vec<f32> = random(&mut g, s.out_c);
+        let dy: Vec<T> = random(&mut g, ys);
+        let (dx_, dw_, dy_) = (
+            dev.upload(&x).unwrap(),
+            dev.upload(&w).unwrap(),
+            dev.upload(&dy).unwrap(),
+        );
+        let dbias = dev.upload(&bias).unwrap();
+        let poison = |n| vec![T::from_f32(f32::NAN); n];
+
+        let with_bias = i % 2 == 0;
+        let relu = i % 3 != 1;
+        let mut y = dev.upload(&poison(ys)).unwrap();
+        dev.conv2d_forward(&s, &dx_, &dw_, with_bias.then_some(&dbias), &mut y, relu)
+            .unwrap();
+        let want = r::conv_forward(
+            &s,
+            &wide(&x),
+            &wide(&w),
+            with_bias.then(|| wide(&bias)).as_deref(),
+            relu,
+        );
+        let got = dev.download(&y).unwrap();
+        assert_close(
+            &format!("forward {s:?} bias {with_bias} relu {relu}"),
+            &got,
+            &want.value,
+            &want.mag,
+            tol,
+        );
+        out.extend(bytes(&got));
+
+        let mut dx = dev.upload(&poison(xs)).unwrap();
+        dev.conv2d_backward_input(&s, &dy_, &dw_, &mut dx).unwrap();
+        let want = r::conv_backward_input(&s, &wide(&dy), &wide(&w));
+        let got = dev.download(&dx).unwrap();
+        assert_close(
+            &format!("backward input {s:?}"),
+            &got,
+            &want.value,
+            &want.mag,
+            tol,
+        );
+        out.extend(bytes(&got));
+
+        let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
+        dev.conv2d_backward_filter(&s, &dx_, &dy_, &mut dw).unwrap();
+        let want = r::conv_backward_filter(&s, &wide(&x), &wide(&dy));
+        let got = dev.download(&dw).unwrap();
+        assert_close(
+            &format!("backward filter {s:?}"),
+            &got,
+            &want.value,
+            &want.mag,
+            tol_reduce,
+        );
+        out.extend(bytes(&got));
+
+        let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
+        dev.conv2d_backward_bias(&s, &dy_, &mut db).unwrap();
+        let want = r::conv_backward_bias(&s, &wide(&dy));
+        let got = dev.download(&db).unwrap();
+        assert_close(
+            &format!("backward bias {s:?}"),
+            &got,
+            &want.value,
+            &want.mag,
+            tol_reduce,
+        );
+        out.extend(bytes(&got));
+    }
+    out
+}
+
+fn conv_f32<B: Backend>(dev: &B) -> Vec<u8> {
+    conv_all::<B, f32>(dev, 10, F32, F32_LONG)
+}
+
+fn conv_f16<B: Backend>(dev: &B) -> Vec<u8> {
+    // Weight and bias gradients are f32 sums of exact half products: f32 tolerance.
+    conv_all::<B, f16>(dev, 11, F16, F32_LONG)
+}
+
+fn bad_conv_shapes_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
+    let s = shape(1, 1, (4, 4), 1, (5, 5), 1, 0); // the window does not fit
+    let x = dev.upload(&[0.0f32; 16]).unwrap();
+    let w = dev.upload(&[0.0f32; 25]).unwrap();
+    let mut y = dev.upload(&[0.0f32; 1]).unwrap();
+    let e = dev
+        .conv2d_forward(&s, &x, &w, None, &mut y, false)
+        .unwrap_err();
+    assert!(e.to_string().contains("does not fit"), "{e}");
+    let zero_stride = Conv2dShape {
+        stride: 0,
+        ..shape(1, 1, (4, 4), 1, (3, 3), 1, 0)
+    };
+    assert!(dev
+        .conv2d_forward(&zero_stride, &x, &w, None, &mut y, false)
+        .is_err());
+    let ok = shape(1, 1, (4, 4), 1, (3, 3), 1, 0);
+    let e = dev
+        .conv2d_forward(&ok, &x, &w, None, &mut y, false)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("buffer `w` holds 25 elements, the shape needs 9"),
+        "{e}"
+    );
+    Vec::new()
+}
+
+per_backend!(conv_f32, conv_f16, bad_conv_shapes_are_errors);
