@@ -271,3 +271,42 @@ fn cuda_elementwise_matches_float64() {
         length_mismatch_is_an_error(&dev);
     }
 }
+
+fn relu_backward_passes_gradient_where_the_output_is_positive<D: Backend>(dev: &D) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(77);
+    let n = 70_003;
+    let y: Vec<f32> = (0..n)
+        .map(|i| {
+            if i % 5 == 0 {
+                0.0
+            } else {
+                rng.gen_range(-2.0f32..2.0).max(0.0)
+            }
+        })
+        .collect();
+    let dy: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let want: Vec<f32> = y
+        .iter()
+        .zip(&dy)
+        .map(|(y, d)| if *y > 0.0 { *d } else { 0.0 })
+        .collect();
+    let (dyv, ddy) = (dev.upload(&y).unwrap(), dev.upload(&dy).unwrap());
+    let mut dx = dev.upload(&vec![f32::NAN; n]).unwrap();
+    dev.relu_backward(&dyv, &ddy, &mut dx).unwrap();
+    assert_eq!(dev.download(&dx).unwrap(), want, "f32");
+    let h = |v: &[f32]| v.iter().map(|x| f16::from_f32(*x)).collect::<Vec<f16>>();
+    let (dyh, ddyh) = (dev.upload(&h(&y)).unwrap(), dev.upload(&h(&dy)).unwrap());
+    let mut dxh = dev.upload(&vec![f16::NAN; n]).unwrap();
+    dev.relu_backward(&dyh, &ddyh, &mut dxh).unwrap();
+    assert_eq!(dev.download(&dxh).unwrap(), h(&want), "f16");
+}
+
+#[test]
+fn relu_backward_on_every_backend() {
+    relu_backward_passes_gradient_where_the_output_is_positive(&CpuDevice::new());
+    relu_backward_passes_gradient_where_the_output_is_positive(&simt(LaneOrder::Forward));
+    relu_backward_passes_gradient_where_the_output_is_positive(&simt(LaneOrder::Reverse));
+    if let Some(dev) = gpu() {
+        relu_backward_passes_gradient_where_the_output_is_positive(&dev);
+    }
+}

@@ -100,9 +100,7 @@ fn run_gemm<B: Backend, A: Precision, C: Precision>(
             &wide(&b),
             bias.then(|| wide(&bias_host)).as_deref(),
             &wide(&c_in),
-            ep.alpha as f64,
-            ep.beta as f64,
-            ep.relu,
+            ep,
         );
         assert_close(
             &format!("{shape:?} bias {bias} {ep:?}"),

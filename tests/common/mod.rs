@@ -59,7 +59,7 @@ pub fn assert_close<T: Precision>(what: &str, got: &[T], want: &[f64], mag: &[f6
         if err.is_nan() || err > bound {
             bad.push((i, g, *w, bound));
         }
-        if !(err <= worst.0) {
+        if err.is_nan() || err > worst.0 {
             worst = (err, i);
         }
     }

@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use nanoddp::backend::{Conv2dShape, GemmShape, Pool2dShape};
+use nanoddp::backend::{Conv2dShape, Epilogue, GemmShape, Pool2dShape};
 
 /// Values and their magnitudes.
 pub struct Ref {
@@ -37,10 +37,9 @@ pub fn gemm(
     b: &[f64],
     bias: Option<&[f64]>,
     c_in: &[f64],
-    alpha: f64,
-    beta: f64,
-    relu: bool,
+    ep: Epilogue,
 ) -> Ref {
+    let (alpha, beta, relu) = (ep.alpha as f64, ep.beta as f64, ep.relu);
     let mut out = Ref::zeros(s.m * s.n);
     for i in 0..s.m {
         for j in 0..s.n {
