@@ -62,3 +62,106 @@ fn simd_features() -> Vec<&'static str> {
 fn simd_features() -> Vec<&'static str> {
     Vec::new()
 }
+
+/// Measured peak f32 throughput of this CPU: FMAs on independent registers, one thread per
+/// core, nothing read from memory. The ceiling any f32 kernel here can approach.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PeakFlops {
+    /// Vector width used, e.g. `"AVX-512 FMA"`.
+    pub isa: &'static str,
+    /// GFLOP/s on one thread.
+    pub single_thread: f64,
+    /// GFLOP/s with all threads busy.
+    pub all_threads: f64,
+    /// Threads used for `all_threads`.
+    pub threads: usize,
+}
+
+/// Measures [`PeakFlops`] (about half a second of work).
+pub fn measure_peak_flops() -> PeakFlops {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (isa, flops_per_iter, run): (&'static str, f64, fn(u64) -> f32) = peak_kernel();
+    let iters = 20_000_000u64;
+    let time = |n: usize| {
+        let start = std::time::Instant::now();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n).map(|_| s.spawn(move || run(iters))).collect();
+            let sink: f32 = handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum();
+            std::hint::black_box(sink);
+        });
+        start.elapsed().as_secs_f64()
+    };
+    time(1); // warm up clocks
+    let one = iters as f64 * flops_per_iter / time(1) / 1e9;
+    let all = threads as f64 * iters as f64 * flops_per_iter / time(threads) / 1e9;
+    PeakFlops {
+        isa,
+        single_thread: one,
+        all_threads: all,
+        threads,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn peak_kernel() -> (&'static str, f64, fn(u64) -> f32) {
+    use std::arch::x86_64::*;
+    const ACC: usize = 12; // enough independent chains to cover FMA latency x 2 ports
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512(iters: u64) -> f32 {
+        let mut acc = [_mm512_set1_ps(0.0); ACC];
+        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm512_fmadd_ps(*r, a, b);
+            }
+        }
+        acc.iter().map(|r| _mm512_reduce_add_ps(*r)).sum()
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(iters: u64) -> f32 {
+        let mut acc = [_mm256_set1_ps(0.0); ACC];
+        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm256_fmadd_ps(*r, a, b);
+            }
+        }
+        let mut out = [0.0f32; 8];
+        _mm256_storeu_ps(
+            out.as_mut_ptr(),
+            acc.iter()
+                .fold(_mm256_set1_ps(0.0), |s, r| _mm256_add_ps(s, *r)),
+        );
+        out.iter().sum()
+    }
+
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked on the line above).
+        (("AVX-512 FMA"), (ACC * 16 * 2) as f64, |n| unsafe {
+            avx512(n)
+        })
+    } else if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports AVX2 and FMA (checked on the line above).
+        ("AVX2 FMA", (ACC * 8 * 2) as f64, |n| unsafe { avx2(n) })
+    } else {
+        ("scalar", 2.0, scalar_peak)
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn peak_kernel() -> (&'static str, f64, fn(u64) -> f32) {
+    ("scalar", 2.0, scalar_peak)
+}
+
+#[allow(dead_code)]
+fn scalar_peak(iters: u64) -> f32 {
+    let mut x = 0.0f32;
+    for _ in 0..iters {
+        x = std::hint::black_box(x).mul_add(0.999_999, 1e-7);
+    }
+    x
+}

@@ -66,3 +66,50 @@ fn unknown_subcommands_fail_with_usage() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Usage"));
 }
+
+#[test]
+fn bench_kernels_prints_one_row_per_operation_with_a_rate() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
+        .args(["bench", "kernels", "--batch", "3", "--repeats", "1"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("measured peak f32"), "{text}");
+    let ops = [
+        "gemm 1024x1024x1024",
+        "conv1 forward 3 1x28x28 k5",
+        "conv1 backward input",
+        "conv1 backward filter",
+        "conv2 forward 3 6x12x12 k5",
+        "fc1 forward 3x120x256",
+        "fc3 weight grad 10x84x3",
+    ];
+    for op in ops {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(op))
+            .unwrap_or_else(|| panic!("no row for {op}:\n{text}"));
+        let gflops: f64 = line
+            .split_whitespace()
+            .rev()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1.0);
+        assert!(gflops > 0.0, "{line}");
+    }
+}
+
+#[test]
+fn bench_rejects_a_zero_batch() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
+        .args(["bench", "kernels", "--batch", "0"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--batch"));
+}

@@ -1,0 +1,246 @@
+//! `nanoddp bench kernels`: time the operations LeNet trains with, at its shapes, and 1024³
+//! GEMM, and set the GFLOP/s against this machine's measured peak.
+
+use std::io::Write;
+use std::time::Instant;
+
+use nanoddp::backend::cpu::CpuDevice;
+use nanoddp::backend::cuda::CudaDevice;
+use nanoddp::backend::simt::SimtDevice;
+use nanoddp::backend::{Backend, BackendError, Conv2dShape, Epilogue, GemmShape};
+use nanoddp::system;
+
+/// Where to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// The native CPU backend.
+    Cpu,
+    /// The kernels under the SIMT emulator (correctness tool: expect it to be slow).
+    Simt,
+    /// The kernels on GPU 0.
+    Cuda,
+}
+
+/// One timed operation.
+struct Row {
+    name: String,
+    flops: f64,
+    median_s: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `op` once to warm up, then `repeats` times, synchronizing after each.
+fn time<B: Backend>(
+    dev: &B,
+    repeats: usize,
+    mut op: impl FnMut() -> Result<(), BackendError>,
+) -> Result<f64, BackendError> {
+    op()?;
+    dev.synchronize()?;
+    let mut samples = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let start = Instant::now();
+        op()?;
+        dev.synchronize()?;
+        samples.push(start.elapsed().as_secs_f64());
+    }
+    Ok(median(samples))
+}
+
+fn filled<B: Backend>(dev: &B, n: usize) -> Result<B::Buffer<f32>, BackendError> {
+    // Deterministic, non-trivial values (not zeros: some CPUs shortcut them).
+    let host: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    dev.upload(&host)
+}
+
+fn gemm_row<B: Backend>(
+    dev: &B,
+    name: &str,
+    s: GemmShape,
+    repeats: usize,
+) -> Result<Row, BackendError> {
+    let a = filled(dev, s.m * s.k)?;
+    let b = filled(dev, s.k * s.n)?;
+    let mut c = dev.alloc_zeros::<f32>(s.m * s.n)?;
+    let t = time(dev, repeats, || {
+        dev.gemm(&s, &a, &b, None, &mut c, Epilogue::default())
+    })?;
+    Ok(Row {
+        name: format!("{name} {}x{}x{}", s.m, s.n, s.k),
+        flops: s.flops(),
+        median_s: t,
+    })
+}
+
+fn conv_rows<B: Backend>(
+    dev: &B,
+    name: &str,
+    s: Conv2dShape,
+    repeats: usize,
+) -> Result<Vec<Row>, BackendError> {
+    let (xs, ws, ys) = s.sizes();
+    let x = filled(dev, xs)?;
+    let w = filled(dev, ws)?;
+    let dy = filled(dev, ys)?;
+    let bias = filled(dev, s.out_c)?;
+    let mut y = dev.alloc_zeros::<f32>(ys)?;
+    let mut dx = dev.alloc_zeros::<f32>(xs)?;
+    let mut dw = dev.alloc_zeros::<f32>(ws)?;
+    let label = format!("{} {}x{}x{} k{}", s.batch, s.in_c, s.in_h, s.in_w, s.k_h);
+    let fwd = time(dev, repeats, || {
+        dev.conv2d_forward(&s, &x, &w, Some(&bias), &mut y, true)
+    })?;
+    let bwd_in = time(dev, repeats, || {
+        dev.conv2d_backward_input(&s, &dy, &w, &mut dx)
+    })?;
+    let bwd_w = time(dev, repeats, || {
+        dev.conv2d_backward_filter(&s, &x, &dy, &mut dw)
+    })?;
+    Ok(vec![
+        Row {
+            name: format!("{name} forward {label}"),
+            flops: s.flops(),
+            median_s: fwd,
+        },
+        Row {
+            name: format!("{name} backward input"),
+            flops: s.flops(),
+            median_s: bwd_in,
+        },
+        Row {
+            name: format!("{name} backward filter"),
+            flops: s.flops(),
+            median_s: bwd_w,
+        },
+    ])
+}
+
+fn lenet_rows<B: Backend>(
+    dev: &B,
+    batch: usize,
+    repeats: usize,
+    big_gemm: bool,
+) -> Result<Vec<Row>, BackendError> {
+    let mut rows = Vec::new();
+    if big_gemm {
+        rows.push(gemm_row(
+            dev,
+            "gemm",
+            GemmShape::new(1024, 1024, 1024),
+            repeats.min(10),
+        )?);
+    }
+    let conv1 = Conv2dShape {
+        batch,
+        in_c: 1,
+        in_h: 28,
+        in_w: 28,
+        out_c: 6,
+        k_h: 5,
+        k_w: 5,
+        stride: 1,
+        pad: 0,
+    };
+    let conv2 = Conv2dShape {
+        batch,
+        in_c: 6,
+        in_h: 12,
+        in_w: 12,
+        out_c: 16,
+        k_h: 5,
+        k_w: 5,
+        stride: 1,
+        pad: 0,
+    };
+    rows.extend(conv_rows(dev, "conv1", conv1, repeats)?);
+    rows.extend(conv_rows(dev, "conv2", conv2, repeats)?);
+    for (name, inp, out) in [("fc1", 256, 120), ("fc2", 120, 84), ("fc3", 84, 10)] {
+        let fwd = GemmShape {
+            m: batch,
+            n: out,
+            k: inp,
+            trans_a: false,
+            trans_b: true,
+        };
+        rows.push(gemm_row(dev, &format!("{name} forward"), fwd, repeats)?);
+        let dw = GemmShape {
+            m: out,
+            n: inp,
+            k: batch,
+            trans_a: true,
+            trans_b: false,
+        };
+        rows.push(gemm_row(dev, &format!("{name} weight grad"), dw, repeats)?);
+    }
+    Ok(rows)
+}
+
+/// Prints the table for `target`.
+pub fn run(
+    out: &mut impl Write,
+    target: Target,
+    batch: usize,
+    repeats: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if batch == 0 || repeats == 0 {
+        return Err("--batch and --repeats must be at least 1".into());
+    }
+    let peak = system::measure_peak_flops();
+    let cpu = system::cpu_info();
+    writeln!(
+        out,
+        "CPU: {} ({} threads); measured peak f32 ({}, FMA on registers): {:.1} GFLOP/s per thread, {:.1} GFLOP/s on {} threads",
+        cpu.model.as_deref().unwrap_or("unknown model"),
+        cpu.threads,
+        peak.isa,
+        peak.single_thread,
+        peak.all_threads,
+        peak.threads
+    )?;
+    let rows = match target {
+        Target::Cpu => lenet_rows(&CpuDevice::new(), batch, repeats, true)?,
+        Target::Simt => {
+            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)")?;
+            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false)?
+        }
+        Target::Cuda => {
+            let dev = CudaDevice::new(0)?;
+            writeln!(
+                out,
+                "GPU: {} (sm_{}{})",
+                dev.info().name,
+                dev.info().compute_capability.0,
+                dev.info().compute_capability.1
+            )?;
+            lenet_rows(&dev, batch, repeats, true)?
+        }
+    };
+    writeln!(
+        out,
+        "{:<36} {:>12} {:>10} {:>8}",
+        "operation (batch, C x H x W, k)", "median", "GFLOP/s", "of peak"
+    )?;
+    for row in rows {
+        let gflops = row.flops / row.median_s / 1e9;
+        let of_peak = if target == Target::Cuda {
+            "-".to_string()
+        } else {
+            format!("{:.0}%", 100.0 * gflops / peak.all_threads)
+        };
+        writeln!(
+            out,
+            "{:<36} {:>9.3} ms {:>10.2} {:>8}",
+            row.name,
+            row.median_s * 1e3,
+            gflops,
+            of_peak
+        )?;
+    }
+    Ok(())
+}
