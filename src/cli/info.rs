@@ -67,13 +67,13 @@ fn kernels(out: &mut impl Write) -> io::Result<()> {
     rows.sort_by(|(ma, a), (mb, b)| (ma, &a.kernel, &a.arch).cmp(&(mb, &b.kernel, &b.arch)));
     writeln!(
         out,
-        "  {:<12} {:<18} {:<6} {:>5} {:>9} {:>6} {:>12}",
+        "  {:<12} {:<28} {:<6} {:>5} {:>9} {:>6} {:>12}",
         "module", "kernel", "arch", "regs", "smem B", "stack", "spill st/ld"
     )?;
     for (module, r) in &rows {
         writeln!(
             out,
-            "  {:<12} {:<18} {:<6} {:>5} {:>9} {:>6} {:>12}{}",
+            "  {:<12} {:<28} {:<6} {:>5} {:>9} {:>6} {:>12}{}",
             module,
             r.kernel,
             r.arch,
