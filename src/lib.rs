@@ -35,8 +35,11 @@
 //!   [`Backend`](backend::Backend) (the operations LeNet needs); the CUDA backend, with
 //!   run-time compilation by NVRTC; the SIMT backend, which runs the same kernel sources on
 //!   the CPU with compute-sanitizer-like checks; the native CPU backend.
-//! * [`system`]: the host CPU's description.
+//! * [`comm`]: collectives (allreduce, reduce-scatter, all-gather, broadcast, barrier):
+//!   algorithms as verified data, executed over peer memory with timeouts.
+//! * [`system`]: the host CPU's description and its measured peak.
 
 pub mod backend;
+pub mod comm;
 pub mod kernels;
 pub mod system;
