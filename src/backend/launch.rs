@@ -222,8 +222,8 @@ pub trait DeviceBuffer<T: DeviceScalar> {
 
 /// Typed buffers in some memory: a GPU's, an emulated device's, or the host's.
 pub trait Memory {
-    /// This backend's device buffer.
-    type Buffer<T: DeviceScalar>: DeviceBuffer<T>;
+    /// This backend's device buffer (movable to the thread that drives the device).
+    type Buffer<T: DeviceScalar>: DeviceBuffer<T> + Send;
 
     /// Allocates `len` zeroed elements.
     fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<Self::Buffer<T>, BackendError>;

@@ -134,6 +134,13 @@ pub struct SimtDevice {
     config: Mutex<SimtConfig>,
 }
 
+impl Clone for SimtDevice {
+    /// Another handle on the same emulated device (the same ordinal and configuration).
+    fn clone(&self) -> Self {
+        SimtDevice::with_config(self.ordinal, self.config())
+    }
+}
+
 impl SimtDevice {
     /// Emulated device number `ordinal`, with the default configuration.
     pub fn new(ordinal: usize) -> Self {

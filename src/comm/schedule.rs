@@ -294,9 +294,12 @@ fn tree(n: usize, count: usize, slice: usize) -> Schedule {
     for plan in &mut plans {
         plan.resize(most, 0..0);
     }
-    for k in 0..most {
-        for (t, tr) in trees.iter().enumerate() {
-            let s = plans[t][k].clone();
+    // Slice k of both trees, tree 0 first.
+    let pairs: Vec<[Range<usize>; 2]> = (0..most)
+        .map(|k| [plans[0][k].clone(), plans[1][k].clone()])
+        .collect();
+    for pair in pairs {
+        for (tr, s) in trees.iter().zip(pair) {
             if s.is_empty() {
                 continue;
             }
@@ -434,19 +437,20 @@ fn one_shot(n: usize, count: usize, in_place: bool) -> Schedule {
             scratch: 0,
         };
     }
-    let mut summed = vec![0; n];
-    for r in 0..n {
-        summed[r] = b.push(
-            r,
-            Step {
-                dst: Buffer::Scratch,
-                dst_offset: 0,
-                len: count,
-                sources: sources(),
-                waits: vec![],
-            },
-        );
-    }
+    let summed: Vec<usize> = (0..n)
+        .map(|r| {
+            b.push(
+                r,
+                Step {
+                    dst: Buffer::Scratch,
+                    dst_offset: 0,
+                    len: count,
+                    sources: sources(),
+                    waits: vec![],
+                },
+            )
+        })
+        .collect();
     for r in 0..n {
         let waits = (0..n).filter(|&p| p != r).map(|p| (p, summed[p])).collect();
         b.push(

@@ -84,7 +84,7 @@ fn binary_tree(n: usize) -> Tree {
 /// The two trees for `n` ranks.
 pub fn double_binary_tree(n: usize) -> [Tree; 2] {
     let t0 = binary_tree(n);
-    let map: Box<dyn Fn(usize) -> usize> = if n % 2 == 0 {
+    let map: Box<dyn Fn(usize) -> usize> = if n.is_multiple_of(2) {
         Box::new(move |r| n - 1 - r)
     } else {
         Box::new(move |r| (r + 1) % n)

@@ -128,12 +128,16 @@ pub fn verify(
             state.insert((r, Buffer::Input), input);
             state.insert(
                 (r, Buffer::Output),
-                vec![Rc::new(Expr::Garbage); output_len],
+                std::iter::repeat_with(|| Rc::new(Expr::Garbage))
+                    .take(output_len)
+                    .collect(),
             );
         }
         state.insert(
             (r, Buffer::Scratch),
-            vec![Rc::new(Expr::Garbage); s.scratch],
+            std::iter::repeat_with(|| Rc::new(Expr::Garbage))
+                .take(s.scratch)
+                .collect(),
         );
     }
 

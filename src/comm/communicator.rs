@@ -1,0 +1,703 @@
+//! The communicator: ranks (one per device, each driven by its own thread) that run
+//! collectives together by executing verified schedules over each other's memory.
+//!
+//! Protocol of one collective, per rank:
+//! 1. **Announce**: write what is being called (kind, element type, count, algorithm, root,
+//!    in place, buffer addresses) to this rank's slot, then raise the rank's flag to
+//!    "announced". Wait until every peer has announced the same collective and compare:
+//!    any difference is an error on every rank, naming the rank and both calls.
+//! 2. **Steps**: for each step of the schedule, wait for the flags it names, move the data
+//!    through the device's transport, raise the flag by one.
+//! 3. **Drain**: wait until every peer is done with this rank's memory, then return.
+//!
+//! Flags are 64-bit and only grow: `sequence << 32 | (1 + steps completed)`, so a flag never
+//! has to be reset and a slow rank can never mistake an old collective's progress for the
+//! current one's. Each sits alone on its own cache lines. A wait spins briefly, yields, then
+//! sleeps on the flag's doorbell (woken by the flag's owner), so eight ranks on two cores
+//! still progress. Every wait gives up after the configured timeout, and watches the abort
+//! flag and the peer's departure: a rank that panics or drops its handle mid-collective
+//! aborts the communicator, and every other rank returns [`CommError`] instead of hanging.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use super::model::CostModel;
+use super::schedule::{self, Algorithm, Buffer, Schedule};
+use super::transport::{ensure_scratch, CommDevice, DType, MAX_RANKS};
+use crate::backend::{BackendError, DeviceBuffer, DeviceScalar};
+
+/// How a communicator behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct CommConfig {
+    /// Longest any rank waits for a peer before giving up with an error.
+    pub timeout: Duration,
+    /// Pipelining granularity of ring and tree, in bytes.
+    pub slice_bytes: usize,
+    /// Largest in-place one-shot (it needs a scratch copy of the buffer), in bytes.
+    pub oneshot_max_bytes: usize,
+    /// How `auto` picks an algorithm.
+    pub model: CostModel,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            timeout: Duration::from_secs(10),
+            slice_bytes: 256 << 10,
+            oneshot_max_bytes: 4 << 20,
+            model: CostModel::default(),
+        }
+    }
+}
+
+/// Reduction operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Sum divided by the number of ranks.
+    Avg,
+}
+
+/// What went wrong in a collective.
+#[derive(Debug, Error)]
+pub enum CommError {
+    /// Ranks called different collectives (or with different arguments).
+    #[error("rank {me}: rank {rank} called {theirs}, but this rank called {ours}")]
+    Mismatch {
+        /// The reporting rank.
+        me: usize,
+        /// The rank that differs.
+        rank: usize,
+        /// This rank's call.
+        ours: String,
+        /// The other rank's call.
+        theirs: String,
+    },
+    /// A peer did not progress within the timeout.
+    #[error("rank {me}: timed out after {seconds:.1} s waiting for rank {peer} ({what})")]
+    Timeout {
+        /// The reporting rank.
+        me: usize,
+        /// Who it waited for.
+        peer: usize,
+        /// What it waited for.
+        what: String,
+        /// How long.
+        seconds: f64,
+    },
+    /// A peer dropped its handle.
+    #[error("rank {me}: rank {peer} left the communicator before finishing this collective")]
+    PeerGone {
+        /// The reporting rank.
+        me: usize,
+        /// The rank that left.
+        peer: usize,
+    },
+    /// The communicator was aborted by an earlier failure and is no longer usable.
+    #[error("rank {me}: the communicator is aborted ({reason}); create a new one")]
+    Aborted {
+        /// The reporting rank.
+        me: usize,
+        /// The first failure.
+        reason: String,
+    },
+    /// The device failed.
+    #[error("rank {me}: {source}")]
+    Device {
+        /// The reporting rank.
+        me: usize,
+        /// The device's error.
+        #[source]
+        source: BackendError,
+    },
+    /// Arguments no collective accepts.
+    #[error("rank {me}: {detail}")]
+    Invalid {
+        /// The reporting rank.
+        me: usize,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// Element types collectives accept.
+pub trait CommScalar: DeviceScalar {
+    /// The transport's element type.
+    const DTYPE: DType;
+}
+impl CommScalar for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl CommScalar for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    AllReduce(Algorithm, ReduceOp),
+    ReduceScatter(ReduceOp),
+    AllGather,
+    Broadcast(usize),
+    Barrier,
+}
+
+/// One rank's call, as announced to the others.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Announce {
+    seq: u64,
+    kind: Kind,
+    dtype: DType,
+    count: usize,
+    in_place: bool,
+    /// Input, Output, Scratch base addresses.
+    bases: [u64; 3],
+}
+
+impl Announce {
+    fn agrees_with(&self, other: &Announce) -> bool {
+        (self.seq, self.kind, self.dtype, self.count, self.in_place)
+            == (
+                other.seq,
+                other.kind,
+                other.dtype,
+                other.count,
+                other.in_place,
+            )
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{:?} of {} {:?} elements{} (collective #{})",
+            self.kind,
+            self.count,
+            self.dtype,
+            if self.in_place { " in place" } else { "" },
+            self.seq
+        )
+    }
+}
+
+/// A value alone on its cache lines (two, for the adjacent-line prefetcher).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+struct Shared {
+    n: usize,
+    config: CommConfig,
+    flags: Vec<Padded<AtomicU64>>,
+    sleepers: Vec<Padded<AtomicUsize>>,
+    bells: Vec<(Mutex<()>, Condvar)>,
+    slots: Vec<Mutex<[Option<Announce>; 2]>>,
+    departed: Vec<AtomicBool>,
+    aborted: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn ring_bell(&self, rank: usize) {
+        if self.sleepers[rank].0.load(Ordering::SeqCst) > 0 {
+            let _guard = self.bells[rank]
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.bells[rank].1.notify_all();
+        }
+    }
+
+    fn abort(&self, reason: String) {
+        {
+            let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+            if r.is_none() {
+                *r = Some(reason);
+            }
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+        for (lock, bell) in &self.bells {
+            let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            bell.notify_all();
+        }
+    }
+
+    fn reason(&self) -> String {
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| "unknown".into())
+    }
+}
+
+/// Creates the ranks of a communicator over `devices` (rank i drives device i). Move each
+/// rank to its own thread; every rank must call the same collectives in the same order.
+pub fn communicator<D: CommDevice>(
+    devices: Vec<D>,
+    config: CommConfig,
+) -> Result<Vec<Rank<D>>, CommError> {
+    let n = devices.len();
+    if n == 0 || n > MAX_RANKS {
+        return Err(CommError::Invalid {
+            me: 0,
+            detail: format!("a communicator needs 1 to {MAX_RANKS} devices, got {n}"),
+        });
+    }
+    let shared = Arc::new(Shared {
+        n,
+        config,
+        flags: (0..n).map(|_| Padded(AtomicU64::new(0))).collect(),
+        sleepers: (0..n).map(|_| Padded(AtomicUsize::new(0))).collect(),
+        bells: (0..n).map(|_| (Mutex::new(()), Condvar::new())).collect(),
+        slots: (0..n).map(|_| Mutex::new([None, None])).collect(),
+        departed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        aborted: AtomicBool::new(false),
+        reason: Mutex::new(None),
+    });
+    devices
+        .into_iter()
+        .enumerate()
+        .map(|(rank, device)| {
+            let state = device
+                .comm_state()
+                .map_err(|source| CommError::Device { me: rank, source })?;
+            Ok(Rank {
+                shared: shared.clone(),
+                rank,
+                device,
+                state,
+                scratch: None,
+                seq: 0,
+                busy: false,
+                schedules: HashMap::new(),
+            })
+        })
+        .collect()
+}
+
+type ScheduleKey = (Kind, usize, bool);
+
+/// One rank of a communicator: its device and its side of every collective.
+pub struct Rank<D: CommDevice> {
+    shared: Arc<Shared>,
+    rank: usize,
+    device: D,
+    state: D::State,
+    scratch: Option<D::Buffer<u64>>,
+    seq: u64,
+    busy: bool,
+    schedules: HashMap<ScheduleKey, Arc<Schedule>>,
+}
+
+impl<D: CommDevice> Drop for Rank<D> {
+    fn drop(&mut self) {
+        self.shared.departed[self.rank].store(true, Ordering::SeqCst);
+        if self.busy {
+            // Unwinding out of a collective (a panic, or a device error we could not report):
+            // the others must not wait for steps that will never come.
+            self.shared.abort(format!(
+                "rank {} left in the middle of collective #{}",
+                self.rank, self.seq
+            ));
+        } else {
+            for r in 0..self.shared.n {
+                self.shared.ring_bell(r);
+            }
+        }
+    }
+}
+
+impl<D: CommDevice> Rank<D> {
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.shared.n
+    }
+
+    /// The device this rank drives.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// What `auto` would pick for `count` elements of `T`.
+    pub fn auto_algorithm<T: CommScalar>(&self, count: usize) -> Algorithm {
+        self.shared
+            .config
+            .model
+            .choose(self.shared.n, count * T::DTYPE.size())
+    }
+
+    /// Sums (or averages) `buf` across ranks, in place. `algorithm: None` picks by size.
+    pub fn all_reduce<T: CommScalar>(
+        &mut self,
+        buf: &mut D::Buffer<T>,
+        op: ReduceOp,
+        algorithm: Option<Algorithm>,
+    ) -> Result<(), CommError> {
+        let count = buf.len();
+        let algo = algorithm.unwrap_or_else(|| self.auto_algorithm::<T>(count));
+        let addr = buf.device_addr();
+        self.run(Kind::AllReduce(algo, op), T::DTYPE, count, true, addr, addr)
+    }
+
+    /// Sums (or averages) `src` across ranks into `dst` (same length).
+    pub fn all_reduce_into<T: CommScalar>(
+        &mut self,
+        src: &D::Buffer<T>,
+        dst: &mut D::Buffer<T>,
+        op: ReduceOp,
+        algorithm: Option<Algorithm>,
+    ) -> Result<(), CommError> {
+        self.expect(src.len() == dst.len(), || {
+            format!(
+                "all_reduce_into: src has {} elements, dst {}",
+                src.len(),
+                dst.len()
+            )
+        })?;
+        let count = src.len();
+        let algo = algorithm.unwrap_or_else(|| self.auto_algorithm::<T>(count));
+        self.run(
+            Kind::AllReduce(algo, op),
+            T::DTYPE,
+            count,
+            false,
+            src.device_addr(),
+            dst.device_addr(),
+        )
+    }
+
+    /// Rank r's `dst` (count elements) = the reduction over ranks of block r of `src` (size·count).
+    pub fn reduce_scatter<T: CommScalar>(
+        &mut self,
+        src: &D::Buffer<T>,
+        dst: &mut D::Buffer<T>,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let n = self.shared.n;
+        self.expect(src.len() == dst.len() * n, || {
+            format!(
+                "reduce_scatter: src must hold {n} x dst ({}), has {}",
+                dst.len(),
+                src.len()
+            )
+        })?;
+        self.run(
+            Kind::ReduceScatter(op),
+            T::DTYPE,
+            dst.len(),
+            false,
+            src.device_addr(),
+            dst.device_addr(),
+        )
+    }
+
+    /// Every rank's `dst` (size·count) = all ranks' `src` (count each), in rank order.
+    pub fn all_gather<T: CommScalar>(
+        &mut self,
+        src: &D::Buffer<T>,
+        dst: &mut D::Buffer<T>,
+    ) -> Result<(), CommError> {
+        let n = self.shared.n;
+        self.expect(dst.len() == src.len() * n, || {
+            format!(
+                "all_gather: dst must hold {n} x src ({}), has {}",
+                src.len(),
+                dst.len()
+            )
+        })?;
+        self.run(
+            Kind::AllGather,
+            T::DTYPE,
+            src.len(),
+            false,
+            src.device_addr(),
+            dst.device_addr(),
+        )
+    }
+
+    /// Copies `root`'s `buf` into every other rank's `buf`.
+    pub fn broadcast<T: CommScalar>(
+        &mut self,
+        buf: &mut D::Buffer<T>,
+        root: usize,
+    ) -> Result<(), CommError> {
+        self.expect(root < self.shared.n, || {
+            format!(
+                "broadcast: root {root} is not a rank (size {})",
+                self.shared.n
+            )
+        })?;
+        let addr = buf.device_addr();
+        self.run(Kind::Broadcast(root), T::DTYPE, buf.len(), true, addr, addr)
+    }
+
+    /// Returns once every rank has called it.
+    pub fn barrier(&mut self) -> Result<(), CommError> {
+        self.run(Kind::Barrier, DType::F32, 0, false, 0, 0)
+    }
+
+    fn expect(&self, ok: bool, detail: impl FnOnce() -> String) -> Result<(), CommError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(CommError::Invalid {
+                me: self.rank,
+                detail: detail(),
+            })
+        }
+    }
+
+    fn schedule(
+        &mut self,
+        kind: Kind,
+        count: usize,
+        in_place: bool,
+        esize: usize,
+    ) -> Arc<Schedule> {
+        let n = self.shared.n;
+        let slice = (self.shared.config.slice_bytes / esize).max(1);
+        self.schedules
+            .entry((kind, count, in_place))
+            .or_insert_with(|| {
+                Arc::new(match kind {
+                    Kind::AllReduce(algo, _) => {
+                        schedule::all_reduce(algo, n, count, slice, in_place)
+                    }
+                    Kind::ReduceScatter(_) => schedule::reduce_scatter(n, count),
+                    Kind::AllGather => schedule::all_gather(n, count),
+                    Kind::Broadcast(root) => schedule::broadcast(n, count, root, in_place),
+                    Kind::Barrier => schedule::barrier(n),
+                })
+            })
+            .clone()
+    }
+
+    fn run(
+        &mut self,
+        kind: Kind,
+        dtype: DType,
+        count: usize,
+        in_place: bool,
+        input: u64,
+        output: u64,
+    ) -> Result<(), CommError> {
+        let me = self.rank;
+        if self.shared.aborted.load(Ordering::SeqCst) {
+            return Err(CommError::Aborted {
+                me,
+                reason: self.shared.reason(),
+            });
+        }
+        let esize = dtype.size();
+        let sched = self.schedule(kind, count, in_place, esize);
+        if sched.scratch * esize > self.shared.config.oneshot_max_bytes {
+            return Err(CommError::Invalid {
+                me,
+                detail: format!(
+                    "one-shot in place needs a scratch copy of the buffer: {} bytes is over the {} byte limit; use it out of place, or another algorithm",
+                    sched.scratch * esize,
+                    self.shared.config.oneshot_max_bytes
+                ),
+            });
+        }
+        let scratch = if sched.scratch > 0 {
+            ensure_scratch(&self.device, &mut self.scratch, sched.scratch * esize)
+                .map_err(|source| CommError::Device { me, source })?
+        } else {
+            0
+        };
+        self.seq += 1;
+        let seq = self.seq;
+        let ours = Announce {
+            seq,
+            kind,
+            dtype,
+            count,
+            in_place,
+            bases: [input, output, scratch],
+        };
+        self.busy = true;
+        let result = self.announce_and_execute(&sched, ours);
+        self.busy = false;
+        if let Err(e) = &result {
+            if !matches!(e, CommError::Aborted { .. }) {
+                self.shared.abort(e.to_string());
+            }
+        }
+        result
+    }
+
+    fn publish(&self, value: u64) {
+        self.shared.flags[self.rank]
+            .0
+            .store(value, Ordering::SeqCst);
+        self.shared.ring_bell(self.rank);
+    }
+
+    /// Waits until `peer`'s flag reaches `target`.
+    fn wait_for(
+        &self,
+        peer: usize,
+        target: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<(), CommError> {
+        let sh = &*self.shared;
+        let flag = &sh.flags[peer].0;
+        if flag.load(Ordering::Acquire) >= target {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut round = 0u32;
+        loop {
+            if flag.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            if sh.aborted.load(Ordering::SeqCst) {
+                return Err(CommError::Aborted {
+                    me: self.rank,
+                    reason: sh.reason(),
+                });
+            }
+            if sh.departed[peer].load(Ordering::SeqCst) {
+                // It may have raised the flag just before leaving.
+                if flag.load(Ordering::SeqCst) >= target {
+                    return Ok(());
+                }
+                return Err(CommError::PeerGone {
+                    me: self.rank,
+                    peer,
+                });
+            }
+            let waited = start.elapsed();
+            if waited > sh.config.timeout {
+                return Err(CommError::Timeout {
+                    me: self.rank,
+                    peer,
+                    what: what(),
+                    seconds: waited.as_secs_f64(),
+                });
+            }
+            round += 1;
+            if round < 64 {
+                std::hint::spin_loop();
+            } else if round < 96 {
+                std::thread::yield_now();
+            } else {
+                sh.sleepers[peer].0.fetch_add(1, Ordering::SeqCst);
+                let guard = sh.bells[peer]
+                    .0
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if flag.load(Ordering::SeqCst) < target
+                    && !sh.aborted.load(Ordering::SeqCst)
+                    && !sh.departed[peer].load(Ordering::SeqCst)
+                {
+                    let _ = sh.bells[peer]
+                        .1
+                        .wait_timeout(guard, Duration::from_millis(1))
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                sh.sleepers[peer].0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn announce_and_execute(&mut self, sched: &Schedule, ours: Announce) -> Result<(), CommError> {
+        let (me, n, seq) = (self.rank, self.shared.n, ours.seq);
+        let hi = seq << 32;
+        self.shared.slots[me]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)[(seq % 2) as usize] = Some(ours);
+        self.publish(hi | 1);
+        let mut bases = vec![[0u64; 3]; n];
+        for (p, base) in bases.iter_mut().enumerate() {
+            if p != me {
+                self.wait_for(p, hi | 1, &|| format!("its call of collective #{seq}"))?;
+            }
+            let theirs = self.shared.slots[p]
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)[(seq % 2) as usize];
+            let Some(theirs) = theirs.filter(|t| t.seq == seq) else {
+                return Err(CommError::Invalid {
+                    me,
+                    detail: format!("rank {p} announced no collective #{seq}"),
+                });
+            };
+            if !theirs.agrees_with(&ours) {
+                return Err(CommError::Mismatch {
+                    me,
+                    rank: p,
+                    ours: ours.describe(),
+                    theirs: theirs.describe(),
+                });
+            }
+            *base = theirs.bases;
+        }
+        let index = |b: Buffer| match b {
+            Buffer::Input => 0,
+            Buffer::Output => 1,
+            Buffer::Scratch => 2,
+        };
+        let esize = ours.dtype.size() as u64;
+        let mut sources = Vec::with_capacity(n);
+        for (i, step) in sched.steps[me].iter().enumerate() {
+            for &(p, k) in &step.waits {
+                self.wait_for(p, hi | (1 + k as u64), &|| {
+                    format!("its step {k} of collective #{seq}")
+                })?;
+            }
+            if step.len > 0 {
+                sources.clear();
+                sources.extend(
+                    step.sources
+                        .iter()
+                        .map(|o| bases[o.rank][index(o.buffer)] + o.offset as u64 * esize),
+                );
+                let dst = bases[me][index(step.dst)] + step.dst_offset as u64 * esize;
+                // SAFETY: the schedule is verified race-free (tests/schedules.rs): while this
+                // step runs nobody writes its sources or touches its destination, and every
+                // address lies inside a buffer its owner lent to this collective (lengths
+                // agreed in the announce).
+                unsafe {
+                    self.device
+                        .reduce(&mut self.state, ours.dtype, dst, &sources, step.len, 1.0)
+                }
+                .map_err(|source| CommError::Device { me, source })?;
+            }
+            self.publish(hi | (2 + i as u64));
+        }
+        for &(p, k) in &sched.final_waits[me] {
+            self.wait_for(p, hi | (1 + k as u64), &|| {
+                format!("it to finish with this rank's buffers (collective #{seq})")
+            })?;
+        }
+        let avg = matches!(
+            ours.kind,
+            Kind::AllReduce(_, ReduceOp::Avg) | Kind::ReduceScatter(ReduceOp::Avg)
+        );
+        if avg && ours.count > 0 && n > 1 {
+            // Every peer is done with our output (drained): scale it where it lies.
+            let out = bases[me][1];
+            // SAFETY: our own output, `count` elements, no longer read by anyone.
+            unsafe {
+                self.device.reduce(
+                    &mut self.state,
+                    ours.dtype,
+                    out,
+                    &[out],
+                    ours.count,
+                    1.0 / n as f32,
+                )
+            }
+            .map_err(|source| CommError::Device { me, source })?;
+        }
+        Ok(())
+    }
+}
