@@ -240,9 +240,9 @@ fn reduce_scatter_all_gather_broadcast_barrier() {
             rank.reduce_scatter(&d_src, &mut out, ReduceOp::Sum)
                 .unwrap();
             let got = dev.download(&out).unwrap();
-            for j in 0..count {
+            for (j, v) in got.iter().enumerate() {
                 let want: usize = (0..n).map(|p| me * count + j + p).sum();
-                assert_eq!(got[j], want as f32);
+                assert_eq!(*v, want as f32);
             }
             let mine = dev.upload(&vec![me as f32; count]).unwrap();
             let mut all = dev.alloc_zeros::<f32>(n * count).unwrap();
