@@ -1,4 +1,5 @@
 //! Subcommands of the `nanoddp` binary, one module each.
 
-pub mod bench;
+pub mod bench_allreduce;
+pub mod bench_kernels;
 pub mod info;

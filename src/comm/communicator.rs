@@ -271,6 +271,7 @@ pub fn communicator<D: CommDevice>(
                 scratch: None,
                 seq: 0,
                 busy: false,
+                oversubscribed: n > std::thread::available_parallelism().map_or(1, |c| c.get()),
                 schedules: HashMap::new(),
             })
         })
@@ -278,6 +279,11 @@ pub fn communicator<D: CommDevice>(
 }
 
 type ScheduleKey = (Kind, usize, bool);
+
+/// How long a waiter spins (when every rank has a core) before yielding its core.
+const SPIN: Duration = Duration::from_micros(20);
+/// How long a waiter yields before it sleeps on the doorbell.
+const YIELD: Duration = Duration::from_millis(1);
 
 /// One rank of a communicator: its device and its side of every collective.
 pub struct Rank<D: CommDevice> {
@@ -288,6 +294,7 @@ pub struct Rank<D: CommDevice> {
     scratch: Option<D::Buffer<u64>>,
     seq: u64,
     busy: bool,
+    oversubscribed: bool,
     schedules: HashMap<ScheduleKey, Arc<Schedule>>,
 }
 
@@ -554,7 +561,6 @@ impl<D: CommDevice> Rank<D> {
             return Ok(());
         }
         let start = Instant::now();
-        let mut round = 0u32;
         loop {
             if flag.load(Ordering::Acquire) >= target {
                 return Ok(());
@@ -584,10 +590,13 @@ impl<D: CommDevice> Rank<D> {
                     seconds: waited.as_secs_f64(),
                 });
             }
-            round += 1;
-            if round < 64 {
+            // With a core per rank the peer is running: spin a few microseconds. With more
+            // ranks than cores it may need this core: yield it (what MPI's
+            // mpi_yield_when_idle does). After a millisecond, sleep until the peer's flag
+            // moves (its owner rings the doorbell) or a millisecond passes.
+            if waited < SPIN && !self.oversubscribed {
                 std::hint::spin_loop();
-            } else if round < 96 {
+            } else if waited < YIELD {
                 std::thread::yield_now();
             } else {
                 sh.sleepers[peer].0.fetch_add(1, Ordering::SeqCst);

@@ -36,7 +36,7 @@ impl Default for CostModel {
 }
 
 impl CostModel {
-    /// The default α with β measured now (a 64 MiB copy, best of three).
+    /// The default α with β measured now (a 256 MiB copy, median of five).
     pub fn measured() -> Self {
         CostModel {
             beta: crate::system::copy_bandwidth(64 << 20),

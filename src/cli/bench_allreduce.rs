@@ -1,0 +1,297 @@
+//! `nanoddp bench allreduce`: the nccl-tests table for our allreduce, on N ranks of one
+//! backend, out of place and in place, with the fraction of the memory-traffic bound.
+
+use std::io::Write;
+use std::thread;
+use std::time::Instant;
+
+use nanoddp::backend::cpu::CpuDevice;
+use nanoddp::backend::simt::SimtDevice;
+use nanoddp::comm::communicator::{communicator, CommConfig, Rank, ReduceOp};
+use nanoddp::comm::schedule::Algorithm;
+use nanoddp::comm::transport::CommDevice;
+use nanoddp::system;
+
+/// Where the ranks live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// Threads on the CPU, one per rank.
+    Cpu,
+    /// Emulated devices running `collective.cu` (slow; for studying the kernel path).
+    Simt,
+}
+
+/// Algorithm choice on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AlgoArg {
+    /// Pick per size from the cost model.
+    Auto,
+    /// Ring reduce-scatter + all-gather.
+    Ring,
+    /// Pipelined double binary tree.
+    Tree,
+    /// Two-shot: reduce own chunk from all peers, then gather.
+    Direct,
+    /// Every rank sums all inputs.
+    Oneshot,
+}
+
+impl AlgoArg {
+    /// The algorithm, or `None` for auto.
+    pub fn algorithm(self) -> Option<Algorithm> {
+        match self {
+            AlgoArg::Auto => None,
+            AlgoArg::Ring => Some(Algorithm::Ring),
+            AlgoArg::Tree => Some(Algorithm::Tree),
+            AlgoArg::Direct => Some(Algorithm::Direct),
+            AlgoArg::Oneshot => Some(Algorithm::OneShot),
+        }
+    }
+}
+
+/// Parses `4096`, `4K`, `64M`, `1G` (binary multiples, as nccl-tests).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let base: usize = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (examples: 4096, 64K, 16M, 1G)"))?;
+    let mult = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" => 1 << 10,
+        "M" | "MB" => 1 << 20,
+        "G" | "GB" => 1 << 30,
+        _ => return Err(format!("`{text}`: unknown unit `{unit}` (use K, M or G)")),
+    };
+    base.checked_mul(mult)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+/// The sweep.
+#[derive(Debug, Clone, Copy)]
+pub struct Sweep {
+    /// Ranks.
+    pub ranks: usize,
+    /// Smallest message, bytes.
+    pub min_bytes: usize,
+    /// Largest message, bytes.
+    pub max_bytes: usize,
+    /// Multiply the size by this each row.
+    pub factor: usize,
+    /// Algorithm.
+    pub algo: AlgoArg,
+    /// Backend.
+    pub backend: Target,
+}
+
+/// Rank r's input, as nccl-tests and the anchors: ((i mod 13) + 1) · (r + 1), exact in f32.
+fn input(rank: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| ((i % 13) + 1) as f32 * (rank + 1) as f32)
+        .collect()
+}
+
+fn iterations(bytes: usize, ranks: usize) -> usize {
+    ((256usize << 20) / (bytes.max(1) * ranks)).clamp(10, 500)
+}
+
+/// Per size: (out-of-place times, in-place times, wrong elements out, wrong elements in).
+type RankResult = Vec<(Vec<f64>, Vec<f64>, usize, usize)>;
+
+fn run_rank<D: CommDevice + Clone>(
+    mut rank: Rank<D>,
+    sizes: &[usize],
+    algo: Option<Algorithm>,
+) -> Result<RankResult, String> {
+    let n = rank.size();
+    let me = rank.rank();
+    let dev_result = |e: nanoddp::backend::BackendError| e.to_string();
+    let mut out = Vec::new();
+    for &bytes in sizes {
+        let count = bytes / 4;
+        let host = input(me, count);
+        let expected: Vec<f32> = (0..count)
+            .map(|i| ((i % 13) + 1) as f32 * (n * (n + 1) / 2) as f32)
+            .collect();
+        let dev = rank.device().clone();
+        let src = dev.upload(&host).map_err(dev_result)?;
+        let mut dst = dev.alloc_zeros::<f32>(count).map_err(dev_result)?;
+        let mut buf = dev.upload(&host).map_err(dev_result)?;
+        let iters = iterations(bytes, n);
+        let (mut t_out, mut t_in) = (Vec::new(), Vec::new());
+        for i in 0..iters + 5 {
+            rank.barrier().map_err(|e| e.to_string())?;
+            let t0 = Instant::now();
+            rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, algo)
+                .map_err(|e| e.to_string())?;
+            let t = t0.elapsed().as_secs_f64();
+            if i >= 5 {
+                t_out.push(t);
+            }
+        }
+        for i in 0..iters + 5 {
+            dev.write(&host, &mut buf).map_err(dev_result)?; // re-fill, untimed
+            rank.barrier().map_err(|e| e.to_string())?;
+            let t0 = Instant::now();
+            rank.all_reduce(&mut buf, ReduceOp::Sum, algo)
+                .map_err(|e| e.to_string())?;
+            let t = t0.elapsed().as_secs_f64();
+            if i >= 5 {
+                t_in.push(t);
+            }
+        }
+        let wrong = |v: Vec<f32>| v.iter().zip(&expected).filter(|(a, b)| a != b).count();
+        let wrong_out = wrong(dev.download(&dst).map_err(dev_result)?);
+        let wrong_in = wrong(dev.download(&buf).map_err(dev_result)?);
+        out.push((t_out, t_in, wrong_out, wrong_in));
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn sweep_on<D: CommDevice + Clone + 'static>(
+    devices: Vec<D>,
+    sizes: Vec<usize>,
+    algo: Option<Algorithm>,
+) -> Result<Vec<RankResult>, Box<dyn std::error::Error>> {
+    let ranks = communicator(devices, CommConfig::default())?;
+    let handles: Vec<_> = ranks
+        .into_iter()
+        .map(|rank| {
+            let sizes = sizes.clone();
+            thread::spawn(move || run_rank(rank, &sizes, algo))
+        })
+        .collect();
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.join().map_err(|_| "a rank thread panicked")??);
+    }
+    Ok(results)
+}
+
+/// Prints the table.
+pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error::Error>> {
+    let Sweep {
+        ranks,
+        min_bytes,
+        max_bytes,
+        factor,
+        algo,
+        backend,
+    } = sweep;
+    if ranks == 0 || ranks > 64 {
+        return Err("-n/--ranks must be between 1 and 64".into());
+    }
+    if factor < 2 || min_bytes < 4 || max_bytes < min_bytes {
+        return Err("need -b >= 4 bytes, -e >= -b, and -f >= 2".into());
+    }
+    let mut sizes = Vec::new();
+    let mut s = min_bytes;
+    while s <= max_bytes {
+        sizes.push(s / 4 * 4);
+        s = s.saturating_mul(factor);
+    }
+    let copy_bw = system::copy_bandwidth(256 << 20);
+    writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32")?;
+    writeln!(
+        out,
+        "# memory copy bandwidth (1 thread, 256 MiB, bytes read + written, median of 5): {:.1} GB/s; memory-traffic bound: time >= 2·n·S / that",
+        copy_bw / 1e9
+    )?;
+    let results = match backend {
+        Target::Cpu => sweep_on(
+            vec![CpuDevice::new(); ranks],
+            sizes.clone(),
+            algo.algorithm(),
+        )?,
+        Target::Simt => sweep_on(
+            (0..ranks).map(SimtDevice::new).collect(),
+            sizes.clone(),
+            algo.algorithm(),
+        )?,
+    };
+    writeln!(out, "#{:>51}{:>44}", "out-of-place", "in-place")?;
+    writeln!(
+        out,
+        "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>7} {:>6} {:>6}",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "bound",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "bound"
+    )?;
+    writeln!(
+        out,
+        "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>7} {:>6} {:>6}",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        ""
+    )?;
+    for (i, &bytes) in sizes.iter().enumerate() {
+        // Each iteration's time is the slowest rank's; report the median iteration.
+        let per_iter = |pick: fn(&(Vec<f64>, Vec<f64>, usize, usize)) -> &Vec<f64>| {
+            let iters = pick(&results[0][i]).len();
+            median(
+                (0..iters)
+                    .map(|k| results.iter().map(|r| pick(&r[i])[k]).fold(0.0, f64::max))
+                    .collect(),
+            )
+        };
+        let t_out = per_iter(|r| &r.0);
+        let t_in = per_iter(|r| &r.1);
+        let wrong_out: usize = results.iter().map(|r| r[i].2).sum();
+        let wrong_in: usize = results.iter().map(|r| r[i].3).sum();
+        let busbw_factor = if ranks > 1 {
+            2.0 * (ranks - 1) as f64 / ranks as f64
+        } else {
+            1.0
+        };
+        let bound = 2.0 * ranks as f64 * bytes as f64 / copy_bw;
+        let cols = |t: f64, wrong: usize| {
+            let algbw = bytes as f64 / t / 1e9;
+            format!(
+                "{:>9.1} {:>7.3} {:>7.3} {:>6} {:>5.0}%",
+                t * 1e6,
+                algbw,
+                algbw * busbw_factor,
+                wrong,
+                100.0 * bound / t
+            )
+        };
+        writeln!(
+            out,
+            " {:>11} {:>10} {:>6} {:>5} {} {}",
+            bytes,
+            bytes / 4,
+            "float",
+            "sum",
+            cols(t_out, wrong_out),
+            cols(t_in, wrong_in)
+        )?;
+    }
+    Ok(())
+}
