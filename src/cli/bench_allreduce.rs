@@ -95,8 +95,20 @@ fn iterations(bytes: usize, ranks: usize) -> usize {
     ((256usize << 20) / (bytes.max(1) * ranks)).clamp(10, 500)
 }
 
-/// Per size: (out-of-place times, in-place times, wrong elements out, wrong elements in).
-type RankResult = Vec<(Vec<f64>, Vec<f64>, usize, usize)>;
+/// One rank's measurements at one size.
+struct Measured {
+    /// Seconds per out-of-place iteration.
+    out_of_place: Vec<f64>,
+    /// Seconds per in-place iteration.
+    in_place: Vec<f64>,
+    /// Wrong elements after the last out-of-place iteration.
+    wrong_out: usize,
+    /// Wrong elements after the last in-place iteration.
+    wrong_in: usize,
+}
+
+/// One rank's measurements, per size.
+type RankResult = Vec<Measured>;
 
 fn run_rank<D: CommDevice + Clone>(
     mut rank: Rank<D>,
@@ -143,7 +155,12 @@ fn run_rank<D: CommDevice + Clone>(
         let wrong = |v: Vec<f32>| v.iter().zip(&expected).filter(|(a, b)| a != b).count();
         let wrong_out = wrong(dev.download(&dst).map_err(dev_result)?);
         let wrong_in = wrong(dev.download(&buf).map_err(dev_result)?);
-        out.push((t_out, t_in, wrong_out, wrong_in));
+        out.push(Measured {
+            out_of_place: t_out,
+            in_place: t_in,
+            wrong_out,
+            wrong_in,
+        });
     }
     Ok(out)
 }
@@ -253,7 +270,7 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
     )?;
     for (i, &bytes) in sizes.iter().enumerate() {
         // Each iteration's time is the slowest rank's; report the median iteration.
-        let per_iter = |pick: fn(&(Vec<f64>, Vec<f64>, usize, usize)) -> &Vec<f64>| {
+        let per_iter = |pick: fn(&Measured) -> &Vec<f64>| {
             let iters = pick(&results[0][i]).len();
             median(
                 (0..iters)
@@ -261,10 +278,10 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
                     .collect(),
             )
         };
-        let t_out = per_iter(|r| &r.0);
-        let t_in = per_iter(|r| &r.1);
-        let wrong_out: usize = results.iter().map(|r| r[i].2).sum();
-        let wrong_in: usize = results.iter().map(|r| r[i].3).sum();
+        let t_out = per_iter(|m| &m.out_of_place);
+        let t_in = per_iter(|m| &m.in_place);
+        let wrong_out: usize = results.iter().map(|r| r[i].wrong_out).sum();
+        let wrong_in: usize = results.iter().map(|r| r[i].wrong_in).sum();
         let busbw_factor = if ranks > 1 {
             2.0 * (ranks - 1) as f64 / ranks as f64
         } else {
