@@ -417,7 +417,7 @@ impl CommDevice for Dying {
         &self,
         s: &mut (),
         dtype: DType,
-        dst: u64,
+        dsts: &[u64],
         sources: &[u64],
         len: usize,
         scale: f32,
@@ -426,7 +426,7 @@ impl CommDevice for Dying {
             panic!("simulated device failure");
         }
         // SAFETY: forwarded.
-        unsafe { self.cpu.reduce(s, dtype, dst, sources, len, scale) }
+        unsafe { self.cpu.reduce(s, dtype, dsts, sources, len, scale) }
     }
 }
 

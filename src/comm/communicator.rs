@@ -655,7 +655,7 @@ impl<D: CommDevice> Rank<D> {
             Buffer::Scratch => 2,
         };
         let esize = ours.dtype.size() as u64;
-        let mut sources = Vec::with_capacity(n);
+        let (mut sources, mut dsts) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for (i, step) in sched.steps[me].iter().enumerate() {
             for &(p, k) in &step.waits {
                 self.wait_for(p, hi | (1 + k as u64), &|| {
@@ -669,14 +669,19 @@ impl<D: CommDevice> Rank<D> {
                         .iter()
                         .map(|o| bases[o.rank][index(o.buffer)] + o.offset as u64 * esize),
                 );
-                let dst = bases[me][index(step.dst)] + step.dst_offset as u64 * esize;
+                dsts.clear();
+                dsts.extend(
+                    step.dsts
+                        .iter()
+                        .map(|o| bases[o.rank][index(o.buffer)] + o.offset as u64 * esize),
+                );
                 // SAFETY: the schedule is verified race-free (tests/schedules.rs): while this
-                // step runs nobody writes its sources or touches its destination, and every
+                // step runs nobody writes its sources or touches its destinations, and every
                 // address lies inside a buffer its owner lent to this collective (lengths
                 // agreed in the announce).
                 unsafe {
                     self.device
-                        .reduce(&mut self.state, ours.dtype, dst, &sources, step.len, 1.0)
+                        .reduce(&mut self.state, ours.dtype, &dsts, &sources, step.len, 1.0)
                 }
                 .map_err(|source| CommError::Device { me, source })?;
             }
@@ -699,7 +704,7 @@ impl<D: CommDevice> Rank<D> {
                 self.device.reduce(
                     &mut self.state,
                     ours.dtype,
-                    out,
+                    &[out],
                     &[out],
                     ours.count,
                     1.0 / n as f32,

@@ -54,8 +54,8 @@ impl CostModel {
         let (rounds, traffic) = match algorithm {
             // Each rank reads every input and writes its output.
             Algorithm::OneShot => (1.0, nf * (nf * s + s)),
-            // Reduce its chunk from n inputs, then copy n-1 chunks: about 3S per rank.
-            Algorithm::Direct => (nf, nf * (s + s / nf + 2.0 * s * (nf - 1.0) / nf)),
+            // Read its chunk of every input, write it to every output: S + S per rank.
+            Algorithm::Direct => (1.0, nf * 2.0 * s),
             // Reduce-scatter reads two chunks and writes one per step; all-gather copies.
             Algorithm::Ring => (2.0 * (nf - 1.0), nf * (5.0 * s * (nf - 1.0) / nf)),
             // Interior nodes read three halves and write one, then copy down.

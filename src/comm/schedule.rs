@@ -35,13 +35,13 @@ pub struct Operand {
     pub offset: usize,
 }
 
-/// What a step computes into `dst[dst_offset .. dst_offset + len]` of its own rank.
+/// What a step computes: `len` elements summed from `sources`, stored to every destination.
+/// Element by element, all sources are read before any destination is written, so a
+/// destination may be one of the sources (in-place reduction).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
-    /// The buffer written (always the executing rank's).
-    pub dst: Buffer,
-    /// First element written.
-    pub dst_offset: usize,
+    /// Where the result goes: the executing rank's memory, or peers' (a "push").
+    pub dsts: Vec<Operand>,
     /// Elements.
     pub len: usize,
     /// Summed in this order (f32 accumulation, one rounding at the store); one source is a copy.
@@ -71,7 +71,7 @@ pub enum Algorithm {
     Ring,
     /// Pipelined double binary tree: two trees, each carrying half the data.
     Tree,
-    /// Two-shot: rank r reduces chunk r reading every peer, then gathers the other chunks.
+    /// Two-shot, fused: rank r reduces chunk r from every input and writes it to every output.
     Direct,
     /// Every rank sums every rank's whole input (small messages).
     OneShot,
@@ -170,8 +170,7 @@ pub fn all_reduce(
             b.push(
                 0,
                 Step {
-                    dst: Buffer::Output,
-                    dst_offset: 0,
+                    dsts: vec![own(0, Buffer::Output, 0)],
                     len: count,
                     sources: vec![own(0, Buffer::Input, 0)],
                     waits: vec![],
@@ -230,8 +229,7 @@ fn ring(n: usize, count: usize, slice: usize) -> Schedule {
                 b.push(
                     r,
                     Step {
-                        dst: Buffer::Output,
-                        dst_offset: c.start,
+                        dsts: vec![own(r, Buffer::Output, c.start)],
                         len: c.len(),
                         sources: vec![own(r, Buffer::Input, c.start), own(left, peer_buf, c.start)],
                         waits,
@@ -254,8 +252,7 @@ fn ring(n: usize, count: usize, slice: usize) -> Schedule {
                 b.push(
                     r,
                     Step {
-                        dst: Buffer::Output,
-                        dst_offset: c.start,
+                        dsts: vec![own(r, Buffer::Output, c.start)],
                         len: c.len(),
                         sources: vec![own(left, Buffer::Output, c.start)],
                         waits,
@@ -327,8 +324,7 @@ fn tree(n: usize, count: usize, slice: usize) -> Schedule {
                 up_done[r] = b.push(
                     r,
                     Step {
-                        dst: Buffer::Output,
-                        dst_offset: s.start,
+                        dsts: vec![own(r, Buffer::Output, s.start)],
                         len: s.len(),
                         sources,
                         waits,
@@ -345,8 +341,7 @@ fn tree(n: usize, count: usize, slice: usize) -> Schedule {
                 final_done[r] = b.push(
                     r,
                     Step {
-                        dst: Buffer::Output,
-                        dst_offset: s.start,
+                        dsts: vec![own(r, Buffer::Output, s.start)],
                         len: s.len(),
                         sources: vec![own(p, Buffer::Output, s.start)],
                         waits,
@@ -363,47 +358,25 @@ fn tree(n: usize, count: usize, slice: usize) -> Schedule {
     }
 }
 
-/// Two-shot: rank r reduces chunk r from every rank's input (in rank order, so all chunks
-/// see the same order), then copies chunk p from rank p for every other p.
+/// Direct (two-shot, fused): rank r reads chunk r of every rank's input, sums it (in rank
+/// order, so every chunk sees the same order) and writes the sum into chunk r of every
+/// rank's output. One step per rank, and each rank reads S and writes S in total: the
+/// memory-traffic minimum. No waits are needed during the step: chunk r of any buffer is
+/// touched by rank r alone (in place, rank r reads a peer's chunk r before overwriting it,
+/// element by element); returning waits until every peer has written its chunk into us.
 fn direct(n: usize, count: usize) -> Schedule {
     let mut b = Builder::new(n);
-    let chunks = split(count, n);
-    // Phase 1 writes our chunk r of Output. In place that is our Input's chunk r, which
-    // peers read in *their* phase 1 only for their own chunk: no overlap.
-    let mut reduced = vec![0; n];
-    for r in 0..n {
-        let c = &chunks[r];
-        let sources = (0..n).map(|p| own(p, Buffer::Input, c.start)).collect();
-        reduced[r] = b.push(
+    for (r, c) in split(count, n).into_iter().enumerate() {
+        b.push(
             r,
             Step {
-                dst: Buffer::Output,
-                dst_offset: c.start,
+                dsts: (0..n).map(|p| own(p, Buffer::Output, c.start)).collect(),
                 len: c.len(),
-                sources,
+                sources: (0..n).map(|p| own(p, Buffer::Input, c.start)).collect(),
                 waits: vec![],
             },
         );
     }
-    for r in 0..n {
-        for i in 1..n {
-            let p = (r + i) % n; // start with different peers to spread the reads
-            let c = &chunks[p];
-            // Wait for p's reduced chunk; and before overwriting our chunk p (our input of it,
-            // in place), p must have finished reading it: p's phase 1 is exactly that.
-            b.push(
-                r,
-                Step {
-                    dst: Buffer::Output,
-                    dst_offset: c.start,
-                    len: c.len(),
-                    sources: vec![own(p, Buffer::Output, c.start)],
-                    waits: vec![(p, reduced[p])],
-                },
-            );
-        }
-    }
-    // Direct phase-2 copies read chunk r of our output: everyone must have copied it.
     Schedule {
         n,
         final_waits: all_done(&b, n),
@@ -422,8 +395,7 @@ fn one_shot(n: usize, count: usize, in_place: bool) -> Schedule {
             b.push(
                 r,
                 Step {
-                    dst: Buffer::Output,
-                    dst_offset: 0,
+                    dsts: vec![own(r, Buffer::Output, 0)],
                     len: count,
                     sources: sources(),
                     waits: vec![],
@@ -442,8 +414,7 @@ fn one_shot(n: usize, count: usize, in_place: bool) -> Schedule {
             b.push(
                 r,
                 Step {
-                    dst: Buffer::Scratch,
-                    dst_offset: 0,
+                    dsts: vec![own(r, Buffer::Scratch, 0)],
                     len: count,
                     sources: sources(),
                     waits: vec![],
@@ -456,8 +427,7 @@ fn one_shot(n: usize, count: usize, in_place: bool) -> Schedule {
         b.push(
             r,
             Step {
-                dst: Buffer::Output,
-                dst_offset: 0,
+                dsts: vec![own(r, Buffer::Output, 0)],
                 len: count,
                 sources: vec![own(r, Buffer::Scratch, 0)],
                 waits,
@@ -481,8 +451,7 @@ pub fn reduce_scatter(n: usize, count: usize) -> Schedule {
         b.push(
             r,
             Step {
-                dst: Buffer::Output,
-                dst_offset: 0,
+                dsts: vec![own(r, Buffer::Output, 0)],
                 len: count,
                 sources,
                 waits: vec![],
@@ -506,8 +475,7 @@ pub fn all_gather(n: usize, count: usize) -> Schedule {
             b.push(
                 r,
                 Step {
-                    dst: Buffer::Output,
-                    dst_offset: p * count,
+                    dsts: vec![own(r, Buffer::Output, p * count)],
                     len: count,
                     sources: vec![own(p, Buffer::Input, 0)],
                     waits: vec![],
@@ -531,8 +499,7 @@ pub fn broadcast(n: usize, count: usize, root: usize, in_place: bool) -> Schedul
         b.push(
             r,
             Step {
-                dst: Buffer::Output,
-                dst_offset: 0,
+                dsts: vec![own(r, Buffer::Output, 0)],
                 len: count,
                 sources: vec![own(root, Buffer::Input, 0)],
                 waits: vec![],

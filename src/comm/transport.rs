@@ -7,7 +7,7 @@ use half::f16;
 
 use crate::backend::cpu::CpuDevice;
 use crate::backend::{BackendError, Device, DeviceBuffer, KernelArg, LaunchConfig, Memory};
-use crate::kernels::{collective, Scalar};
+use crate::kernels::collective;
 
 /// Element types the collectives move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,13 +26,6 @@ impl DType {
             DType::F16 => 2,
         }
     }
-
-    fn scalar(self) -> Scalar {
-        match self {
-            DType::F32 => Scalar::F32,
-            DType::F16 => Scalar::F16,
-        }
-    }
 }
 
 /// A backend whose devices can take part in collectives.
@@ -43,16 +36,18 @@ pub trait CommDevice: Memory + Send {
     /// Prepares this rank's transport state (allocated once, on this device).
     fn comm_state(&self) -> Result<Self::State, BackendError>;
 
-    /// `dst[0..len] = scale · (src[0] + src[1] + ...)[0..len]`, in f32, left to right.
+    /// `d[0..len] = scale · (src[0] + src[1] + ...)[0..len]` for every `d` in `dsts`: summed in
+    /// f32, left to right; per element all sources are read before any destination is written.
     ///
     /// # Safety
-    /// Every address must point at `len` live elements of `dtype` that no one writes during
-    /// the call (but `dst`, which may equal `sources[0]`); the schedule's waits ensure it.
+    /// Every address must point at `len` live elements of `dtype`; no one else may write the
+    /// sources or touch the destinations during the call (a destination may be a source). The
+    /// schedule's waits ensure it.
     unsafe fn reduce(
         &self,
         state: &mut Self::State,
         dtype: DType,
-        dst: u64,
+        dsts: &[u64],
         sources: &[u64],
         len: usize,
         scale: f32,
@@ -62,12 +57,13 @@ pub trait CommDevice: Memory + Send {
 /// Elements per block of the CPU loop: the running sum stays in L1.
 const BLOCK: usize = 1024;
 
-/// The CPU's reduce over raw addresses.
+/// The CPU's reduce over raw addresses, a block of elements at a time (the running sums
+/// stay in L1 while each source streams through once).
 ///
 /// # Safety
 /// As [`CommDevice::reduce`].
 unsafe fn cpu_reduce<T: Copy>(
-    dst: u64,
+    dsts: &[u64],
     sources: &[u64],
     len: usize,
     scale: f32,
@@ -90,12 +86,14 @@ unsafe fn cpu_reduce<T: Copy>(
                     .for_each(|(a, v)| *a += widen(*v));
             }
         }
-        // SAFETY: the caller guarantees `len` writable elements at dst, which no one else
-        // touches during the call; it may alias sources[0], which we have finished reading.
-        let d = unsafe { std::slice::from_raw_parts_mut((dst as *mut T).add(start), m) };
-        d.iter_mut()
-            .zip(&acc[..m])
-            .for_each(|(d, a)| *d = narrow(a * scale));
+        for &dst in dsts {
+            // SAFETY: `len` writable elements at every destination, touched by no one else
+            // during the call; this block of the sources has been read already.
+            let d = unsafe { std::slice::from_raw_parts_mut((dst as *mut T).add(start), m) };
+            d.iter_mut()
+                .zip(&acc[..m])
+                .for_each(|(d, a)| *d = narrow(a * scale));
+        }
         start += m;
     }
 }
@@ -111,7 +109,7 @@ impl CommDevice for CpuDevice {
         &self,
         _: &mut (),
         dtype: DType,
-        dst: u64,
+        dsts: &[u64],
         sources: &[u64],
         len: usize,
         scale: f32,
@@ -119,9 +117,9 @@ impl CommDevice for CpuDevice {
         // SAFETY: forwarded from the caller.
         unsafe {
             match dtype {
-                DType::F32 => cpu_reduce::<f32>(dst, sources, len, scale, |v| v, |v| v),
+                DType::F32 => cpu_reduce::<f32>(dsts, sources, len, scale, |v| v, |v| v),
                 DType::F16 => {
-                    cpu_reduce::<f16>(dst, sources, len, scale, f16::to_f32, f16::from_f32)
+                    cpu_reduce::<f16>(dsts, sources, len, scale, f16::to_f32, f16::from_f32)
                 }
             }
         }
@@ -129,10 +127,10 @@ impl CommDevice for CpuDevice {
     }
 }
 
-/// Most sources one step sums (every rank's input, for one-shot and direct).
+/// Most ranks a communicator holds (a step sums at most one source per rank).
 pub const MAX_RANKS: usize = 64;
 
-/// A kernel device's state: the device array the kernel reads source addresses from.
+/// A kernel device's state: the device array the kernel reads addresses from.
 pub struct KernelState<D: Device> {
     addresses: D::Buffer<u64>,
 }
@@ -142,7 +140,7 @@ impl<D: Device + Send> CommDevice for D {
 
     fn comm_state(&self) -> Result<KernelState<D>, BackendError> {
         Ok(KernelState {
-            addresses: self.alloc_zeros::<u64>(MAX_RANKS)?,
+            addresses: self.alloc_zeros::<u64>(2 * MAX_RANKS)?,
         })
     }
 
@@ -150,7 +148,7 @@ impl<D: Device + Send> CommDevice for D {
         &self,
         state: &mut KernelState<D>,
         dtype: DType,
-        dst: u64,
+        dsts: &[u64],
         sources: &[u64],
         len: usize,
         scale: f32,
@@ -158,21 +156,19 @@ impl<D: Device + Send> CommDevice for D {
         if len == 0 {
             return Ok(());
         }
-        let mut table = [0u64; MAX_RANKS];
+        // The kernel reads its sources' and destinations' addresses from one device array.
+        let mut table = [0u64; 2 * MAX_RANKS];
         table[..sources.len()].copy_from_slice(sources);
+        table[sources.len()..sources.len() + dsts.len()].copy_from_slice(dsts);
         self.write(&table, &mut state.addresses)?;
         let kernel = match dtype {
             DType::F32 => &collective::REDUCE_SUM_F32,
             DType::F16 => &collective::REDUCE_SUM_F16,
         };
         let args = [
-            KernelArg::Ptr {
-                addr: dst,
-                elem: dtype.scalar(),
-                mutable: true,
-            },
             KernelArg::buffer(&state.addresses),
             KernelArg::I32(sources.len() as i32),
+            KernelArg::I32(dsts.len() as i32),
             KernelArg::U64(len as u64),
             KernelArg::F32(scale),
         ];

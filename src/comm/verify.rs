@@ -170,11 +170,11 @@ pub fn verify(
                     }
                 }
                 // Symbolic execution.
-                if step.dst_offset + step.len > len_of(step.dst)
-                    || step
-                        .sources
-                        .iter()
-                        .any(|o| o.offset + step.len > len_of(o.buffer))
+                if step
+                    .dsts
+                    .iter()
+                    .chain(&step.sources)
+                    .any(|o| o.rank >= n || o.offset + step.len > len_of(o.buffer))
                 {
                     return Err(VerifyError::OutOfBounds { at: (r, i) });
                 }
@@ -192,8 +192,12 @@ pub fn verify(
                         }
                     })
                     .collect();
-                let dst = state.get_mut(&memory(r, step.dst)).expect("buffer exists");
-                dst[step.dst_offset..step.dst_offset + step.len].clone_from_slice(&values);
+                for d in &step.dsts {
+                    let dst = state
+                        .get_mut(&memory(d.rank, d.buffer))
+                        .expect("buffer exists");
+                    dst[d.offset..d.offset + step.len].clone_from_slice(&values);
+                }
                 start[r].push(clock.clone());
                 clock[r] = i + 1;
                 after[r].push(clock);
@@ -245,15 +249,17 @@ pub fn verify(
                         write: false,
                     });
             }
-            accesses
-                .entry(memory(r, step.dst))
-                .or_default()
-                .push(Access {
-                    rank: r,
-                    step: i,
-                    range: step.dst_offset..step.dst_offset + step.len,
-                    write: true,
-                });
+            for d in &step.dsts {
+                accesses
+                    .entry(memory(d.rank, d.buffer))
+                    .or_default()
+                    .push(Access {
+                        rank: r,
+                        step: i,
+                        range: d.offset..d.offset + step.len,
+                        write: true,
+                    });
+            }
         }
         // The caller reuses all of the rank's memory once it returns.
         for b in [Buffer::Input, Buffer::Output, Buffer::Scratch] {
