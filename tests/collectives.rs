@@ -410,7 +410,7 @@ impl Memory for Dying {
 
 impl CommDevice for Dying {
     type State = ();
-    fn comm_state(&self) -> Result<(), BackendError> {
+    fn comm_state(&self, _: &[Dying]) -> Result<(), BackendError> {
         Ok(())
     }
     unsafe fn reduce(

@@ -338,6 +338,39 @@ impl Memory for CudaDevice {
 }
 
 impl Device for CudaDevice {
+    fn enable_peer_access(&self, peer: &CudaDevice) -> Result<(), BackendError> {
+        if self.info.ordinal == peer.info.ordinal {
+            return Ok(());
+        }
+        let mut can = 0i32;
+        // SAFETY: both devices come from live contexts; `can` is a valid out-pointer.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), peer.ctx.cu_device()) }
+            .result()
+            .map_err(driver_err("asking whether peer access is possible"))?;
+        if can == 0 {
+            return Err(BackendError::NoPeerAccess {
+                from: self.info.ordinal,
+                to: peer.info.ordinal,
+            });
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))?;
+        // SAFETY: enables access from the current (this device's) context to the peer's.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                Ok(())
+            }
+            err => Err(BackendError::Driver {
+                during: format!(
+                    "enabling peer access from GPU {} to GPU {}",
+                    self.info.ordinal, peer.info.ordinal
+                ),
+                source: cudarc::driver::DriverError(err),
+            }),
+        }
+    }
+
     unsafe fn launch(
         &self,
         kernel: &'static KernelSignature,
@@ -345,6 +378,10 @@ impl Device for CudaDevice {
         args: &[KernelArg],
     ) -> Result<(), BackendError> {
         check_launch(kernel, &cfg, args)?;
+        // Each rank drives its GPU from its own thread: make this device's context current.
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))?;
         let function = self.function(kernel)?;
         let mut builder = self.stream.launch_builder(&function);
         for arg in args {

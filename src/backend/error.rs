@@ -64,6 +64,17 @@ pub enum BackendError {
         /// Every attempt and why it failed.
         attempts: String,
     },
+    /// Two GPUs that cannot address each other's memory.
+    #[error(
+        "GPU {from} cannot access GPU {to}'s memory (no peer-to-peer path); the collectives need \
+         peer access between every pair of devices in a communicator"
+    )]
+    NoPeerAccess {
+        /// The accessing GPU.
+        from: usize,
+        /// The GPU whose memory it cannot reach.
+        to: usize,
+    },
     /// A kernel name no embedded module defines.
     #[error("kernel `{kernel}` is not defined in module `{module}`")]
     NoSuchKernel {

@@ -247,6 +247,13 @@ pub trait Memory {
 
 /// A device that runs the embedded kernels on its [`Memory`].
 pub trait Device: Memory {
+    /// Lets kernels on this device dereference `peer`'s memory (CUDA peer access). Devices
+    /// that share one address space (the SIMT emulator's) need nothing.
+    fn enable_peer_access(&self, peer: &Self) -> Result<(), BackendError> {
+        let _ = peer;
+        Ok(())
+    }
+
     /// Runs `kernel` with `args` in parameter order. Launches are asynchronous in the CUDA
     /// sense: ordered with this device's other work, finished by the next synchronizing call.
     ///

@@ -130,25 +130,27 @@ fn run_rank<D: CommDevice + Clone>(
         let mut dst = dev.alloc_zeros::<f32>(count).map_err(dev_result)?;
         let mut buf = dev.upload(&host).map_err(dev_result)?;
         let iters = iterations(bytes, n);
+        // Warm up long enough for threads, caches and clocks to settle (a fifth of the run).
+        let warmup = (iters / 5).max(5);
         let (mut t_out, mut t_in) = (Vec::new(), Vec::new());
-        for i in 0..iters + 5 {
+        for i in 0..iters + warmup {
             rank.barrier().map_err(|e| e.to_string())?;
             let t0 = Instant::now();
             rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, algo)
                 .map_err(|e| e.to_string())?;
             let t = t0.elapsed().as_secs_f64();
-            if i >= 5 {
+            if i >= warmup {
                 t_out.push(t);
             }
         }
-        for i in 0..iters + 5 {
+        for i in 0..iters + warmup {
             dev.write(&host, &mut buf).map_err(dev_result)?; // re-fill, untimed
             rank.barrier().map_err(|e| e.to_string())?;
             let t0 = Instant::now();
             rank.all_reduce(&mut buf, ReduceOp::Sum, algo)
                 .map_err(|e| e.to_string())?;
             let t = t0.elapsed().as_secs_f64();
-            if i >= 5 {
+            if i >= warmup {
                 t_in.push(t);
             }
         }

@@ -256,26 +256,32 @@ pub fn communicator<D: CommDevice>(
         aborted: AtomicBool::new(false),
         reason: Mutex::new(None),
     });
-    devices
-        .into_iter()
+    let states = devices
+        .iter()
         .enumerate()
         .map(|(rank, device)| {
-            let state = device
-                .comm_state()
-                .map_err(|source| CommError::Device { me: rank, source })?;
-            Ok(Rank {
-                shared: shared.clone(),
-                rank,
-                device,
-                state,
-                scratch: None,
-                seq: 0,
-                busy: false,
-                oversubscribed: n > std::thread::available_parallelism().map_or(1, |c| c.get()),
-                schedules: HashMap::new(),
-            })
+            device
+                .comm_state(&devices)
+                .map_err(|source| CommError::Device { me: rank, source })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    let oversubscribed = n > std::thread::available_parallelism().map_or(1, |c| c.get());
+    Ok(devices
+        .into_iter()
+        .zip(states)
+        .enumerate()
+        .map(|(rank, (device, state))| Rank {
+            shared: shared.clone(),
+            rank,
+            device,
+            state,
+            scratch: None,
+            seq: 0,
+            busy: false,
+            oversubscribed,
+            schedules: HashMap::new(),
+        })
+        .collect())
 }
 
 type ScheduleKey = (Kind, usize, bool);

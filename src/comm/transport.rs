@@ -33,8 +33,11 @@ pub trait CommDevice: Memory + Send {
     /// Per-rank state the transport keeps between steps (e.g. a device array of addresses).
     type State: Send;
 
-    /// Prepares this rank's transport state (allocated once, on this device).
-    fn comm_state(&self) -> Result<Self::State, BackendError>;
+    /// Prepares this rank's transport state (allocated once, on this device), given every
+    /// device of the communicator (a GPU enables peer access to each of them here).
+    fn comm_state(&self, all: &[Self]) -> Result<Self::State, BackendError>
+    where
+        Self: Sized;
 
     /// `d[0..len] = scale · (src[0] + src[1] + ...)[0..len]` for every `d` in `dsts`: summed in
     /// f32, left to right; per element all sources are read before any destination is written.
@@ -101,7 +104,7 @@ unsafe fn cpu_reduce<T: Copy>(
 impl CommDevice for CpuDevice {
     type State = ();
 
-    fn comm_state(&self) -> Result<(), BackendError> {
+    fn comm_state(&self, _: &[CpuDevice]) -> Result<(), BackendError> {
         Ok(())
     }
 
@@ -138,7 +141,10 @@ pub struct KernelState<D: Device> {
 impl<D: Device + Send> CommDevice for D {
     type State = KernelState<D>;
 
-    fn comm_state(&self) -> Result<KernelState<D>, BackendError> {
+    fn comm_state(&self, all: &[D]) -> Result<KernelState<D>, BackendError> {
+        for peer in all {
+            self.enable_peer_access(peer)?;
+        }
         Ok(KernelState {
             addresses: self.alloc_zeros::<u64>(2 * MAX_RANKS)?,
         })
