@@ -37,9 +37,15 @@
 //!   the CPU with compute-sanitizer-like checks; the native CPU backend.
 //! * [`comm`]: collectives (allreduce, reduce-scatter, all-gather, broadcast, barrier):
 //!   algorithms as verified data, executed over peer memory with timeouts.
+//! * [`data`]: IDX files, Fashion-MNIST discovery, epochs of sharded batches.
+//! * [`model`]: LeNet (the chapter's), forward and backward on any backend.
 //! * [`system`]: the host CPU's description and its measured peak.
+//! * [`train`]: the data-parallel training loop and checkpoints.
 
 pub mod backend;
 pub mod comm;
+pub mod data;
 pub mod kernels;
+pub mod model;
 pub mod system;
+pub mod train;

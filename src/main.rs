@@ -17,6 +17,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train LeNet on Fashion-MNIST, data-parallel over --devices replicas (on the CPU by
+    /// default): each step every device runs its shard of the batch, the gradients are summed
+    /// by nanoddp's own allreduce, and every replica applies the same update.
+    ///
+    /// Example: nanoddp train --devices 4 --epochs 10 --metrics run.jsonl --save lenet.safetensors
+    Train(cli::train::TrainArgs),
     /// Show how the kernels were built, their register and shared-memory use, the CUDA
     /// driver and GPUs found (or why none), and the CPU.
     ///
@@ -75,6 +81,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Info => cli::info::run(&mut std::io::stdout().lock()).map_err(Into::into),
+        Command::Train(args) => {
+            // Errors here are the user's to fix (flags, data, checkpoint, no GPU): exit code 2.
+            if let Err(e) = cli::train::run(&mut std::io::stdout().lock(), args) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            Ok(())
+        }
         Command::Bench {
             what:
                 BenchWhat::Kernels {

@@ -111,6 +111,20 @@ pub struct CudaDevice {
     functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
 }
 
+impl Clone for CudaDevice {
+    /// Another handle on the same GPU, context and stream (it loads kernel modules again on
+    /// first use: module handles are cached per handle).
+    fn clone(&self) -> Self {
+        CudaDevice {
+            ctx: self.ctx.clone(),
+            stream: self.stream.clone(),
+            info: self.info.clone(),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDevice")

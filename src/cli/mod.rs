@@ -3,3 +3,4 @@
 pub mod bench_allreduce;
 pub mod bench_kernels;
 pub mod info;
+pub mod train;

@@ -35,26 +35,41 @@ pub(super) fn gemm_f32(
     let (lda, ldb, ldc) = shape.leading_dims();
     let (rsa, csa) = if shape.trans_a { (1, lda) } else { (lda, 1) };
     let (rsb, csb) = if shape.trans_b { (1, ldb) } else { (ldb, 1) };
-    // SAFETY: the slices hold exactly M·K, K·N and M·N elements (checked by the caller), and
-    // every (row stride, column stride) pair addresses inside them; C is exclusively ours.
-    unsafe {
-        matrixmultiply::sgemm(
-            shape.m,
-            shape.k,
-            shape.n,
-            ep.alpha,
-            a.as_ptr(),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr(),
-            rsb as isize,
-            csb as isize,
-            ep.beta,
-            c.as_mut_ptr(),
-            ldc as isize,
-            1,
-        );
-    }
+    // Big products are split by rows of C over rayon's threads, each a single-threaded
+    // matrixmultiply call on its panel (matrixmultiply's own threads would fight rayon's when
+    // the callers are already parallel, as the convolutions are).
+    let rows_per_task = if shape.flops() < 4e6 {
+        shape.m
+    } else {
+        shape.m.div_ceil(rayon::current_num_threads() * 2).max(16)
+    };
+    c.par_chunks_mut(rows_per_task * ldc)
+        .enumerate()
+        .for_each(|(t, c_rows)| {
+            let row0 = t * rows_per_task;
+            let m = c_rows.len() / ldc;
+            // SAFETY: a holds M·K elements, b K·N, c's panel m·N (checked by the caller); the
+            // panel's rows of op(A) start at row0, which the stride for rows (rsa) reaches inside
+            // a; every (row stride, column stride) pair addresses inside its slice.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    shape.k,
+                    shape.n,
+                    ep.alpha,
+                    a.as_ptr().add(row0 * rsa),
+                    rsa as isize,
+                    csa as isize,
+                    b.as_ptr(),
+                    rsb as isize,
+                    csb as isize,
+                    ep.beta,
+                    c_rows.as_mut_ptr(),
+                    ldc as isize,
+                    1,
+                );
+            }
+        });
     if bias.is_some() || ep.relu {
         c.par_chunks_mut(shape.n).for_each(|row| {
             if let Some(bias) = bias {

@@ -1,0 +1,237 @@
+//! `nanoddp train`: LeNet on Fashion-MNIST, data-parallel over N devices of one backend.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use nanoddp::backend::cpu::CpuDevice;
+use nanoddp::backend::cuda::CudaDevice;
+use nanoddp::backend::simt::SimtDevice;
+use nanoddp::data::{find_dataset, locate, Dataset};
+use nanoddp::train::{checkpoint, initial_weights, train, Event, Recipe, TrainConfig, TrainError};
+
+use super::bench_allreduce::AlgoArg;
+
+/// Where the replicas run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// The native CPU backend, one thread per device.
+    Cpu,
+    /// The CUDA kernels under the SIMT emulator (slow: for studying the kernels).
+    Simt,
+    /// GPUs 0..devices.
+    Cuda,
+}
+
+/// The recipe on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RecipeArg {
+    /// The reference chapter: N(0, 0.01²) init, plain SGD, lr 0.2.
+    Chapter,
+    /// Ours: He init, momentum 0.9, cosine decay from lr 0.05.
+    Default,
+}
+
+/// Data order on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShuffleArg {
+    /// Reshuffle every epoch (seeded).
+    Epoch,
+    /// File order, every epoch (for debugging and cross-checks).
+    None,
+}
+
+/// Every `train` option.
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// Devices (model replicas), each taking a shard of every batch.
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// Where the replicas run.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+    /// Gradient allreduce algorithm.
+    #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
+    pub algo: AlgoArg,
+    /// The recipe: the chapter's, or ours (better: see the README).
+    #[arg(long, value_enum, default_value_t = RecipeArg::Default)]
+    pub recipe: RecipeArg,
+    /// Passes over the training set.
+    #[arg(long, default_value_t = 10)]
+    pub epochs: usize,
+    /// Global batch size (split over the devices).
+    #[arg(long, default_value_t = 256)]
+    pub batch: usize,
+    /// Learning rate (default: 0.2 for the chapter recipe, 0.05 for ours).
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// Momentum (default: 0 for the chapter recipe, 0.9 for ours).
+    #[arg(long)]
+    pub momentum: Option<f32>,
+    /// L2 weight decay (default: 0 for the chapter recipe, 5e-4 for ours).
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// Seed of the initial weights and the data order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Data order.
+    #[arg(long, value_enum, default_value_t = ShuffleArg::Epoch)]
+    pub shuffle: ShuffleArg,
+    /// Stop after this many steps.
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Folder with the four IDX(.gz) files (default: $NANODDP_DATA, then
+    /// /usr/share/datasets/fashion-mnist, then ./data/fashion-mnist).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Write one JSON record per step and per epoch here.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// Save a safetensors checkpoint here after every epoch (atomically).
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Start from the weights in this safetensors checkpoint.
+    #[arg(long)]
+    pub init: Option<PathBuf>,
+}
+
+fn load_data(
+    explicit: Option<&std::path::Path>,
+    out: &mut impl Write,
+) -> Result<Dataset, Box<dyn std::error::Error>> {
+    match find_dataset(explicit) {
+        Ok(d) => Ok(d),
+        Err(e) if explicit.is_none() => {
+            let subset = locate::shipped_subset();
+            writeln!(
+                out,
+                "note: {e}\nnote: training on the small subset shipped in {} instead (3000 training, 1000 test images)",
+                subset.display()
+            )?;
+            Ok(locate::load(&subset)?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs the command.
+pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.devices == 0 || args.devices > 64 {
+        return Err("--devices must be between 1 and 64".into());
+    }
+    let recipe = match args.recipe {
+        RecipeArg::Chapter => Recipe::Chapter,
+        RecipeArg::Default => Recipe::Default,
+    };
+    let (lr, momentum, wd) = match recipe {
+        Recipe::Chapter => (0.2, 0.0, 0.0),
+        Recipe::Default => (0.05, 0.9, 5e-4),
+    };
+    let cfg = TrainConfig {
+        recipe,
+        epochs: args.epochs,
+        batch: args.batch,
+        lr: args.lr.unwrap_or(lr),
+        momentum: args.momentum.unwrap_or(momentum),
+        weight_decay: args.weight_decay.unwrap_or(wd),
+        seed: args.seed,
+        shuffle: args.shuffle == ShuffleArg::Epoch,
+        max_steps: args.max_steps,
+        algorithm: args.algo.algorithm(),
+    };
+    let data = load_data(args.data.as_deref(), out)?;
+    let weights = match &args.init {
+        Some(path) => checkpoint::load(path)?.0,
+        None => initial_weights(recipe, cfg.seed),
+    };
+    writeln!(
+        out,
+        "LeNet on {} ({} train / {} test images), {} {:?} device(s), batch {}, {:?} recipe: lr {}, momentum {}, weight decay {}",
+        data.dir.display(),
+        data.train_labels.len(),
+        data.test_labels.len(),
+        args.devices,
+        args.backend,
+        cfg.batch,
+        recipe,
+        cfg.lr,
+        cfg.momentum,
+        cfg.weight_decay
+    )?;
+    let mut metrics = match &args.metrics {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        )),
+        None => None,
+    };
+    let steps_per_epoch = data.train_labels.len().div_ceil(cfg.batch) as u64;
+    let bar = ProgressBar::new(steps_per_epoch);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "epoch {prefix} [{bar:30}] {pos}/{len} steps, loss {msg} ({eta} left)",
+        )?
+        .progress_chars("=> "),
+    );
+    let save = args.save.clone();
+    let mut on_event = |event: Event| -> Result<(), TrainError> {
+        let io = |e: std::io::Error| TrainError::Config(format!("writing metrics: {e}"));
+        match event {
+            Event::Step(s) => {
+                bar.set_prefix(s.epoch.to_string());
+                bar.set_position(((s.step - 1) as u64 % steps_per_epoch) + 1);
+                bar.set_message(format!("{:.4}", s.loss));
+                if let Some(m) = metrics.as_mut() {
+                    let rec = serde_json::json!({"step": s.step, "epoch": s.epoch, "loss": s.loss, "lr": s.lr, "loss_scale": 1.0});
+                    writeln!(m, "{rec}").map_err(io)?;
+                }
+            }
+            Event::Epoch(e, weights) => {
+                bar.reset();
+                println!(
+                    "epoch {:>3}  loss {:.4}  train acc {:.4}  test acc {:.4}  {:.1} s  {:.0} img/s  allreduce {:.1}%",
+                    e.epoch,
+                    e.train_loss,
+                    e.train_acc,
+                    e.test_acc,
+                    e.seconds,
+                    e.images_per_s,
+                    100.0 * e.allreduce_share
+                );
+                if let Some(m) = metrics.as_mut() {
+                    let rec = serde_json::json!({"epoch": e.epoch, "train_loss": e.train_loss, "train_acc": e.train_acc,
+                        "test_acc": e.test_acc, "seconds": e.seconds, "images_per_s": e.images_per_s, "allreduce_share": e.allreduce_share});
+                    writeln!(m, "{rec}").map_err(io)?;
+                    m.flush().map_err(io)?;
+                }
+                if let Some(path) = &save {
+                    checkpoint::save(path, &weights, e.epoch)
+                        .map_err(|e| TrainError::Config(e.to_string()))?;
+                }
+            }
+        }
+        Ok(())
+    };
+    let n = args.devices;
+    match args.backend {
+        BackendArg::Cpu => train(
+            vec![CpuDevice::new(); n],
+            &data,
+            weights,
+            &cfg,
+            &mut on_event,
+        )?,
+        BackendArg::Simt => train(
+            (0..n).map(SimtDevice::new).collect(),
+            &data,
+            weights,
+            &cfg,
+            &mut on_event,
+        )?,
+        BackendArg::Cuda => {
+            let devices = (0..n).map(CudaDevice::new).collect::<Result<Vec<_>, _>>()?;
+            train(devices, &data, weights, &cfg, &mut on_event)?
+        }
+    };
+    bar.finish_and_clear();
+    Ok(())
+}

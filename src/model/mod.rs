@@ -1,0 +1,435 @@
+//! LeNet, as the reference chapter builds it, on any [`Backend`]:
+//!
+//! ```text
+//! x 1x28x28 → conv 20@3x3 + ReLU → avg-pool 2 → conv 50@5x5 + ReLU → avg-pool 2
+//!           → flatten 800 → linear 128 + ReLU → linear 10 → softmax cross-entropy
+//! ```
+//!
+//! One [`Replica`] per device holds the parameters, their gradients, the optimizer state and
+//! the activations of the current shard. Parameters are named and laid out as PyTorch does
+//! (conv OIHW, linear out x in), so checkpoints load into `torch.nn` directly.
+
+use crate::backend::{
+    Backend, BackendError, Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep,
+};
+
+/// Input image side.
+pub const IMAGE: usize = 28;
+/// Classes.
+pub const CLASSES: usize = 10;
+
+/// A parameter tensor: name and PyTorch shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// PyTorch name, e.g. `conv1.weight`.
+    pub name: &'static str,
+    /// Shape, PyTorch layout.
+    pub shape: &'static [usize],
+    /// Inputs feeding one output (for He initialisation); 0 for biases.
+    pub fan_in: usize,
+}
+
+impl ParamSpec {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True for an empty tensor.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The eight parameter tensors, in checkpoint order.
+pub const PARAMS: [ParamSpec; 8] = [
+    ParamSpec {
+        name: "conv1.weight",
+        shape: &[20, 1, 3, 3],
+        fan_in: 9,
+    },
+    ParamSpec {
+        name: "conv1.bias",
+        shape: &[20],
+        fan_in: 0,
+    },
+    ParamSpec {
+        name: "conv2.weight",
+        shape: &[50, 20, 5, 5],
+        fan_in: 500,
+    },
+    ParamSpec {
+        name: "conv2.bias",
+        shape: &[50],
+        fan_in: 0,
+    },
+    ParamSpec {
+        name: "fc1.weight",
+        shape: &[128, 800],
+        fan_in: 800,
+    },
+    ParamSpec {
+        name: "fc1.bias",
+        shape: &[128],
+        fan_in: 0,
+    },
+    ParamSpec {
+        name: "fc2.weight",
+        shape: &[10, 128],
+        fan_in: 128,
+    },
+    ParamSpec {
+        name: "fc2.bias",
+        shape: &[10],
+        fan_in: 0,
+    },
+];
+
+fn conv1(batch: usize) -> Conv2dShape {
+    Conv2dShape {
+        batch,
+        in_c: 1,
+        in_h: 28,
+        in_w: 28,
+        out_c: 20,
+        k_h: 3,
+        k_w: 3,
+        stride: 1,
+        pad: 0,
+    }
+}
+fn pool1(batch: usize) -> Pool2dShape {
+    Pool2dShape {
+        planes: batch * 20,
+        in_h: 26,
+        in_w: 26,
+        k_h: 2,
+        k_w: 2,
+        stride: 2,
+    }
+}
+fn conv2(batch: usize) -> Conv2dShape {
+    Conv2dShape {
+        batch,
+        in_c: 20,
+        in_h: 13,
+        in_w: 13,
+        out_c: 50,
+        k_h: 5,
+        k_w: 5,
+        stride: 1,
+        pad: 0,
+    }
+}
+fn pool2(batch: usize) -> Pool2dShape {
+    Pool2dShape {
+        planes: batch * 50,
+        in_h: 9,
+        in_w: 9,
+        k_h: 2,
+        k_w: 2,
+        stride: 2,
+    }
+}
+/// Rows of a linear layer's activations seen as a 1x1 "convolution" output, so the bias
+/// gradient (a column sum) reuses the convolution's bias-gradient operation.
+fn columns(batch: usize, features: usize) -> Conv2dShape {
+    Conv2dShape {
+        batch,
+        in_c: 1,
+        in_h: 1,
+        in_w: 1,
+        out_c: features,
+        k_h: 1,
+        k_w: 1,
+        stride: 1,
+        pad: 0,
+    }
+}
+
+/// Activations of one shard size.
+struct Activations<B: Backend> {
+    batch: usize,
+    x: B::Buffer<f32>,
+    labels: B::Buffer<u8>,
+    c1: B::Buffer<f32>,
+    p1: B::Buffer<f32>,
+    c2: B::Buffer<f32>,
+    p2: B::Buffer<f32>,
+    h: B::Buffer<f32>,
+    logits: B::Buffer<f32>,
+    loss: B::Buffer<f32>,
+    correct: B::Buffer<i32>,
+    // Gradients flowing back; `*_lin` before a ReLU's mask, the plain name after it.
+    d_logits: B::Buffer<f32>,
+    d_h_lin: B::Buffer<f32>,
+    d_h: B::Buffer<f32>,
+    d_p2: B::Buffer<f32>,
+    d_c2_lin: B::Buffer<f32>,
+    d_c2: B::Buffer<f32>,
+    d_p1: B::Buffer<f32>,
+    d_c1_lin: B::Buffer<f32>,
+    d_c1: B::Buffer<f32>,
+}
+
+impl<B: Backend> Activations<B> {
+    fn new(dev: &B, batch: usize) -> Result<Self, BackendError> {
+        let f = |n| dev.alloc_zeros::<f32>(n);
+        Ok(Activations {
+            batch,
+            x: f(batch * IMAGE * IMAGE)?,
+            labels: dev.alloc_zeros::<u8>(batch)?,
+            c1: f(batch * 20 * 26 * 26)?,
+            p1: f(batch * 20 * 13 * 13)?,
+            c2: f(batch * 50 * 9 * 9)?,
+            p2: f(batch * 800)?,
+            h: f(batch * 128)?,
+            logits: f(batch * CLASSES)?,
+            loss: f(batch)?,
+            correct: dev.alloc_zeros::<i32>(1)?,
+            d_logits: f(batch * CLASSES)?,
+            d_h_lin: f(batch * 128)?,
+            d_h: f(batch * 128)?,
+            d_p2: f(batch * 800)?,
+            d_c2_lin: f(batch * 50 * 9 * 9)?,
+            d_c2: f(batch * 50 * 9 * 9)?,
+            d_p1: f(batch * 20 * 13 * 13)?,
+            d_c1_lin: f(batch * 20 * 26 * 26)?,
+            d_c1: f(batch * 20 * 26 * 26)?,
+        })
+    }
+}
+
+/// Totals of a forward pass over one shard.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ShardStats {
+    /// Sum of the per-example losses.
+    pub loss_sum: f64,
+    /// Examples classified correctly.
+    pub correct: usize,
+    /// Examples.
+    pub count: usize,
+}
+
+/// One device's copy of the model.
+pub struct Replica<B: Backend> {
+    /// The device.
+    pub dev: B,
+    /// Parameters, one buffer per tensor of [`PARAMS`].
+    pub params: Vec<B::Buffer<f32>>,
+    /// Gradients, same layout.
+    pub grads: Vec<B::Buffer<f32>>,
+    /// Momentum buffers, same layout.
+    pub velocity: Vec<B::Buffer<f32>>,
+    acts: Option<Activations<B>>,
+}
+
+impl<B: Backend> Replica<B> {
+    /// A replica holding `weights` (host values, one vector per tensor of [`PARAMS`]).
+    pub fn new(dev: B, weights: &[Vec<f32>]) -> Result<Self, BackendError> {
+        let params = weights
+            .iter()
+            .map(|w| dev.upload(w))
+            .collect::<Result<Vec<_>, _>>()?;
+        let zeros = || {
+            PARAMS
+                .iter()
+                .map(|p| dev.alloc_zeros::<f32>(p.len()))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let (grads, velocity) = (zeros()?, zeros()?);
+        Ok(Replica {
+            dev,
+            params,
+            grads,
+            velocity,
+            acts: None,
+        })
+    }
+
+    /// The parameters, copied to the host.
+    pub fn weights(&self) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.params.iter().map(|p| self.dev.download(p)).collect()
+    }
+
+    /// Forward pass over a shard (`images`: batch x 784 bytes, `labels`: batch). With
+    /// `grad_scale` it also runs the backward pass, leaving in [`Replica::grads`] the gradient
+    /// of `grad_scale · Σ loss` (grad_scale = 1 / global batch gives the mean loss's).
+    pub fn step(
+        &mut self,
+        images: &[u8],
+        labels: &[u8],
+        grad_scale: Option<f32>,
+    ) -> Result<ShardStats, BackendError> {
+        let n = labels.len();
+        if n == 0 {
+            for g in &mut self.grads {
+                self.dev.fill(g, 0.0)?;
+            }
+            return Ok(ShardStats::default());
+        }
+        let Replica {
+            dev,
+            params,
+            grads,
+            acts,
+            ..
+        } = self;
+        if acts.as_ref().is_none_or(|a| a.batch != n) {
+            *acts = Some(Activations::new(dev, n)?);
+        }
+        let a = acts.as_mut().expect("just set");
+        let x: Vec<f32> = images.iter().map(|&p| p as f32 / 255.0).collect();
+        dev.write(&x, &mut a.x)?;
+        dev.write(labels, &mut a.labels)?;
+        let [w1, b1, w2, b2, w3, b3, w4, b4] = &params[..] else {
+            unreachable!("eight tensors")
+        };
+
+        // Forward.
+        dev.conv2d_forward(&conv1(n), &a.x, w1, Some(b1), &mut a.c1, true)?;
+        dev.avg_pool_forward(&pool1(n), &a.c1, &mut a.p1)?;
+        dev.conv2d_forward(&conv2(n), &a.p1, w2, Some(b2), &mut a.c2, true)?;
+        dev.avg_pool_forward(&pool2(n), &a.c2, &mut a.p2)?;
+        let fc1 = GemmShape {
+            m: n,
+            n: 128,
+            k: 800,
+            trans_a: false,
+            trans_b: true,
+        };
+        dev.gemm(
+            &fc1,
+            &a.p2,
+            w3,
+            Some(b3),
+            &mut a.h,
+            Epilogue {
+                relu: true,
+                ..Epilogue::default()
+            },
+        )?;
+        let fc2 = GemmShape {
+            m: n,
+            n: CLASSES,
+            k: 128,
+            trans_a: false,
+            trans_b: true,
+        };
+        dev.gemm(&fc2, &a.h, w4, Some(b4), &mut a.logits, Epilogue::default())?;
+        dev.write(&[0], &mut a.correct)?;
+        let scale = grad_scale.unwrap_or(0.0);
+        let d_logits = grad_scale.map(|_| &mut a.d_logits);
+        dev.softmax_cross_entropy(
+            n,
+            CLASSES,
+            &a.logits,
+            &a.labels,
+            &mut a.loss,
+            d_logits,
+            &mut a.correct,
+            scale,
+        )?;
+        let stats = ShardStats {
+            loss_sum: dev.download(&a.loss)?.iter().map(|&l| l as f64).sum(),
+            correct: dev.download(&a.correct)?[0] as usize,
+            count: n,
+        };
+        if grad_scale.is_none() {
+            return Ok(stats);
+        }
+
+        // Backward.
+        let [g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, g_w4, g_b4] = &mut grads[..] else {
+            unreachable!("eight tensors")
+        };
+        let plain = Epilogue::default();
+        // fc2: dW = dlogitsᵀ·h, db = Σ dlogits, dh = dlogits·W, then through fc1's ReLU.
+        dev.gemm(
+            &GemmShape {
+                m: CLASSES,
+                n: 128,
+                k: n,
+                trans_a: true,
+                trans_b: false,
+            },
+            &a.d_logits,
+            &a.h,
+            None,
+            g_w4,
+            plain,
+        )?;
+        dev.conv2d_backward_bias(&columns(n, CLASSES), &a.d_logits, g_b4)?;
+        dev.gemm(
+            &GemmShape::new(n, 128, CLASSES),
+            &a.d_logits,
+            w4,
+            None,
+            &mut a.d_h_lin,
+            plain,
+        )?;
+        dev.relu_backward(&a.h, &a.d_h_lin, &mut a.d_h)?;
+        // fc1: dW = dhᵀ·p2, db = Σ dh, dp2 = dh·W.
+        dev.gemm(
+            &GemmShape {
+                m: 128,
+                n: 800,
+                k: n,
+                trans_a: true,
+                trans_b: false,
+            },
+            &a.d_h,
+            &a.p2,
+            None,
+            g_w3,
+            plain,
+        )?;
+        dev.conv2d_backward_bias(&columns(n, 128), &a.d_h, g_b3)?;
+        dev.gemm(
+            &GemmShape::new(n, 800, 128),
+            &a.d_h,
+            w3,
+            None,
+            &mut a.d_p2,
+            plain,
+        )?;
+        // pool2, conv2's ReLU, conv2.
+        dev.avg_pool_backward(&pool2(n), &a.d_p2, &mut a.d_c2_lin)?;
+        dev.relu_backward(&a.c2, &a.d_c2_lin, &mut a.d_c2)?;
+        dev.conv2d_backward_filter(&conv2(n), &a.p1, &a.d_c2, g_w2)?;
+        dev.conv2d_backward_bias(&conv2(n), &a.d_c2, g_b2)?;
+        dev.conv2d_backward_input(&conv2(n), &a.d_c2, w2, &mut a.d_p1)?;
+        // pool1, conv1's ReLU, conv1 (no gradient for the images).
+        dev.avg_pool_backward(&pool1(n), &a.d_p1, &mut a.d_c1_lin)?;
+        dev.relu_backward(&a.c1, &a.d_c1_lin, &mut a.d_c1)?;
+        dev.conv2d_backward_filter(&conv1(n), &a.x, &a.d_c1, g_w1)?;
+        dev.conv2d_backward_bias(&conv1(n), &a.d_c1, g_b1)?;
+        Ok(stats)
+    }
+
+    /// Applies one SGD step to every tensor from [`Replica::grads`] (already reduced across
+    /// devices). With `momentum == 0` the velocity buffers are not used.
+    pub fn update(
+        &mut self,
+        lr: f32,
+        momentum: f32,
+        weight_decay: f32,
+    ) -> Result<(), BackendError> {
+        let step = SgdStep {
+            lr,
+            inv_scale: 1.0,
+            momentum,
+            weight_decay,
+        };
+        for ((w, g), v) in self
+            .params
+            .iter_mut()
+            .zip(&self.grads)
+            .zip(&mut self.velocity)
+        {
+            self.dev
+                .sgd_step::<f32>(w, g, (momentum != 0.0).then_some(v), None, step, None)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,352 @@
+//! Data-parallel training: one thread and one model replica per device. Every step each
+//! device runs forward and backward on its shard of the global batch, the gradients are
+//! summed across devices by the hand-rolled allreduce ([`crate::comm`]), and every replica
+//! applies the same SGD update, so the replicas stay bitwise identical.
+
+pub mod checkpoint;
+
+use std::sync::mpsc;
+use std::time::Instant;
+
+use thiserror::Error;
+
+use crate::backend::{Backend, BackendError, Memory};
+use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
+use crate::comm::schedule::Algorithm;
+use crate::comm::transport::CommDevice;
+use crate::data::{Batches, Dataset};
+use crate::model::{Replica, ShardStats, IMAGE, PARAMS};
+
+/// What can stop training.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// A device failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A collective failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// Settings that cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// A device thread panicked.
+    #[error("device thread {0} panicked")]
+    Panicked(usize),
+}
+
+/// How the weights start and the optimizer behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipe {
+    /// The reference chapter exactly: N(0, 0.01²) weights, zero biases, plain SGD.
+    Chapter,
+    /// Ours: He-scaled init, SGD with momentum 0.9, cosine learning-rate decay.
+    Default,
+}
+
+/// Training settings.
+#[derive(Debug, Clone, Copy)]
+pub struct TrainConfig {
+    /// Recipe.
+    pub recipe: Recipe,
+    /// Passes over the training set.
+    pub epochs: usize,
+    /// Global batch (split over the devices).
+    pub batch: usize,
+    /// Peak learning rate.
+    pub lr: f32,
+    /// Momentum (0 for plain SGD).
+    pub momentum: f32,
+    /// L2 weight decay.
+    pub weight_decay: f32,
+    /// Seed of the initial weights and the data order.
+    pub seed: u64,
+    /// Reshuffle every epoch (else file order).
+    pub shuffle: bool,
+    /// Stop after this many steps in total.
+    pub max_steps: Option<usize>,
+    /// Allreduce algorithm (`None`: by size).
+    pub algorithm: Option<Algorithm>,
+}
+
+/// One step's figures (global over all devices).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// Step number, from 1.
+    pub step: usize,
+    /// Epoch, from 1.
+    pub epoch: usize,
+    /// Mean loss over the global batch.
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f32,
+}
+
+/// One epoch's figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EpochReport {
+    /// Epoch, from 1.
+    pub epoch: usize,
+    /// Mean training loss.
+    pub train_loss: f64,
+    /// Training accuracy (during the epoch).
+    pub train_acc: f64,
+    /// Test accuracy after the epoch.
+    pub test_acc: f64,
+    /// Seconds of training (evaluation excluded).
+    pub seconds: f64,
+    /// Training images per second.
+    pub images_per_s: f64,
+    /// Share of the training time spent in gradient allreduce.
+    pub allreduce_share: f64,
+}
+
+/// Progress messages from the device threads.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A step finished.
+    Step(StepReport),
+    /// An epoch finished; rank 0's weights attached.
+    Epoch(EpochReport, Vec<Vec<f32>>),
+}
+
+/// splitmix64: the seeded generator of the initial weights.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A standard normal draw (Box-Muller).
+fn normal(state: &mut u64) -> f64 {
+    let u1 = ((splitmix(state) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let u2 = (splitmix(state) >> 11) as f64 / (1u64 << 53) as f64;
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// Initial weights for `recipe`, one vector per tensor of [`PARAMS`]; the same on every device.
+pub fn initial_weights(recipe: Recipe, seed: u64) -> Vec<Vec<f32>> {
+    let mut state = seed ^ 0x5eed_1e7e_0000_0000;
+    PARAMS
+        .iter()
+        .map(|p| {
+            let std = match (recipe, p.fan_in) {
+                (_, 0) => 0.0, // biases start at zero
+                (Recipe::Chapter, _) => 0.01,
+                (Recipe::Default, fan_in) => (2.0 / fan_in as f64).sqrt(), // He: keeps ReLU activations' scale
+            };
+            (0..p.len())
+                .map(|_| (normal(&mut state) * std) as f32)
+                .collect()
+        })
+        .collect()
+}
+
+/// The learning rate of `step` (0-based) of `total`.
+pub fn learning_rate(cfg: &TrainConfig, step: usize, total: usize) -> f32 {
+    match cfg.recipe {
+        Recipe::Chapter => cfg.lr,
+        // Cosine decay to zero over the run: large steps early, fine ones at the end.
+        Recipe::Default => {
+            let t = step as f64 / total.max(1) as f64;
+            (cfg.lr as f64 * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())) as f32
+        }
+    }
+}
+
+fn gather(data: &crate::data::Images, labels: &[u8], indices: &[usize]) -> (Vec<u8>, Vec<u8>) {
+    let mut pixels = Vec::with_capacity(indices.len() * data.size());
+    for &i in indices {
+        pixels.extend_from_slice(data.image(i));
+    }
+    (pixels, indices.iter().map(|&i| labels[i]).collect())
+}
+
+/// Sums `stats` over all ranks.
+fn reduce_stats<D: CommDevice + Backend>(
+    rank: &mut Rank<D>,
+    dev: &D,
+    s: ShardStats,
+) -> Result<ShardStats, TrainError> {
+    let mut buf = dev.upload(&[s.loss_sum as f32, s.correct as f32, s.count as f32])?;
+    rank.all_reduce(&mut buf, ReduceOp::Sum, Some(Algorithm::OneShot))?;
+    let v = dev.download(&buf)?;
+    Ok(ShardStats {
+        loss_sum: v[0] as f64,
+        correct: v[1] as usize,
+        count: v[2] as usize,
+    })
+}
+
+/// Evaluates the test set, sharded over the ranks; returns the global accuracy.
+fn evaluate<D: CommDevice + Backend + Clone>(
+    rank: &mut Rank<D>,
+    replica: &mut Replica<D>,
+    data: &Dataset,
+    batch: usize,
+) -> Result<f64, TrainError> {
+    let (n, me) = (rank.size(), rank.rank());
+    let total = data.test_labels.len();
+    let (lo, hi) = (total * me / n, total * (me + 1) / n);
+    let mut mine = ShardStats::default();
+    let mut start = lo;
+    while start < hi {
+        let end = (start + batch).min(hi);
+        let idx: Vec<usize> = (start..end).collect();
+        let (images, labels) = gather(&data.test_images, &data.test_labels, &idx);
+        let s = replica.step(&images, &labels, None)?;
+        mine.correct += s.correct;
+        mine.count += s.count;
+        start = end;
+    }
+    let dev = replica.dev.clone();
+    let all = reduce_stats(rank, &dev, mine)?;
+    Ok(all.correct as f64 / all.count.max(1) as f64)
+}
+
+/// One device's training loop.
+fn run_rank<D: CommDevice + Backend + Clone>(
+    mut rank: Rank<D>,
+    weights: &[Vec<f32>],
+    data: &Dataset,
+    cfg: &TrainConfig,
+    events: &mpsc::Sender<Event>,
+) -> Result<Vec<Vec<f32>>, TrainError> {
+    let (n, me) = (rank.size(), rank.rank());
+    let mut replica = Replica::new(rank.device().clone(), weights)?;
+    let steps_per_epoch = data.train_labels.len().div_ceil(cfg.batch);
+    let total_steps = cfg
+        .max_steps
+        .unwrap_or(usize::MAX)
+        .min(steps_per_epoch * cfg.epochs);
+    let mut step = 0;
+    for epoch in 1..=cfg.epochs {
+        if step >= total_steps {
+            break;
+        }
+        let batches = Batches::new(
+            data.train_labels.len(),
+            cfg.batch,
+            cfg.shuffle,
+            cfg.seed,
+            epoch as u64,
+        );
+        let (start, mut allreduce_s) = (Instant::now(), 0.0);
+        let mut epoch_stats = ShardStats::default();
+        for b in 0..batches.len() {
+            if step >= total_steps {
+                break;
+            }
+            let shards = batches.shards(b, n);
+            let global: usize = shards.iter().map(|s| s.indices.len()).sum();
+            let (images, labels) =
+                gather(&data.train_images, &data.train_labels, &shards[me].indices);
+            let local = replica.step(&images, &labels, Some(1.0 / global as f32))?;
+            let t = Instant::now();
+            for g in &mut replica.grads {
+                rank.all_reduce(g, ReduceOp::Sum, cfg.algorithm)?;
+            }
+            allreduce_s += t.elapsed().as_secs_f64();
+            let lr = learning_rate(cfg, step, total_steps);
+            replica.update(lr, cfg.momentum, cfg.weight_decay)?;
+            let dev = replica.dev.clone();
+            let s = reduce_stats(&mut rank, &dev, local)?;
+            epoch_stats.loss_sum += s.loss_sum;
+            epoch_stats.correct += s.correct;
+            epoch_stats.count += s.count;
+            step += 1;
+            if me == 0 {
+                let _ = events.send(Event::Step(StepReport {
+                    step,
+                    epoch,
+                    loss: s.loss_sum / s.count.max(1) as f64,
+                    lr,
+                }));
+            }
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let test_acc = evaluate(&mut rank, &mut replica, data, cfg.batch)?;
+        if me == 0 {
+            let report = EpochReport {
+                epoch,
+                train_loss: epoch_stats.loss_sum / epoch_stats.count.max(1) as f64,
+                train_acc: epoch_stats.correct as f64 / epoch_stats.count.max(1) as f64,
+                test_acc,
+                seconds,
+                images_per_s: epoch_stats.count as f64 / seconds,
+                allreduce_share: allreduce_s / seconds,
+            };
+            let _ = events.send(Event::Epoch(report, replica.weights()?));
+        }
+    }
+    Ok(replica.weights()?)
+}
+
+/// Trains from `weights` on `devices` (one replica each). Progress arrives through `on_event`
+/// on the calling thread. Returns the final weights (identical on every device).
+pub fn train<D>(
+    devices: Vec<D>,
+    data: &Dataset,
+    weights: Vec<Vec<f32>>,
+    cfg: &TrainConfig,
+    mut on_event: impl FnMut(Event) -> Result<(), TrainError>,
+) -> Result<Vec<Vec<f32>>, TrainError>
+where
+    D: CommDevice + Backend + Clone + Send + 'static,
+    <D as Memory>::Buffer<f32>: Send,
+{
+    if cfg.batch == 0 || cfg.epochs == 0 {
+        return Err(TrainError::Config(
+            "--batch and --epochs must be at least 1".into(),
+        ));
+    }
+    if devices.len() > cfg.batch {
+        return Err(TrainError::Config(format!(
+            "{} devices need a batch of at least {} images",
+            devices.len(),
+            devices.len()
+        )));
+    }
+    if data.train_images.rows != IMAGE || data.train_images.cols != IMAGE {
+        return Err(TrainError::Config(format!(
+            "LeNet expects 28x28 images, the data has {}x{}",
+            data.train_images.rows, data.train_images.cols
+        )));
+    }
+    let ranks = communicator(devices, CommConfig::default())?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|rank| {
+                let tx = tx.clone();
+                let weights = &weights;
+                scope.spawn(move || run_rank(rank, weights, data, cfg, &tx))
+            })
+            .collect();
+        drop(tx);
+        let mut failure = None;
+        for event in rx {
+            if let Err(e) = on_event(event) {
+                failure.get_or_insert(e);
+            }
+        }
+        let mut finals = Vec::new();
+        for (i, h) in handles.into_iter().enumerate() {
+            match h.join() {
+                Ok(Ok(w)) => finals.push(w),
+                Ok(Err(e)) => {
+                    failure.get_or_insert(e);
+                }
+                Err(_) => {
+                    failure.get_or_insert(TrainError::Panicked(i));
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(finals.swap_remove(0)),
+        }
+    })
+}
