@@ -284,14 +284,15 @@ fn run_rank<D: CommDevice + Backend + Clone>(
 }
 
 /// Trains from `weights` on `devices` (one replica each). Progress arrives through `on_event`
-/// on the calling thread. Returns the final weights (identical on every device).
+/// on the calling thread. Returns every replica's final weights, in device order (they are
+/// identical: every replica applies the same update to the same reduced gradients).
 pub fn train<D>(
     devices: Vec<D>,
     data: &Dataset,
     weights: Vec<Vec<f32>>,
     cfg: &TrainConfig,
     mut on_event: impl FnMut(Event) -> Result<(), TrainError>,
-) -> Result<Vec<Vec<f32>>, TrainError>
+) -> Result<Vec<Vec<Vec<f32>>>, TrainError>
 where
     D: CommDevice + Backend + Clone + Send + 'static,
     <D as Memory>::Buffer<f32>: Send,
@@ -346,7 +347,7 @@ where
         }
         match failure {
             Some(e) => Err(e),
-            None => Ok(finals.swap_remove(0)),
+            None => Ok(finals),
         }
     })
 }
