@@ -23,6 +23,8 @@ enum Command {
     ///
     /// Example: nanoddp train --devices 4 --epochs 10 --metrics run.jsonl --save lenet.safetensors
     Train(cli::train::TrainArgs),
+    /// Test accuracy of a checkpoint written by `train --save`.
+    Eval(cli::train::EvalArgs),
     /// Show how the kernels were built, their register and shared-memory use, the CUDA
     /// driver and GPUs found (or why none), and the CPU.
     ///
@@ -81,6 +83,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Info => cli::info::run(&mut std::io::stdout().lock()).map_err(Into::into),
+        Command::Eval(args) => {
+            if let Err(e) = cli::train::eval(&mut std::io::stdout().lock(), args) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            Ok(())
+        }
         Command::Train(args) => {
             // Errors here are the user's to fix (flags, data, checkpoint, no GPU): exit code 2.
             if let Err(e) = cli::train::run(&mut std::io::stdout().lock(), args) {

@@ -8,7 +8,10 @@ use std::path::Path;
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::data::{locate, read_images, read_labels, Dataset};
-use nanoddp::train::{checkpoint, initial_weights, train, Event, Recipe, TrainConfig, TrainError};
+use nanoddp::train::checkpoint::Checkpoint;
+use nanoddp::train::{
+    checkpoint, from_weights, initial_weights, train, Event, Recipe, TrainConfig, TrainError,
+};
 
 fn subset() -> Dataset {
     locate::load(&locate::shipped_subset()).expect("the shipped subset loads")
@@ -26,6 +29,7 @@ fn config(batch: usize, epochs: usize, max_steps: Option<usize>) -> TrainConfig 
         shuffle: true,
         max_steps,
         algorithm: None,
+        stop_after: None,
     }
 }
 
@@ -39,8 +43,8 @@ where
     D: nanoddp::comm::transport::CommDevice + nanoddp::backend::Backend + Clone + Send + 'static,
 {
     let (mut losses, mut accs) = (Vec::new(), Vec::new());
-    let weights = initial_weights(cfg.recipe, cfg.seed);
-    let finals = train(devices, data, weights, cfg, |e| {
+    let start = from_weights(initial_weights(cfg.recipe, cfg.seed));
+    let finals = train(devices, data, start, cfg, |e| {
         match e {
             Event::Step(s) => losses.push(s.loss),
             Event::Epoch(r, _) => accs.push(r.test_acc),
@@ -122,14 +126,18 @@ fn checkpoints_round_trip_and_reject_garbage() {
     let dir = std::env::temp_dir().join(format!("nanoddp-ckpt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("lenet.safetensors");
-    let w = initial_weights(Recipe::Default, 3);
-    checkpoint::save(&path, &w, 4).unwrap();
+    let ckpt = Checkpoint {
+        weights: initial_weights(Recipe::Default, 3),
+        velocity: Some(initial_weights(Recipe::Default, 4)),
+        epoch: 4,
+        step: 940,
+    };
+    checkpoint::save(&path, &ckpt).unwrap();
     assert!(
         !dir.join("lenet.safetensors.tmp").exists(),
         "the temporary file is renamed away"
     );
-    let (back, epoch) = checkpoint::load(&path).unwrap();
-    assert_eq!((back, epoch), (w, 4));
+    assert_eq!(checkpoint::load(&path).unwrap(), ckpt);
     std::fs::write(&path, b"not a checkpoint at all").unwrap();
     let e = checkpoint::load(&path).unwrap_err().to_string();
     assert!(
@@ -196,4 +204,45 @@ fn the_command_line_reports_user_errors_with_exit_code_2() {
         String::from_utf8_lossy(&ok.stderr)
     );
     assert!(String::from_utf8_lossy(&ok.stdout).contains("epoch   1"));
+}
+
+#[test]
+fn a_resumed_run_ends_exactly_where_the_uninterrupted_one_does() {
+    let data = subset();
+    let cfg = config(100, 2, None);
+    let (straight, losses, _) = run(vec![CpuDevice::new(); 2], &data, &cfg);
+    // Stop after epoch 1, keeping what `--save` would write, then resume for epoch 2.
+    let mut saved = None;
+    let first = TrainConfig {
+        stop_after: Some(1),
+        ..cfg
+    };
+    train(
+        vec![CpuDevice::new(); 2],
+        &data,
+        from_weights(initial_weights(cfg.recipe, cfg.seed)),
+        &first,
+        |e| {
+            if let Event::Epoch(_, state) = e {
+                saved = Some(state);
+            }
+            Ok::<(), TrainError>(())
+        },
+    )
+    .unwrap();
+    let saved = saved.expect("epoch 1 checkpoint");
+    assert_eq!(saved.epoch, 1);
+    let mut resumed_losses = Vec::new();
+    let resumed = train(vec![CpuDevice::new(); 2], &data, saved, &cfg, |e| {
+        if let Event::Step(s) = e {
+            resumed_losses.push(s.loss);
+        }
+        Ok::<(), TrainError>(())
+    })
+    .unwrap();
+    assert_eq!(
+        resumed_losses,
+        losses[losses.len() - resumed_losses.len()..].to_vec()
+    );
+    assert_eq!(resumed[0], straight[0], "bitwise identical weights");
 }

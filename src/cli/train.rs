@@ -8,7 +8,10 @@ use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::data::{find_dataset, locate, Dataset};
-use nanoddp::train::{checkpoint, initial_weights, train, Event, Recipe, TrainConfig, TrainError};
+use nanoddp::train::{
+    checkpoint, from_weights, initial_weights, test_accuracy, train, Event, Recipe, TrainConfig,
+    TrainError,
+};
 
 use super::bench_allreduce::AlgoArg;
 
@@ -90,9 +93,53 @@ pub struct TrainArgs {
     /// Save a safetensors checkpoint here after every epoch (atomically).
     #[arg(long)]
     pub save: Option<PathBuf>,
-    /// Start from the weights in this safetensors checkpoint.
-    #[arg(long)]
+    /// Start from the weights in this safetensors checkpoint (a fresh run otherwise).
+    #[arg(long, conflicts_with = "resume")]
     pub init: Option<PathBuf>,
+    /// Continue the run saved in this checkpoint (weights, momentum, epoch, step): with the
+    /// same options it ends exactly where the uninterrupted run would.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+}
+
+/// `eval` options.
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// The safetensors checkpoint to evaluate.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Data folder (as for train).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Devices to shard the test set over.
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// Images per forward pass.
+    #[arg(long, default_value_t = 256)]
+    pub batch: usize,
+}
+
+/// Runs `nanoddp eval`.
+pub fn eval(out: &mut impl Write, args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.devices == 0 || args.devices > 64 {
+        return Err("--devices must be between 1 and 64".into());
+    }
+    let ckpt = checkpoint::load(&args.checkpoint)?;
+    let data = load_data(args.data.as_deref(), out)?;
+    let acc = test_accuracy(
+        vec![CpuDevice::new(); args.devices],
+        &data,
+        &ckpt.weights,
+        args.batch,
+    )?;
+    writeln!(
+        out,
+        "{}: epoch {}, test accuracy {acc:.4} on {} images",
+        args.checkpoint.display(),
+        ckpt.epoch,
+        data.test_labels.len()
+    )?;
+    Ok(())
 }
 
 fn load_data(
@@ -138,11 +185,13 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
         shuffle: args.shuffle == ShuffleArg::Epoch,
         max_steps: args.max_steps,
         algorithm: args.algo.algorithm(),
+        stop_after: None,
     };
     let data = load_data(args.data.as_deref(), out)?;
-    let weights = match &args.init {
-        Some(path) => checkpoint::load(path)?.0,
-        None => initial_weights(recipe, cfg.seed),
+    let start = match (&args.init, &args.resume) {
+        (Some(path), _) => from_weights(checkpoint::load(path)?.weights),
+        (_, Some(path)) => checkpoint::load(path)?,
+        _ => from_weights(initial_weights(recipe, cfg.seed)),
     };
     writeln!(
         out,
@@ -185,7 +234,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
                     writeln!(m, "{rec}").map_err(io)?;
                 }
             }
-            Event::Epoch(e, weights) => {
+            Event::Epoch(e, state) => {
                 bar.reset();
                 println!(
                     "epoch {:>3}  loss {:.4}  train acc {:.4}  test acc {:.4}  {:.1} s  {:.0} img/s  allreduce {:.1}%",
@@ -204,7 +253,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
                     m.flush().map_err(io)?;
                 }
                 if let Some(path) = &save {
-                    checkpoint::save(path, &weights, e.epoch)
+                    checkpoint::save(path, &state)
                         .map_err(|e| TrainError::Config(e.to_string()))?;
                 }
             }
@@ -213,23 +262,17 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
     };
     let n = args.devices;
     match args.backend {
-        BackendArg::Cpu => train(
-            vec![CpuDevice::new(); n],
-            &data,
-            weights,
-            &cfg,
-            &mut on_event,
-        )?,
+        BackendArg::Cpu => train(vec![CpuDevice::new(); n], &data, start, &cfg, &mut on_event)?,
         BackendArg::Simt => train(
             (0..n).map(SimtDevice::new).collect(),
             &data,
-            weights,
+            start,
             &cfg,
             &mut on_event,
         )?,
         BackendArg::Cuda => {
             let devices = (0..n).map(CudaDevice::new).collect::<Result<Vec<_>, _>>()?;
-            train(devices, &data, weights, &cfg, &mut on_event)?
+            train(devices, &data, start, &cfg, &mut on_event)?
         }
     };
     bar.finish_and_clear();

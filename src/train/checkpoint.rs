@@ -1,5 +1,6 @@
 //! Checkpoints in the safetensors format: the eight LeNet tensors under PyTorch's names and
-//! layouts (so `torch.nn` loads them), plus the epoch in the metadata. Written to a temporary
+//! layouts (so `torch.nn` loads them), the optimizer's momentum buffers under
+//! `optimizer.velocity.<name>`, and the epoch and step in the metadata. Written to a temporary
 //! file in the same folder, flushed, then renamed over the target: a crash leaves the old
 //! checkpoint or the new one, never half of one.
 
@@ -34,30 +35,58 @@ pub enum CheckpointError {
     },
 }
 
-/// Writes `weights` (one vector per tensor of [`PARAMS`]) and `epoch` to `path` atomically.
-pub fn save(path: &Path, weights: &[Vec<f32>], epoch: usize) -> Result<(), CheckpointError> {
+/// Everything needed to continue a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// Parameters, one vector per tensor of [`PARAMS`].
+    pub weights: Vec<Vec<f32>>,
+    /// Momentum buffers, same layout (absent in a weights-only file).
+    pub velocity: Option<Vec<Vec<f32>>>,
+    /// Epochs completed.
+    pub epoch: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+}
+
+/// Writes `ckpt` to `path` atomically (a temporary file in the same folder, renamed).
+pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
     let shown = path.display().to_string();
     let invalid = |problem: String| CheckpointError::Invalid {
         path: shown.clone(),
         problem,
     };
-    let bytes: Vec<Vec<u8>> = weights
+    let velocity_names: Vec<String> = PARAMS
         .iter()
-        .map(|w| bytemuck::cast_slice::<f32, u8>(w).to_vec())
+        .map(|p| format!("optimizer.velocity.{}", p.name))
         .collect();
-    let views = PARAMS
+    let mut tensors: Vec<(&str, &[usize], &[f32])> = PARAMS
         .iter()
-        .zip(&bytes)
-        .map(|(p, b)| {
+        .zip(&ckpt.weights)
+        .map(|(p, w)| (p.name, p.shape, w.as_slice()))
+        .collect();
+    if let Some(v) = &ckpt.velocity {
+        tensors.extend(
+            PARAMS
+                .iter()
+                .zip(v)
+                .zip(&velocity_names)
+                .map(|((p, v), n)| (n.as_str(), p.shape, v.as_slice())),
+        );
+    }
+    let views = tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            let bytes: &[u8] = bytemuck::cast_slice(data);
             Ok((
-                p.name,
-                TensorView::new(Dtype::F32, p.shape.to_vec(), b)
+                *name,
+                TensorView::new(Dtype::F32, shape.to_vec(), bytes)
                     .map_err(|e| invalid(e.to_string()))?,
             ))
         })
         .collect::<Result<Vec<_>, CheckpointError>>()?;
     let metadata = HashMap::from([
-        ("epoch".to_string(), epoch.to_string()),
+        ("epoch".to_string(), ckpt.epoch.to_string()),
+        ("step".to_string(), ckpt.step.to_string()),
         ("model".to_string(), "nanoddp LeNet".to_string()),
     ]);
     let data = safetensors::tensor::serialize(views, Some(metadata))
@@ -73,8 +102,8 @@ pub fn save(path: &Path, weights: &[Vec<f32>], epoch: usize) -> Result<(), Check
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Reads a checkpoint written by [`save`] (or by PyTorch with the same names and shapes).
-pub fn load(path: &Path) -> Result<(Vec<Vec<f32>>, usize), CheckpointError> {
+/// Reads a checkpoint written by [`save`] (or weights saved by PyTorch under the same names).
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let shown = path.display().to_string();
     let invalid = |problem: String| CheckpointError::Invalid {
         path: shown.clone(),
@@ -86,33 +115,52 @@ pub fn load(path: &Path) -> Result<(Vec<Vec<f32>>, usize), CheckpointError> {
     })?;
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
         .map_err(|e| invalid(format!("not a safetensors file: {e}")))?;
-    let epoch = meta
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get("epoch"))
-        .and_then(|e| e.parse().ok())
-        .unwrap_or(0);
+    let number = |key: &str| {
+        meta.metadata()
+            .as_ref()
+            .and_then(|m| m.get(key))
+            .and_then(|e| e.parse().ok())
+            .unwrap_or(0)
+    };
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>, CheckpointError> {
+        let t = st
+            .tensor(name)
+            .map_err(|_| invalid(format!("no tensor `{name}`")))?;
+        if t.dtype() != Dtype::F32 || t.shape() != shape {
+            return Err(invalid(format!(
+                "`{name}` is {:?} {:?}, expected F32 {shape:?}",
+                t.dtype(),
+                t.shape()
+            )));
+        }
+        Ok(t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    };
     let weights = PARAMS
         .iter()
-        .map(|p| {
-            let t = st
-                .tensor(p.name)
-                .map_err(|_| invalid(format!("no tensor `{}`", p.name)))?;
-            if t.dtype() != Dtype::F32 || t.shape() != p.shape {
-                return Err(invalid(format!(
-                    "`{}` is {:?} {:?}, expected F32 {:?}",
-                    p.name,
-                    t.dtype(),
-                    t.shape(),
-                    p.shape
-                )));
-            }
-            Ok(t.data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
-        })
-        .collect::<Result<Vec<Vec<f32>>, _>>()?;
-    Ok((weights, epoch))
+        .map(|p| read(p.name, p.shape))
+        .collect::<Result<Vec<_>, _>>()?;
+    let has_velocity = st
+        .names()
+        .iter()
+        .any(|n| n.starts_with("optimizer.velocity."));
+    let velocity = if has_velocity {
+        Some(
+            PARAMS
+                .iter()
+                .map(|p| read(&format!("optimizer.velocity.{}", p.name), p.shape))
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+    } else {
+        None
+    };
+    Ok(Checkpoint {
+        weights,
+        velocity,
+        epoch: number("epoch"),
+        step: number("step"),
+    })
 }

@@ -66,6 +66,9 @@ pub struct TrainConfig {
     pub max_steps: Option<usize>,
     /// Allreduce algorithm (`None`: by size).
     pub algorithm: Option<Algorithm>,
+    /// Stop after this epoch without changing the learning-rate schedule (the schedule
+    /// always spans `epochs`), as an interrupted run would.
+    pub stop_after: Option<usize>,
 }
 
 /// One step's figures (global over all devices).
@@ -105,8 +108,8 @@ pub struct EpochReport {
 pub enum Event {
     /// A step finished.
     Step(StepReport),
-    /// An epoch finished; rank 0's weights attached.
-    Epoch(EpochReport, Vec<Vec<f32>>),
+    /// An epoch finished; the state to checkpoint attached.
+    Epoch(EpochReport, checkpoint::Checkpoint),
 }
 
 /// splitmix64: the seeded generator of the initial weights.
@@ -163,6 +166,16 @@ fn gather(data: &crate::data::Images, labels: &[u8], indices: &[usize]) -> (Vec<
     (pixels, indices.iter().map(|&i| labels[i]).collect())
 }
 
+/// A fresh start from `weights`.
+pub fn from_weights(weights: Vec<Vec<f32>>) -> checkpoint::Checkpoint {
+    checkpoint::Checkpoint {
+        weights,
+        velocity: None,
+        epoch: 0,
+        step: 0,
+    }
+}
+
 /// Sums `stats` over all ranks.
 fn reduce_stats<D: CommDevice + Backend>(
     rank: &mut Rank<D>,
@@ -208,20 +221,26 @@ fn evaluate<D: CommDevice + Backend + Clone>(
 /// One device's training loop.
 fn run_rank<D: CommDevice + Backend + Clone>(
     mut rank: Rank<D>,
-    weights: &[Vec<f32>],
+    start: &checkpoint::Checkpoint,
     data: &Dataset,
     cfg: &TrainConfig,
     events: &mpsc::Sender<Event>,
 ) -> Result<Vec<Vec<f32>>, TrainError> {
     let (n, me) = (rank.size(), rank.rank());
-    let mut replica = Replica::new(rank.device().clone(), weights)?;
+    let mut replica = Replica::new(rank.device().clone(), &start.weights)?;
+    if let Some(velocity) = &start.velocity {
+        for (buf, v) in replica.velocity.iter_mut().zip(velocity) {
+            replica.dev.write(v, buf)?;
+        }
+    }
     let steps_per_epoch = data.train_labels.len().div_ceil(cfg.batch);
     let total_steps = cfg
         .max_steps
         .unwrap_or(usize::MAX)
         .min(steps_per_epoch * cfg.epochs);
-    let mut step = 0;
-    for epoch in 1..=cfg.epochs {
+    let mut step = start.step;
+    let last_epoch = cfg.stop_after.unwrap_or(cfg.epochs).min(cfg.epochs);
+    for epoch in start.epoch + 1..=last_epoch {
         if step >= total_steps {
             break;
         }
@@ -277,19 +296,31 @@ fn run_rank<D: CommDevice + Backend + Clone>(
                 images_per_s: epoch_stats.count as f64 / seconds,
                 allreduce_share: allreduce_s / seconds,
             };
-            let _ = events.send(Event::Epoch(report, replica.weights()?));
+            let velocity = replica
+                .velocity
+                .iter()
+                .map(|v| replica.dev.download(v))
+                .collect::<Result<Vec<_>, _>>()?;
+            let state = checkpoint::Checkpoint {
+                weights: replica.weights()?,
+                velocity: Some(velocity),
+                epoch,
+                step,
+            };
+            let _ = events.send(Event::Epoch(report, state));
         }
     }
     Ok(replica.weights()?)
 }
 
-/// Trains from `weights` on `devices` (one replica each). Progress arrives through `on_event`
+/// Trains from `start` (weights, and optionally the optimizer state and the epochs and steps
+/// already done, to resume a run) on `devices` (one replica each). Progress arrives through `on_event`
 /// on the calling thread. Returns every replica's final weights, in device order (they are
 /// identical: every replica applies the same update to the same reduced gradients).
 pub fn train<D>(
     devices: Vec<D>,
     data: &Dataset,
-    weights: Vec<Vec<f32>>,
+    start: checkpoint::Checkpoint,
     cfg: &TrainConfig,
     mut on_event: impl FnMut(Event) -> Result<(), TrainError>,
 ) -> Result<Vec<Vec<Vec<f32>>>, TrainError>
@@ -322,8 +353,8 @@ where
             .into_iter()
             .map(|rank| {
                 let tx = tx.clone();
-                let weights = &weights;
-                scope.spawn(move || run_rank(rank, weights, data, cfg, &tx))
+                let start = &start;
+                scope.spawn(move || run_rank(rank, start, data, cfg, &tx))
             })
             .collect();
         drop(tx);
@@ -349,5 +380,39 @@ where
             Some(e) => Err(e),
             None => Ok(finals),
         }
+    })
+}
+
+/// Test accuracy of `weights`, evaluated data-parallel over `devices`.
+pub fn test_accuracy<D>(
+    devices: Vec<D>,
+    data: &Dataset,
+    weights: &[Vec<f32>],
+    batch: usize,
+) -> Result<f64, TrainError>
+where
+    D: CommDevice + Backend + Clone + Send + 'static,
+{
+    let ranks = communicator(devices, CommConfig::default())?;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|mut rank| {
+                scope.spawn(move || -> Result<f64, TrainError> {
+                    let mut replica = Replica::new(rank.device().clone(), weights)?;
+                    evaluate(&mut rank, &mut replica, data, batch.max(1))
+                })
+            })
+            .collect();
+        let mut acc = Err(TrainError::Config("no device".into()));
+        for (i, h) in handles.into_iter().enumerate() {
+            let r = h.join().map_err(|_| TrainError::Panicked(i))?;
+            if i == 0 {
+                acc = r;
+            } else {
+                r?;
+            }
+        }
+        acc
     })
 }
