@@ -20,32 +20,7 @@
 
 #include "selftest.cu"
 
-extern "C" {
-typedef void (*simt_entry_fn)(void* const* params);
-struct simt_launch_desc {
-    simt_entry_fn entry;
-    const char* kernel;
-    unsigned grid[3];
-    unsigned block[3];
-    unsigned shared_bytes;
-    void* const* params;
-    int lane_order;
-    unsigned long long seed;
-    unsigned workers;
-};
-struct simt_error {
-    int kind;
-    int has_thread;
-    unsigned block[3];
-    unsigned thread[3];
-    int line;
-    char file[160];
-    char message[512];
-};
-int simt_launch(const simt_launch_desc* desc, simt_error* err);
-void* simt_alloc(size_t bytes, size_t align);
-void simt_free(void* p);
-}
+#include "simt_api.h"
 
 // Let the emulator's own SIGSEGV handler see guard-page faults.
 extern "C" const char* __asan_default_options() { return "handle_segv=0:detect_leaks=1"; }
