@@ -10,7 +10,8 @@ use nanoddp::backend::simt::SimtDevice;
 use nanoddp::data::{locate, read_images, read_labels, Dataset};
 use nanoddp::train::checkpoint::Checkpoint;
 use nanoddp::train::{
-    checkpoint, from_weights, initial_weights, train, Event, Recipe, TrainConfig, TrainError,
+    checkpoint, from_weights, initial_weights, train, Event, LossScaler, Recipe, Storage,
+    TrainConfig, TrainError,
 };
 
 fn subset() -> Dataset {
@@ -30,6 +31,7 @@ fn config(batch: usize, epochs: usize, max_steps: Option<usize>) -> TrainConfig 
         max_steps,
         algorithm: None,
         stop_after: None,
+        precision: Storage::Fp32,
     }
 }
 
@@ -245,4 +247,42 @@ fn a_resumed_run_ends_exactly_where_the_uninterrupted_one_does() {
         losses[losses.len() - resumed_losses.len()..].to_vec()
     );
     assert_eq!(resumed[0], straight[0], "bitwise identical weights");
+}
+
+#[test]
+fn mixed_precision_trains_and_the_loss_scale_backs_off_on_overflow() {
+    let data = subset();
+    let cfg = TrainConfig {
+        precision: Storage::Fp16,
+        ..config(64, 3, None)
+    };
+    let (finals, losses, accs) = run(vec![CpuDevice::new(); 2], &data, &cfg);
+    let last: f64 = losses[losses.len() - 10..].iter().sum::<f64>() / 10.0;
+    assert!(last < 0.9, "fp16: mean loss of the last 10 steps is {last}");
+    assert!(*accs.last().unwrap() > 0.65, "fp16 test accuracy {accs:?}");
+    assert_eq!(finals[0], finals[1], "fp16 replicas stay identical");
+    // The f16 kernels under the emulator agree with the CPU backend's f16 path.
+    let short = TrainConfig {
+        precision: Storage::Fp16,
+        ..config(32, 1, Some(2))
+    };
+    let (_, l_simt, _) = run((0..2).map(SimtDevice::new).collect(), &data, &short);
+    let (_, l_cpu, _) = run(vec![CpuDevice::new(); 2], &data, &short);
+    for (a, b) in l_simt.iter().zip(&l_cpu) {
+        assert!(
+            (a - b).abs() < 2e-3,
+            "fp16 losses simt {l_simt:?} vs cpu {l_cpu:?}"
+        );
+    }
+
+    let mut s = LossScaler::new(true);
+    assert_eq!(s.scale, 65536.0);
+    s.update(true);
+    assert_eq!(s.scale, 32768.0, "an overflow halves the scale");
+    for _ in 0..LossScaler::GROWTH_INTERVAL {
+        s.update(false);
+    }
+    assert_eq!(s.scale, 65536.0, "2000 clean steps double it");
+    let off = LossScaler::new(false);
+    assert_eq!((off.scale, off.enabled), (1.0, false));
 }

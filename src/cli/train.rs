@@ -9,8 +9,8 @@ use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::data::{find_dataset, locate, Dataset};
 use nanoddp::train::{
-    checkpoint, from_weights, initial_weights, test_accuracy, train, Event, Recipe, TrainConfig,
-    TrainError,
+    checkpoint, from_weights, initial_weights, test_accuracy, train, Event, Recipe, Storage,
+    TrainConfig, TrainError,
 };
 
 use super::bench_allreduce::AlgoArg;
@@ -33,6 +33,15 @@ pub enum RecipeArg {
     Chapter,
     /// Ours: He init, momentum 0.9, cosine decay from lr 0.05.
     Default,
+}
+
+/// Precision on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// f32 everywhere.
+    Fp32,
+    /// Mixed precision: half activations, f32 master weights, loss scaling.
+    Fp16,
 }
 
 /// Data order on the command line.
@@ -83,6 +92,10 @@ pub struct TrainArgs {
     /// Stop after this many steps.
     #[arg(long)]
     pub max_steps: Option<usize>,
+    /// Activation storage: fp32, or fp16 (half activations and weight copies, f32 master
+    /// weights, dynamic loss scaling from 2^16).
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+    pub precision: PrecisionArg,
     /// Folder with the four IDX(.gz) files (default: $NANODDP_DATA, then
     /// /usr/share/datasets/fashion-mnist, then ./data/fashion-mnist).
     #[arg(long)]
@@ -186,6 +199,10 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
         max_steps: args.max_steps,
         algorithm: args.algo.algorithm(),
         stop_after: None,
+        precision: match args.precision {
+            PrecisionArg::Fp32 => Storage::Fp32,
+            PrecisionArg::Fp16 => Storage::Fp16,
+        },
     };
     let data = load_data(args.data.as_deref(), out)?;
     let start = match (&args.init, &args.resume) {
@@ -230,7 +247,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
                 bar.set_position(((s.step - 1) as u64 % steps_per_epoch) + 1);
                 bar.set_message(format!("{:.4}", s.loss));
                 if let Some(m) = metrics.as_mut() {
-                    let rec = serde_json::json!({"step": s.step, "epoch": s.epoch, "loss": s.loss, "lr": s.lr, "loss_scale": 1.0});
+                    let rec = serde_json::json!({"step": s.step, "epoch": s.epoch, "loss": s.loss, "lr": s.lr, "loss_scale": s.loss_scale});
                     writeln!(m, "{rec}").map_err(io)?;
                 }
             }

@@ -9,8 +9,12 @@
 //! the activations of the current shard. Parameters are named and laid out as PyTorch does
 //! (conv OIHW, linear out x in), so checkpoints load into `torch.nn` directly.
 
+use std::any::Any;
+
+use half::f16;
+
 use crate::backend::{
-    Backend, BackendError, Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep,
+    Backend, BackendError, Conv2dShape, Epilogue, GemmShape, Pool2dShape, Precision, SgdStep,
 };
 
 /// Input image side.
@@ -147,34 +151,108 @@ fn columns(batch: usize, features: usize) -> Conv2dShape {
     }
 }
 
+/// Storage of activations: f32, or f16 for mixed precision (arithmetic is f32 either way;
+/// parameters, their gradients and the optimizer state are always f32).
+pub trait Activation: Precision {
+    /// `c = op(a)·op(b) (+ bias, ReLU)` with activations in and out.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm<B: Backend>(
+        dev: &B,
+        s: &GemmShape,
+        a: &B::Buffer<Self>,
+        b: &B::Buffer<Self>,
+        bias: Option<&B::Buffer<f32>>,
+        c: &mut B::Buffer<Self>,
+        ep: Epilogue,
+    ) -> Result<(), BackendError>;
+    /// The same with an f32 result (weight gradients).
+    fn gemm_f32<B: Backend>(
+        dev: &B,
+        s: &GemmShape,
+        a: &B::Buffer<Self>,
+        b: &B::Buffer<Self>,
+        c: &mut B::Buffer<f32>,
+    ) -> Result<(), BackendError>;
+    /// True for half storage (weights then need a half copy).
+    const HALF: bool;
+}
+
+impl Activation for f32 {
+    fn gemm<B: Backend>(
+        dev: &B,
+        s: &GemmShape,
+        a: &B::Buffer<f32>,
+        b: &B::Buffer<f32>,
+        bias: Option<&B::Buffer<f32>>,
+        c: &mut B::Buffer<f32>,
+        ep: Epilogue,
+    ) -> Result<(), BackendError> {
+        dev.gemm(s, a, b, bias, c, ep)
+    }
+    fn gemm_f32<B: Backend>(
+        dev: &B,
+        s: &GemmShape,
+        a: &B::Buffer<f32>,
+        b: &B::Buffer<f32>,
+        c: &mut B::Buffer<f32>,
+    ) -> Result<(), BackendError> {
+        dev.gemm(s, a, b, None, c, Epilogue::default())
+    }
+    const HALF: bool = false;
+}
+
+impl Activation for f16 {
+    fn gemm<B: Backend>(
+        dev: &B,
+        s: &GemmShape,
+        a: &B::Buffer<f16>,
+        b: &B::Buffer<f16>,
+        bias: Option<&B::Buffer<f32>>,
+        c: &mut B::Buffer<f16>,
+        ep: Epilogue,
+    ) -> Result<(), BackendError> {
+        dev.gemm_f16(s, a, b, bias, c, ep)
+    }
+    fn gemm_f32<B: Backend>(
+        dev: &B,
+        s: &GemmShape,
+        a: &B::Buffer<f16>,
+        b: &B::Buffer<f16>,
+        c: &mut B::Buffer<f32>,
+    ) -> Result<(), BackendError> {
+        dev.gemm_f16(s, a, b, None, c, Epilogue::default())
+    }
+    const HALF: bool = true;
+}
+
 /// Activations of one shard size.
-struct Activations<B: Backend> {
+struct Activations<B: Backend, T: Activation> {
     batch: usize,
-    x: B::Buffer<f32>,
+    x: B::Buffer<T>,
     labels: B::Buffer<u8>,
-    c1: B::Buffer<f32>,
-    p1: B::Buffer<f32>,
-    c2: B::Buffer<f32>,
-    p2: B::Buffer<f32>,
-    h: B::Buffer<f32>,
-    logits: B::Buffer<f32>,
+    c1: B::Buffer<T>,
+    p1: B::Buffer<T>,
+    c2: B::Buffer<T>,
+    p2: B::Buffer<T>,
+    h: B::Buffer<T>,
+    logits: B::Buffer<T>,
     loss: B::Buffer<f32>,
     correct: B::Buffer<i32>,
     // Gradients flowing back; `*_lin` before a ReLU's mask, the plain name after it.
-    d_logits: B::Buffer<f32>,
-    d_h_lin: B::Buffer<f32>,
-    d_h: B::Buffer<f32>,
-    d_p2: B::Buffer<f32>,
-    d_c2_lin: B::Buffer<f32>,
-    d_c2: B::Buffer<f32>,
-    d_p1: B::Buffer<f32>,
-    d_c1_lin: B::Buffer<f32>,
-    d_c1: B::Buffer<f32>,
+    d_logits: B::Buffer<T>,
+    d_h_lin: B::Buffer<T>,
+    d_h: B::Buffer<T>,
+    d_p2: B::Buffer<T>,
+    d_c2_lin: B::Buffer<T>,
+    d_c2: B::Buffer<T>,
+    d_p1: B::Buffer<T>,
+    d_c1_lin: B::Buffer<T>,
+    d_c1: B::Buffer<T>,
 }
 
-impl<B: Backend> Activations<B> {
+impl<B: Backend, T: Activation> Activations<B, T> {
     fn new(dev: &B, batch: usize) -> Result<Self, BackendError> {
-        let f = |n| dev.alloc_zeros::<f32>(n);
+        let f = |n| dev.alloc_zeros::<T>(n);
         Ok(Activations {
             batch,
             x: f(batch * IMAGE * IMAGE)?,
@@ -185,7 +263,7 @@ impl<B: Backend> Activations<B> {
             p2: f(batch * 800)?,
             h: f(batch * 128)?,
             logits: f(batch * CLASSES)?,
-            loss: f(batch)?,
+            loss: dev.alloc_zeros::<f32>(batch)?,
             correct: dev.alloc_zeros::<i32>(1)?,
             d_logits: f(batch * CLASSES)?,
             d_h_lin: f(batch * 128)?,
@@ -211,26 +289,62 @@ pub struct ShardStats {
     pub count: usize,
 }
 
-/// One device's copy of the model.
-pub struct Replica<B: Backend> {
+/// One device's copy of the model, with activations stored as `T`.
+pub struct Replica<B: Backend, T: Activation = f32> {
     /// The device.
     pub dev: B,
-    /// Parameters, one buffer per tensor of [`PARAMS`].
+    /// Parameters (f32 master weights), one buffer per tensor of [`PARAMS`].
     pub params: Vec<B::Buffer<f32>>,
-    /// Gradients, same layout.
+    /// For half activations, the half copy of the weights that the forward and backward
+    /// passes read (the optimizer writes it); f32 activations read the master weights.
+    half: Option<Vec<B::Buffer<T>>>,
+    /// Gradients (f32), same layout.
     pub grads: Vec<B::Buffer<f32>>,
     /// Momentum buffers, same layout.
     pub velocity: Vec<B::Buffer<f32>>,
-    acts: Option<Activations<B>>,
+    acts: Option<Activations<B, T>>,
 }
 
-impl<B: Backend> Replica<B> {
+fn to_compute<B: Backend, T: Activation>(dev: &B, w: &[f32]) -> Result<B::Buffer<T>, BackendError> {
+    dev.upload(&w.iter().map(|v| T::from_f32(*v)).collect::<Vec<T>>())
+}
+
+/// The weights the passes read: the half copy, or (f32 activations) the master weights,
+/// which then have exactly the type asked for.
+fn compute_weights<'a, B: Backend + 'static, T: Activation>(
+    params: &'a [B::Buffer<f32>],
+    half: &'a Option<Vec<B::Buffer<T>>>,
+) -> Vec<&'a B::Buffer<T>> {
+    match half {
+        Some(h) => h.iter().collect(),
+        None => params
+            .iter()
+            .map(|p| {
+                (p as &dyn Any)
+                    .downcast_ref::<B::Buffer<T>>()
+                    .expect("f32 activations read the f32 master weights")
+            })
+            .collect(),
+    }
+}
+
+impl<B: Backend + 'static, T: Activation> Replica<B, T> {
     /// A replica holding `weights` (host values, one vector per tensor of [`PARAMS`]).
     pub fn new(dev: B, weights: &[Vec<f32>]) -> Result<Self, BackendError> {
         let params = weights
             .iter()
             .map(|w| dev.upload(w))
             .collect::<Result<Vec<_>, _>>()?;
+        let half = if T::HALF {
+            Some(
+                weights
+                    .iter()
+                    .map(|w| to_compute::<B, T>(&dev, w))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+        } else {
+            None
+        };
         let zeros = || {
             PARAMS
                 .iter()
@@ -241,6 +355,7 @@ impl<B: Backend> Replica<B> {
         Ok(Replica {
             dev,
             params,
+            half,
             grads,
             velocity,
             acts: None,
@@ -254,7 +369,8 @@ impl<B: Backend> Replica<B> {
 
     /// Forward pass over a shard (`images`: batch x 784 bytes, `labels`: batch). With
     /// `grad_scale` it also runs the backward pass, leaving in [`Replica::grads`] the gradient
-    /// of `grad_scale · Σ loss` (grad_scale = 1 / global batch gives the mean loss's).
+    /// of `grad_scale · Σ loss` (grad_scale = loss scale / global batch gives the scaled mean
+    /// loss's).
     pub fn step(
         &mut self,
         images: &[u8],
@@ -271,6 +387,7 @@ impl<B: Backend> Replica<B> {
         let Replica {
             dev,
             params,
+            half,
             grads,
             acts,
             ..
@@ -279,10 +396,17 @@ impl<B: Backend> Replica<B> {
             *acts = Some(Activations::new(dev, n)?);
         }
         let a = acts.as_mut().expect("just set");
-        let x: Vec<f32> = images.iter().map(|&p| p as f32 / 255.0).collect();
+        let x: Vec<T> = images
+            .iter()
+            .map(|&p| T::from_f32(p as f32 / 255.0))
+            .collect();
         dev.write(&x, &mut a.x)?;
         dev.write(labels, &mut a.labels)?;
-        let [w1, b1, w2, b2, w3, b3, w4, b4] = &params[..] else {
+        let [_, b1, _, b2, _, b3, _, b4] = &params[..] else {
+            unreachable!("eight tensors")
+        };
+        let compute = compute_weights::<B, T>(params, half);
+        let [w1, _, w2, _, w3, _, w4, _] = compute[..] else {
             unreachable!("eight tensors")
         };
 
@@ -298,7 +422,8 @@ impl<B: Backend> Replica<B> {
             trans_a: false,
             trans_b: true,
         };
-        dev.gemm(
+        T::gemm(
+            dev,
             &fc1,
             &a.p2,
             w3,
@@ -316,7 +441,15 @@ impl<B: Backend> Replica<B> {
             trans_a: false,
             trans_b: true,
         };
-        dev.gemm(&fc2, &a.h, w4, Some(b4), &mut a.logits, Epilogue::default())?;
+        T::gemm(
+            dev,
+            &fc2,
+            &a.h,
+            w4,
+            Some(b4),
+            &mut a.logits,
+            Epilogue::default(),
+        )?;
         dev.write(&[0], &mut a.correct)?;
         let scale = grad_scale.unwrap_or(0.0);
         let d_logits = grad_scale.map(|_| &mut a.d_logits);
@@ -343,9 +476,9 @@ impl<B: Backend> Replica<B> {
         let [g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, g_w4, g_b4] = &mut grads[..] else {
             unreachable!("eight tensors")
         };
-        let plain = Epilogue::default();
         // fc2: dW = dlogitsᵀ·h, db = Σ dlogits, dh = dlogits·W, then through fc1's ReLU.
-        dev.gemm(
+        T::gemm_f32(
+            dev,
             &GemmShape {
                 m: CLASSES,
                 n: 128,
@@ -355,22 +488,22 @@ impl<B: Backend> Replica<B> {
             },
             &a.d_logits,
             &a.h,
-            None,
             g_w4,
-            plain,
         )?;
         dev.conv2d_backward_bias(&columns(n, CLASSES), &a.d_logits, g_b4)?;
-        dev.gemm(
+        T::gemm(
+            dev,
             &GemmShape::new(n, 128, CLASSES),
             &a.d_logits,
             w4,
             None,
             &mut a.d_h_lin,
-            plain,
+            Epilogue::default(),
         )?;
         dev.relu_backward(&a.h, &a.d_h_lin, &mut a.d_h)?;
         // fc1: dW = dhᵀ·p2, db = Σ dh, dp2 = dh·W.
-        dev.gemm(
+        T::gemm_f32(
+            dev,
             &GemmShape {
                 m: 128,
                 n: 800,
@@ -380,18 +513,17 @@ impl<B: Backend> Replica<B> {
             },
             &a.d_h,
             &a.p2,
-            None,
             g_w3,
-            plain,
         )?;
         dev.conv2d_backward_bias(&columns(n, 128), &a.d_h, g_b3)?;
-        dev.gemm(
+        T::gemm(
+            dev,
             &GemmShape::new(n, 800, 128),
             &a.d_h,
             w3,
             None,
             &mut a.d_p2,
-            plain,
+            Epilogue::default(),
         )?;
         // pool2, conv2's ReLU, conv2.
         dev.avg_pool_backward(&pool2(n), &a.d_p2, &mut a.d_c2_lin)?;
@@ -407,28 +539,39 @@ impl<B: Backend> Replica<B> {
         Ok(stats)
     }
 
-    /// Applies one SGD step to every tensor from [`Replica::grads`] (already reduced across
-    /// devices). With `momentum == 0` the velocity buffers are not used.
+    /// Sets `found[0] = 1` if any gradient is inf or NaN (an overflow under the loss scale).
+    pub fn check_gradients(&self, found: &mut B::Buffer<i32>) -> Result<(), BackendError> {
+        for g in &self.grads {
+            self.dev.grad_check::<f32>(g, found)?;
+        }
+        Ok(())
+    }
+
+    /// One fused SGD step on every tensor from [`Replica::grads`] (already reduced across
+    /// devices; multiplied by `step.inv_scale` to undo the loss scale); skipped entirely if
+    /// `found` is set.
     pub fn update(
         &mut self,
-        lr: f32,
-        momentum: f32,
-        weight_decay: f32,
+        step: SgdStep,
+        found: Option<&B::Buffer<i32>>,
     ) -> Result<(), BackendError> {
-        let step = SgdStep {
-            lr,
-            inv_scale: 1.0,
-            momentum,
-            weight_decay,
-        };
-        for ((w, g), v) in self
+        let with_velocity = step.momentum != 0.0;
+        for (i, ((w, g), v)) in self
             .params
             .iter_mut()
             .zip(&self.grads)
             .zip(&mut self.velocity)
+            .enumerate()
         {
+            // With half activations the fused kernel also writes the half copy the next
+            // forward reads.
+            let half = self.half.as_mut().map(|h| {
+                (&mut h[i] as &mut dyn Any)
+                    .downcast_mut::<B::Buffer<f16>>()
+                    .expect("half activations keep f16 weight copies")
+            });
             self.dev
-                .sgd_step::<f32>(w, g, (momentum != 0.0).then_some(v), None, step, None)?;
+                .sgd_step::<f32>(w, g, with_velocity.then_some(v), half, step, found)?;
         }
         Ok(())
     }

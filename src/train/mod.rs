@@ -10,12 +10,14 @@ use std::time::Instant;
 
 use thiserror::Error;
 
+use crate::backend::SgdStep;
 use crate::backend::{Backend, BackendError, Memory};
 use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
 use crate::comm::schedule::Algorithm;
 use crate::comm::transport::CommDevice;
 use crate::data::{Batches, Dataset};
-use crate::model::{Replica, ShardStats, IMAGE, PARAMS};
+use crate::model::{Activation, Replica, ShardStats, IMAGE, PARAMS};
+use half::f16;
 
 /// What can stop training.
 #[derive(Debug, Error)]
@@ -69,6 +71,59 @@ pub struct TrainConfig {
     /// Stop after this epoch without changing the learning-rate schedule (the schedule
     /// always spans `epochs`), as an interrupted run would.
     pub stop_after: Option<usize>,
+    /// How activations are stored.
+    pub precision: Storage,
+}
+
+/// Activation storage: f32, or f16 with f32 master weights and dynamic loss scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// Everything in f32.
+    Fp32,
+    /// Half activations and weight copies, f32 master weights, gradients and optimizer state.
+    Fp16,
+}
+
+/// Dynamic loss scaling, as PyTorch's GradScaler: multiply the loss (so the half-precision
+/// gradients keep their small values) by a scale that starts at 2^16, halves and skips the
+/// step when a gradient overflows, and doubles after 2000 clean steps in a row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScaler {
+    /// The current scale (1 when disabled).
+    pub scale: f32,
+    /// Whether scaling (and the overflow check) is on.
+    pub enabled: bool,
+    clean: usize,
+}
+
+impl LossScaler {
+    /// Starting scale.
+    pub const INITIAL: f32 = 65536.0;
+    /// Clean steps before the scale doubles.
+    pub const GROWTH_INTERVAL: usize = 2000;
+
+    /// A scaler; `enabled` for half precision.
+    pub fn new(enabled: bool) -> Self {
+        LossScaler {
+            scale: if enabled { Self::INITIAL } else { 1.0 },
+            enabled,
+            clean: 0,
+        }
+    }
+
+    /// Records a step: `overflow` means it was skipped.
+    pub fn update(&mut self, overflow: bool) {
+        if overflow {
+            self.scale = (self.scale / 2.0).max(1.0);
+            self.clean = 0;
+        } else {
+            self.clean += 1;
+            if self.clean == Self::GROWTH_INTERVAL {
+                self.scale *= 2.0;
+                self.clean = 0;
+            }
+        }
+    }
 }
 
 /// One step's figures (global over all devices).
@@ -82,6 +137,8 @@ pub struct StepReport {
     pub loss: f64,
     /// Learning rate used.
     pub lr: f32,
+    /// Loss scale used (1 in fp32).
+    pub loss_scale: f32,
 }
 
 /// One epoch's figures.
@@ -193,9 +250,9 @@ fn reduce_stats<D: CommDevice + Backend>(
 }
 
 /// Evaluates the test set, sharded over the ranks; returns the global accuracy.
-fn evaluate<D: CommDevice + Backend + Clone>(
+fn evaluate<D: CommDevice + Backend + Clone + 'static, T: Activation>(
     rank: &mut Rank<D>,
-    replica: &mut Replica<D>,
+    replica: &mut Replica<D, T>,
     data: &Dataset,
     batch: usize,
 ) -> Result<f64, TrainError> {
@@ -219,7 +276,7 @@ fn evaluate<D: CommDevice + Backend + Clone>(
 }
 
 /// One device's training loop.
-fn run_rank<D: CommDevice + Backend + Clone>(
+fn run_rank<D: CommDevice + Backend + Clone + 'static, T: Activation>(
     mut rank: Rank<D>,
     start: &checkpoint::Checkpoint,
     data: &Dataset,
@@ -227,7 +284,9 @@ fn run_rank<D: CommDevice + Backend + Clone>(
     events: &mpsc::Sender<Event>,
 ) -> Result<Vec<Vec<f32>>, TrainError> {
     let (n, me) = (rank.size(), rank.rank());
-    let mut replica = Replica::new(rank.device().clone(), &start.weights)?;
+    let mut replica = Replica::<D, T>::new(rank.device().clone(), &start.weights)?;
+    let mut scaler = LossScaler::new(T::HALF);
+    let mut found = replica.dev.alloc_zeros::<i32>(1)?;
     if let Some(velocity) = &start.velocity {
         for (buf, v) in replica.velocity.iter_mut().zip(velocity) {
             replica.dev.write(v, buf)?;
@@ -261,14 +320,29 @@ fn run_rank<D: CommDevice + Backend + Clone>(
             let global: usize = shards.iter().map(|s| s.indices.len()).sum();
             let (images, labels) =
                 gather(&data.train_images, &data.train_labels, &shards[me].indices);
-            let local = replica.step(&images, &labels, Some(1.0 / global as f32))?;
+            let local = replica.step(&images, &labels, Some(scaler.scale / global as f32))?;
             let t = Instant::now();
             for g in &mut replica.grads {
                 rank.all_reduce(g, ReduceOp::Sum, cfg.algorithm)?;
             }
             allreduce_s += t.elapsed().as_secs_f64();
             let lr = learning_rate(cfg, step, total_steps);
-            replica.update(lr, cfg.momentum, cfg.weight_decay)?;
+            let sgd = SgdStep {
+                lr,
+                inv_scale: 1.0 / scaler.scale,
+                momentum: cfg.momentum,
+                weight_decay: cfg.weight_decay,
+            };
+            let loss_scale = scaler.scale;
+            if scaler.enabled {
+                // Every replica holds the same reduced gradients, so every replica decides alike.
+                replica.dev.write(&[0], &mut found)?;
+                replica.check_gradients(&mut found)?;
+                replica.update(sgd, Some(&found))?;
+                scaler.update(replica.dev.download(&found)?[0] != 0);
+            } else {
+                replica.update(sgd, None)?;
+            }
             let dev = replica.dev.clone();
             let s = reduce_stats(&mut rank, &dev, local)?;
             epoch_stats.loss_sum += s.loss_sum;
@@ -281,6 +355,7 @@ fn run_rank<D: CommDevice + Backend + Clone>(
                     epoch,
                     loss: s.loss_sum / s.count.max(1) as f64,
                     lr,
+                    loss_scale,
                 }));
             }
         }
@@ -354,7 +429,10 @@ where
             .map(|rank| {
                 let tx = tx.clone();
                 let start = &start;
-                scope.spawn(move || run_rank(rank, start, data, cfg, &tx))
+                scope.spawn(move || match cfg.precision {
+                    Storage::Fp32 => run_rank::<D, f32>(rank, start, data, cfg, &tx),
+                    Storage::Fp16 => run_rank::<D, f16>(rank, start, data, cfg, &tx),
+                })
             })
             .collect();
         drop(tx);
@@ -399,7 +477,7 @@ where
             .into_iter()
             .map(|mut rank| {
                 scope.spawn(move || -> Result<f64, TrainError> {
-                    let mut replica = Replica::new(rank.device().clone(), weights)?;
+                    let mut replica = Replica::<D, f32>::new(rank.device().clone(), weights)?;
                     evaluate(&mut rank, &mut replica, data, batch.max(1))
                 })
             })
