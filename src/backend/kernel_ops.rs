@@ -8,7 +8,7 @@
 use half::f16;
 
 use super::launch::DeviceBuffer;
-use super::ops::{expect_len, Backend, Precision, PrecisionOp};
+use super::ops::{check, expect_len, Backend, Precision, PrecisionOp};
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, Device, KernelArg, LaunchConfig, Memory};
 use crate::kernels::{elementwise as ew, gemm};
@@ -218,14 +218,7 @@ impl<D: Device> Backend for D {
         y: &mut Buf<D, T>,
         relu: bool,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ws, ys) = shape.sizes();
-        expect_len("conv2d_forward", "x", x.len(), xs)?;
-        expect_len("conv2d_forward", "w", w.len(), ws)?;
-        expect_len("conv2d_forward", "y", y.len(), ys)?;
-        if let Some(bias) = bias {
-            expect_len("conv2d_forward", "bias", bias.len(), shape.out_c)?;
-        }
+        check::conv_forward(shape, x.len(), w.len(), y.len(), bias.map(|b| b.len()))?;
         let mut args = vec![
             KernelArg::buffer(x),
             KernelArg::buffer(w),
@@ -253,11 +246,7 @@ impl<D: Device> Backend for D {
         w: &Buf<D, T>,
         dx: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ws, ys) = shape.sizes();
-        expect_len("conv2d_backward_input", "dy", dy.len(), ys)?;
-        expect_len("conv2d_backward_input", "w", w.len(), ws)?;
-        expect_len("conv2d_backward_input", "dx", dx.len(), xs)?;
+        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
         let mut args = vec![
             KernelArg::buffer(dy),
             KernelArg::buffer(w),
@@ -285,11 +274,7 @@ impl<D: Device> Backend for D {
         dy: &Buf<D, T>,
         dw: &mut Buf<D, f32>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ws, ys) = shape.sizes();
-        expect_len("conv2d_backward_filter", "x", x.len(), xs)?;
-        expect_len("conv2d_backward_filter", "dy", dy.len(), ys)?;
-        expect_len("conv2d_backward_filter", "dw", dw.len(), ws)?;
+        let ws = check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
         let mut args = vec![
             KernelArg::buffer(x),
             KernelArg::buffer(dy),
@@ -313,9 +298,7 @@ impl<D: Device> Backend for D {
         dy: &Buf<D, T>,
         db: &mut Buf<D, f32>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        expect_len("conv2d_backward_bias", "dy", dy.len(), shape.sizes().2)?;
-        expect_len("conv2d_backward_bias", "db", db.len(), shape.out_c)?;
+        check::conv_backward_bias(shape, dy.len(), db.len())?;
         let args = [
             KernelArg::buffer(dy),
             KernelArg::buffer_mut(db),
@@ -339,11 +322,13 @@ impl<D: Device> Backend for D {
         y: &mut Buf<D, T>,
         argmax: &mut Buf<D, i32>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ys) = shape.sizes();
-        expect_len("max_pool_forward", "x", x.len(), xs)?;
-        expect_len("max_pool_forward", "y", y.len(), ys)?;
-        expect_len("max_pool_forward", "argmax", argmax.len(), ys)?;
+        let (_, ys) = check::pool(
+            "max_pool_forward",
+            shape,
+            x.len(),
+            y.len(),
+            Some(argmax.len()),
+        )?;
         let mut args = vec![
             KernelArg::buffer(x),
             KernelArg::buffer_mut(y),
@@ -367,11 +352,13 @@ impl<D: Device> Backend for D {
         argmax: &Buf<D, i32>,
         dx: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ys) = shape.sizes();
-        expect_len("max_pool_backward", "dy", dy.len(), ys)?;
-        expect_len("max_pool_backward", "argmax", argmax.len(), ys)?;
-        expect_len("max_pool_backward", "dx", dx.len(), xs)?;
+        let (xs, _) = check::pool(
+            "max_pool_backward",
+            shape,
+            dx.len(),
+            dy.len(),
+            Some(argmax.len()),
+        )?;
         let mut args = vec![
             KernelArg::buffer(dy),
             KernelArg::buffer(argmax),
@@ -394,10 +381,7 @@ impl<D: Device> Backend for D {
         x: &Buf<D, T>,
         y: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ys) = shape.sizes();
-        expect_len("avg_pool_forward", "x", x.len(), xs)?;
-        expect_len("avg_pool_forward", "y", y.len(), ys)?;
+        let (_, ys) = check::pool("avg_pool_forward", shape, x.len(), y.len(), None)?;
         let mut args = vec![KernelArg::buffer(x), KernelArg::buffer_mut(y)];
         args.extend(pool_dims(shape));
         // SAFETY: see the module docs.
@@ -416,10 +400,7 @@ impl<D: Device> Backend for D {
         dy: &Buf<D, T>,
         dx: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ys) = shape.sizes();
-        expect_len("avg_pool_backward", "dy", dy.len(), ys)?;
-        expect_len("avg_pool_backward", "dx", dx.len(), xs)?;
+        let (xs, _) = check::pool("avg_pool_backward", shape, dx.len(), dy.len(), None)?;
         let mut args = vec![KernelArg::buffer(dy), KernelArg::buffer_mut(dx)];
         args.extend(pool_dims(shape));
         // SAFETY: see the module docs.

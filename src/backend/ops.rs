@@ -278,3 +278,91 @@ pub trait Backend: Memory {
         found: Option<&Buf<Self, i32>>,
     ) -> Result<(), BackendError>;
 }
+
+/// Shape and buffer-length checks shared by every backend's implementation of [`Backend`],
+/// so a wrong call fails the same way (and before any work) on all of them.
+pub(crate) mod check {
+    use super::expect_len;
+    use crate::backend::shapes::{Conv2dShape, Pool2dShape};
+    use crate::backend::BackendError;
+
+    /// Validates a convolution forward pass's shape and buffers.
+    pub(crate) fn conv_forward(
+        s: &Conv2dShape,
+        x: usize,
+        w: usize,
+        y: usize,
+        bias: Option<usize>,
+    ) -> Result<(), BackendError> {
+        s.validate()?;
+        let (xs, ws, ys) = s.sizes();
+        expect_len("conv2d_forward", "x", x, xs)?;
+        expect_len("conv2d_forward", "w", w, ws)?;
+        expect_len("conv2d_forward", "y", y, ys)?;
+        if let Some(bias) = bias {
+            expect_len("conv2d_forward", "bias", bias, s.out_c)?;
+        }
+        Ok(())
+    }
+
+    /// Validates a convolution's input-gradient call.
+    pub(crate) fn conv_backward_input(
+        s: &Conv2dShape,
+        dy: usize,
+        w: usize,
+        dx: usize,
+    ) -> Result<(), BackendError> {
+        s.validate()?;
+        let (xs, ws, ys) = s.sizes();
+        expect_len("conv2d_backward_input", "dy", dy, ys)?;
+        expect_len("conv2d_backward_input", "w", w, ws)?;
+        expect_len("conv2d_backward_input", "dx", dx, xs)
+    }
+
+    /// Validates a convolution's filter-gradient call; returns the filter's size.
+    pub(crate) fn conv_backward_filter(
+        s: &Conv2dShape,
+        x: usize,
+        dy: usize,
+        dw: usize,
+    ) -> Result<usize, BackendError> {
+        s.validate()?;
+        let (xs, ws, ys) = s.sizes();
+        expect_len("conv2d_backward_filter", "x", x, xs)?;
+        expect_len("conv2d_backward_filter", "dy", dy, ys)?;
+        expect_len("conv2d_backward_filter", "dw", dw, ws)?;
+        Ok(ws)
+    }
+
+    /// Validates a convolution's bias-gradient call.
+    pub(crate) fn conv_backward_bias(
+        s: &Conv2dShape,
+        dy: usize,
+        db: usize,
+    ) -> Result<(), BackendError> {
+        s.validate()?;
+        expect_len("conv2d_backward_bias", "dy", dy, s.sizes().2)?;
+        expect_len("conv2d_backward_bias", "db", db, s.out_c)
+    }
+
+    /// Validates a pooling call: `input`/`output` are the lengths of the input-side and
+    /// output-side buffers (x and y forward, dx and dy backward), `argmax` max pooling's
+    /// index buffer. Returns (input size, output size).
+    pub(crate) fn pool(
+        op: &'static str,
+        s: &Pool2dShape,
+        input: usize,
+        output: usize,
+        argmax: Option<usize>,
+    ) -> Result<(usize, usize), BackendError> {
+        s.validate()?;
+        let (xs, ys) = s.sizes();
+        let forward = op.ends_with("forward");
+        expect_len(op, if forward { "x" } else { "dx" }, input, xs)?;
+        expect_len(op, if forward { "y" } else { "dy" }, output, ys)?;
+        if let Some(a) = argmax {
+            expect_len(op, "argmax", a, ys)?;
+        }
+        Ok((xs, ys))
+    }
+}

@@ -18,7 +18,7 @@ mod pool;
 use half::f16;
 use rayon::prelude::*;
 
-use super::ops::{expect_len, Backend, Precision};
+use super::ops::{check, expect_len, Backend, Precision};
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 
@@ -266,14 +266,7 @@ impl Backend for CpuDevice {
         y: &mut CpuBuffer<T>,
         relu: bool,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ws, ys) = shape.sizes();
-        expect_len("conv2d_forward", "x", x.0.len(), xs)?;
-        expect_len("conv2d_forward", "w", w.0.len(), ws)?;
-        expect_len("conv2d_forward", "y", y.0.len(), ys)?;
-        if let Some(bias) = bias {
-            expect_len("conv2d_forward", "bias", bias.0.len(), shape.out_c)?;
-        }
+        check::conv_forward(shape, x.len(), w.len(), y.len(), bias.map(|b| b.len()))?;
         conv::forward(
             shape,
             &x.0,
@@ -292,11 +285,7 @@ impl Backend for CpuDevice {
         w: &CpuBuffer<T>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ws, ys) = shape.sizes();
-        expect_len("conv2d_backward_input", "dy", dy.0.len(), ys)?;
-        expect_len("conv2d_backward_input", "w", w.0.len(), ws)?;
-        expect_len("conv2d_backward_input", "dx", dx.0.len(), xs)?;
+        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
         conv::backward_input(shape, &dy.0, &w.0, &mut dx.0);
         Ok(())
     }
@@ -308,11 +297,7 @@ impl Backend for CpuDevice {
         dy: &CpuBuffer<T>,
         dw: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ws, ys) = shape.sizes();
-        expect_len("conv2d_backward_filter", "x", x.0.len(), xs)?;
-        expect_len("conv2d_backward_filter", "dy", dy.0.len(), ys)?;
-        expect_len("conv2d_backward_filter", "dw", dw.0.len(), ws)?;
+        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
         conv::backward_filter(shape, &x.0, &dy.0, &mut dw.0);
         Ok(())
     }
@@ -323,9 +308,7 @@ impl Backend for CpuDevice {
         dy: &CpuBuffer<T>,
         db: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        expect_len("conv2d_backward_bias", "dy", dy.0.len(), shape.sizes().2)?;
-        expect_len("conv2d_backward_bias", "db", db.0.len(), shape.out_c)?;
+        check::conv_backward_bias(shape, dy.len(), db.len())?;
         conv::backward_bias(shape, &dy.0, &mut db.0);
         Ok(())
     }
@@ -337,11 +320,13 @@ impl Backend for CpuDevice {
         y: &mut CpuBuffer<T>,
         argmax: &mut CpuBuffer<i32>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ys) = shape.sizes();
-        expect_len("max_pool_forward", "x", x.0.len(), xs)?;
-        expect_len("max_pool_forward", "y", y.0.len(), ys)?;
-        expect_len("max_pool_forward", "argmax", argmax.0.len(), ys)?;
+        check::pool(
+            "max_pool_forward",
+            shape,
+            x.len(),
+            y.len(),
+            Some(argmax.len()),
+        )?;
         pool::max_forward(shape, &x.0, &mut y.0, &mut argmax.0);
         Ok(())
     }
@@ -353,11 +338,13 @@ impl Backend for CpuDevice {
         argmax: &CpuBuffer<i32>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ys) = shape.sizes();
-        expect_len("max_pool_backward", "dy", dy.0.len(), ys)?;
-        expect_len("max_pool_backward", "argmax", argmax.0.len(), ys)?;
-        expect_len("max_pool_backward", "dx", dx.0.len(), xs)?;
+        check::pool(
+            "max_pool_backward",
+            shape,
+            dx.len(),
+            dy.len(),
+            Some(argmax.len()),
+        )?;
         pool::max_backward(shape, &dy.0, &argmax.0, &mut dx.0);
         Ok(())
     }
@@ -368,10 +355,7 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<T>,
         y: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ys) = shape.sizes();
-        expect_len("avg_pool_forward", "x", x.0.len(), xs)?;
-        expect_len("avg_pool_forward", "y", y.0.len(), ys)?;
+        check::pool("avg_pool_forward", shape, x.len(), y.len(), None)?;
         pool::avg_forward(shape, &x.0, &mut y.0);
         Ok(())
     }
@@ -382,10 +366,7 @@ impl Backend for CpuDevice {
         dy: &CpuBuffer<T>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        shape.validate()?;
-        let (xs, ys) = shape.sizes();
-        expect_len("avg_pool_backward", "dy", dy.0.len(), ys)?;
-        expect_len("avg_pool_backward", "dx", dx.0.len(), xs)?;
+        check::pool("avg_pool_backward", shape, dx.len(), dy.len(), None)?;
         pool::avg_backward(shape, &dy.0, &mut dx.0);
         Ok(())
     }
