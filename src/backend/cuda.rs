@@ -23,6 +23,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
+use super::ops::check;
 use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
 use crate::kernels::{KernelModule, KernelSignature};
 
@@ -322,13 +323,7 @@ impl Memory for CudaDevice {
         host: &[T],
         buf: &mut CudaBuffer<T>,
     ) -> Result<(), BackendError> {
-        if host.len() != buf.len() {
-            return Err(BackendError::LengthMismatch {
-                operation: "host-to-device copy",
-                left: host.len(),
-                right: buf.len(),
-            });
-        }
+        check::same_len("host-to-device copy", host.len(), buf.len())?;
         self.stream
             .memcpy_htod(host, &mut buf.slice)
             .map_err(driver_err("copying to the device"))

@@ -15,18 +15,6 @@ use crate::kernels::{elementwise as ew, gemm};
 
 type Buf<D, T> = <D as Memory>::Buffer<T>;
 
-fn same_len(operation: &'static str, left: usize, right: usize) -> Result<(), BackendError> {
-    if left == right {
-        Ok(())
-    } else {
-        Err(BackendError::LengthMismatch {
-            operation,
-            left,
-            right,
-        })
-    }
-}
-
 fn i32_arg(v: usize) -> KernelArg {
     // Shapes are validated to fit i32 before any launch.
     KernelArg::I32(v as i32)
@@ -113,7 +101,7 @@ impl<D: Device> Backend for D {
     }
 
     fn axpy(&self, alpha: f32, x: &Buf<D, f32>, y: &mut Buf<D, f32>) -> Result<(), BackendError> {
-        same_len("axpy", x.len(), y.len())?;
+        check::same_len("axpy", x.len(), y.len())?;
         let n = y.len();
         // SAFETY: see the module docs.
         unsafe { ew::axpy_f32(self, LaunchConfig::flat(n), x, y, alpha, n as u64) }
@@ -125,22 +113,22 @@ impl<D: Device> Backend for D {
         b: &Buf<D, f32>,
         out: &mut Buf<D, f32>,
     ) -> Result<(), BackendError> {
-        same_len("add", a.len(), b.len())?;
-        same_len("add", a.len(), out.len())?;
+        check::same_len("add", a.len(), b.len())?;
+        check::same_len("add", a.len(), out.len())?;
         let n = out.len();
         // SAFETY: see the module docs.
         unsafe { ew::add_f32(self, LaunchConfig::flat(n), a, b, out, n as u64) }
     }
 
     fn cast_to_f16(&self, x: &Buf<D, f32>, out: &mut Buf<D, f16>) -> Result<(), BackendError> {
-        same_len("cast_f32_to_f16", x.len(), out.len())?;
+        check::same_len("cast_f32_to_f16", x.len(), out.len())?;
         let n = x.len();
         // SAFETY: see the module docs.
         unsafe { ew::cast_f32_to_f16(self, LaunchConfig::flat(n), x, out, n as u64) }
     }
 
     fn cast_to_f32(&self, x: &Buf<D, f16>, out: &mut Buf<D, f32>) -> Result<(), BackendError> {
-        same_len("cast_f16_to_f32", x.len(), out.len())?;
+        check::same_len("cast_f16_to_f32", x.len(), out.len())?;
         let n = x.len();
         // SAFETY: see the module docs.
         unsafe { ew::cast_f16_to_f32(self, LaunchConfig::flat(n), x, out, n as u64) }
@@ -152,8 +140,8 @@ impl<D: Device> Backend for D {
         dy: &Buf<D, T>,
         dx: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        same_len("relu_backward", y.len(), dy.len())?;
-        same_len("relu_backward", y.len(), dx.len())?;
+        check::same_len("relu_backward", y.len(), dy.len())?;
+        check::same_len("relu_backward", y.len(), dx.len())?;
         let n = y.len();
         let args = [
             KernelArg::buffer(y),
@@ -424,30 +412,16 @@ impl<D: Device> Backend for D {
         correct: &mut Buf<D, i32>,
         grad_scale: f32,
     ) -> Result<(), BackendError> {
-        if rows == 0
-            || classes == 0
-            || rows > i32::MAX as usize
-            || rows
-                .checked_mul(classes)
-                .is_none_or(|n| n > i32::MAX as usize)
-        {
-            return Err(BackendError::BadShape {
-                op: "softmax_cross_entropy",
-                detail: format!("{rows} rows x {classes} classes"),
-            });
-        }
-        expect_len(
-            "softmax_cross_entropy",
-            "logits",
+        let grad_len = grad.as_deref().map(|g| g.len());
+        check::softmax(
+            rows,
+            classes,
             logits.len(),
-            rows * classes,
+            labels.len(),
+            loss.len(),
+            grad_len,
+            correct.len(),
         )?;
-        expect_len("softmax_cross_entropy", "labels", labels.len(), rows)?;
-        expect_len("softmax_cross_entropy", "loss", loss.len(), rows)?;
-        expect_len("softmax_cross_entropy", "correct", correct.len(), 1)?;
-        if let Some(g) = grad.as_deref() {
-            expect_len("softmax_cross_entropy", "grad", g.len(), rows * classes)?;
-        }
         let args = [
             KernelArg::buffer(logits),
             KernelArg::buffer(labels),
@@ -499,16 +473,11 @@ impl<D: Device> Backend for D {
         found: Option<&Buf<D, i32>>,
     ) -> Result<(), BackendError> {
         let n = w.len();
-        expect_len("sgd_step", "grad", grad.len(), n)?;
-        if let Some(v) = velocity.as_deref() {
-            expect_len("sgd_step", "velocity", v.len(), n)?;
-        }
-        if let Some(h) = w_half.as_deref() {
-            expect_len("sgd_step", "w_half", h.len(), n)?;
-        }
-        if let Some(f) = found {
-            expect_len("sgd_step", "found", f.len(), 1)?;
-        }
+        let (v_len, h_len) = (
+            velocity.as_deref().map(|v| v.len()),
+            w_half.as_deref().map(|h| h.len()),
+        );
+        check::sgd(n, grad.len(), v_len, h_len, found.map(|f| f.len()))?;
         let args = [
             KernelArg::buffer_mut(w),
             KernelArg::buffer(grad),

@@ -283,6 +283,76 @@ pub trait Backend: Memory {
 /// so a wrong call fails the same way (and before any work) on all of them.
 pub(crate) mod check {
     use super::expect_len;
+
+    /// Two buffers of an elementwise operation (or a host slice and a buffer) must match.
+    pub(crate) fn same_len(
+        operation: &'static str,
+        left: usize,
+        right: usize,
+    ) -> Result<(), BackendError> {
+        if left == right {
+            Ok(())
+        } else {
+            Err(BackendError::LengthMismatch {
+                operation,
+                left,
+                right,
+            })
+        }
+    }
+
+    /// Validates a softmax cross-entropy call (sizes the kernels index with 32-bit ints).
+    pub(crate) fn softmax(
+        rows: usize,
+        classes: usize,
+        logits: usize,
+        labels: usize,
+        loss: usize,
+        grad: Option<usize>,
+        correct: usize,
+    ) -> Result<(), BackendError> {
+        let op = "softmax_cross_entropy";
+        if rows == 0
+            || classes == 0
+            || rows
+                .checked_mul(classes)
+                .is_none_or(|n| n > i32::MAX as usize)
+        {
+            return Err(BackendError::BadShape {
+                op,
+                detail: format!("{rows} rows x {classes} classes"),
+            });
+        }
+        expect_len(op, "logits", logits, rows * classes)?;
+        expect_len(op, "labels", labels, rows)?;
+        expect_len(op, "loss", loss, rows)?;
+        expect_len(op, "correct", correct, 1)?;
+        if let Some(g) = grad {
+            expect_len(op, "grad", g, rows * classes)?;
+        }
+        Ok(())
+    }
+
+    /// Validates an SGD step over `n` weights.
+    pub(crate) fn sgd(
+        n: usize,
+        grad: usize,
+        velocity: Option<usize>,
+        w_half: Option<usize>,
+        found: Option<usize>,
+    ) -> Result<(), BackendError> {
+        expect_len("sgd_step", "grad", grad, n)?;
+        if let Some(v) = velocity {
+            expect_len("sgd_step", "velocity", v, n)?;
+        }
+        if let Some(h) = w_half {
+            expect_len("sgd_step", "w_half", h, n)?;
+        }
+        if let Some(f) = found {
+            expect_len("sgd_step", "found", f, 1)?;
+        }
+        Ok(())
+    }
     use crate::backend::shapes::{Conv2dShape, Pool2dShape};
     use crate::backend::BackendError;
 

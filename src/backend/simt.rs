@@ -25,6 +25,7 @@ use std::sync::Mutex;
 use thiserror::Error;
 
 use super::launch::check_launch;
+use super::ops::check;
 use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
 use crate::kernels::{simt_entries, KernelSignature};
 
@@ -271,13 +272,7 @@ impl Memory for SimtDevice {
         host: &[T],
         buf: &mut SimtBuffer<T>,
     ) -> Result<(), BackendError> {
-        if host.len() != buf.len() {
-            return Err(BackendError::LengthMismatch {
-                operation: "host-to-device copy",
-                left: host.len(),
-                right: buf.len(),
-            });
-        }
+        check::same_len("host-to-device copy", host.len(), buf.len())?;
         buf.host_mut().copy_from_slice(host);
         Ok(())
     }

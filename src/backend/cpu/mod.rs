@@ -75,7 +75,7 @@ impl Memory for CpuDevice {
         host: &[T],
         buf: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        same_len("host-to-device copy", host.len(), buf.0.len())?;
+        check::same_len("host-to-device copy", host.len(), buf.0.len())?;
         buf.0.copy_from_slice(host);
         Ok(())
     }
@@ -86,18 +86,6 @@ impl Memory for CpuDevice {
 
     fn synchronize(&self) -> Result<(), BackendError> {
         Ok(())
-    }
-}
-
-fn same_len(operation: &'static str, left: usize, right: usize) -> Result<(), BackendError> {
-    if left == right {
-        Ok(())
-    } else {
-        Err(BackendError::LengthMismatch {
-            operation,
-            left,
-            right,
-        })
     }
 }
 
@@ -128,7 +116,7 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<f32>,
         y: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        same_len("axpy", x.0.len(), y.0.len())?;
+        check::same_len("axpy", x.0.len(), y.0.len())?;
         y.0.par_chunks_mut(FLAT_CHUNK)
             .zip(x.0.par_chunks(FLAT_CHUNK))
             .for_each(|(y, x)| {
@@ -145,8 +133,8 @@ impl Backend for CpuDevice {
         b: &CpuBuffer<f32>,
         out: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        same_len("add", a.0.len(), b.0.len())?;
-        same_len("add", a.0.len(), out.0.len())?;
+        check::same_len("add", a.0.len(), b.0.len())?;
+        check::same_len("add", a.0.len(), out.0.len())?;
         out.0
             .par_chunks_mut(FLAT_CHUNK)
             .zip(a.0.par_chunks(FLAT_CHUNK).zip(b.0.par_chunks(FLAT_CHUNK)))
@@ -163,7 +151,7 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<f32>,
         out: &mut CpuBuffer<f16>,
     ) -> Result<(), BackendError> {
-        same_len("cast_f32_to_f16", x.0.len(), out.0.len())?;
+        check::same_len("cast_f32_to_f16", x.0.len(), out.0.len())?;
         map_into(&x.0, &mut out.0, |v| f16::from_f32(*v));
         Ok(())
     }
@@ -173,7 +161,7 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<f16>,
         out: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        same_len("cast_f16_to_f32", x.0.len(), out.0.len())?;
+        check::same_len("cast_f16_to_f32", x.0.len(), out.0.len())?;
         map_into(&x.0, &mut out.0, |v| v.to_f32());
         Ok(())
     }
@@ -184,8 +172,8 @@ impl Backend for CpuDevice {
         dy: &CpuBuffer<T>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        same_len("relu_backward", y.0.len(), dy.0.len())?;
-        same_len("relu_backward", y.0.len(), dx.0.len())?;
+        check::same_len("relu_backward", y.0.len(), dy.0.len())?;
+        check::same_len("relu_backward", y.0.len(), dx.0.len())?;
         dx.0.par_chunks_mut(FLAT_CHUNK)
             .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
             .for_each(|(dx, (y, dy))| {
@@ -382,24 +370,16 @@ impl Backend for CpuDevice {
         correct: &mut CpuBuffer<i32>,
         grad_scale: f32,
     ) -> Result<(), BackendError> {
-        if rows == 0 || classes == 0 {
-            return Err(BackendError::BadShape {
-                op: "softmax_cross_entropy",
-                detail: format!("{rows} rows x {classes} classes"),
-            });
-        }
-        expect_len(
-            "softmax_cross_entropy",
-            "logits",
-            logits.0.len(),
-            rows * classes,
+        let grad_len = grad.as_deref().map(|g| g.len());
+        check::softmax(
+            rows,
+            classes,
+            logits.len(),
+            labels.len(),
+            loss.len(),
+            grad_len,
+            correct.len(),
         )?;
-        expect_len("softmax_cross_entropy", "labels", labels.0.len(), rows)?;
-        expect_len("softmax_cross_entropy", "loss", loss.0.len(), rows)?;
-        expect_len("softmax_cross_entropy", "correct", correct.0.len(), 1)?;
-        if let Some(g) = grad.as_deref() {
-            expect_len("softmax_cross_entropy", "grad", g.0.len(), rows * classes)?;
-        }
         let right = loss::softmax_cross_entropy(
             classes,
             &logits.0,
@@ -434,15 +414,12 @@ impl Backend for CpuDevice {
         found: Option<&CpuBuffer<i32>>,
     ) -> Result<(), BackendError> {
         let n = w.0.len();
-        expect_len("sgd_step", "grad", grad.0.len(), n)?;
-        if let Some(v) = velocity.as_deref() {
-            expect_len("sgd_step", "velocity", v.0.len(), n)?;
-        }
-        if let Some(h) = w_half.as_deref() {
-            expect_len("sgd_step", "w_half", h.0.len(), n)?;
-        }
+        let (v_len, h_len) = (
+            velocity.as_deref().map(|v| v.len()),
+            w_half.as_deref().map(|h| h.len()),
+        );
+        check::sgd(n, grad.len(), v_len, h_len, found.map(|f| f.len()))?;
         if let Some(f) = found {
-            expect_len("sgd_step", "found", f.0.len(), 1)?;
             if f.0[0] != 0 {
                 return Ok(());
             }
