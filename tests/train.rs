@@ -30,6 +30,7 @@ fn config(batch: usize, epochs: usize, max_steps: Option<usize>) -> TrainConfig 
         shuffle: true,
         max_steps,
         algorithm: None,
+        bucket_bytes: 64 << 10,
         stop_after: None,
         precision: Storage::Fp32,
     }
@@ -101,6 +102,44 @@ fn replicas_identical_runs_reproducible_and_1_vs_3_devices_agree() {
     for (a, b) in losses1.iter().zip(&losses3) {
         assert!((a - b).abs() < 1e-4, "losses {losses1:?} vs {losses3:?}");
     }
+}
+
+#[test]
+fn gradient_buckets_overlapping_backward_change_nothing_but_timing() {
+    // Every tensor in exactly one bucket, in the order backward finishes them.
+    for cap in [0, 1, 4096, 64 << 10, 1 << 30] {
+        let buckets = nanoddp::train::gradient_buckets(cap);
+        let flat: Vec<usize> = buckets.iter().flatten().copied().collect();
+        assert_eq!(
+            flat,
+            nanoddp::model::BACKWARD_ORDER,
+            "cap {cap}: {buckets:?}"
+        );
+    }
+    assert_eq!(nanoddp::train::gradient_buckets(1).len(), 8);
+    assert_eq!(nanoddp::train::gradient_buckets(0).len(), 1);
+    // One tensor per bucket (each allreduce starts the moment its gradient is written),
+    // DDP-sized buckets, and everything after backward: the same sums in the same order, so
+    // bitwise identical weights. A bucket reduced before backward finished writing it, or
+    // never reduced, would differ (and the replicas would disagree).
+    let data = subset();
+    let mut results = Vec::new();
+    for cap in [0, 1, 64 << 10] {
+        let cfg = TrainConfig {
+            bucket_bytes: cap,
+            ..config(60, 1, Some(5))
+        };
+        let (mut finals, losses, _) = run(vec![CpuDevice::new(); 3], &data, &cfg);
+        for w in &finals {
+            assert_eq!(w, &finals[0], "cap {cap}: replicas differ");
+        }
+        results.push((finals.swap_remove(0), losses));
+    }
+    assert_eq!(
+        results[1], results[0],
+        "one tensor per bucket vs no overlap"
+    );
+    assert_eq!(results[2], results[0], "64 KiB buckets vs no overlap");
 }
 
 #[test]

@@ -65,6 +65,11 @@ pub struct TrainArgs {
     /// Gradient allreduce algorithm.
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     pub algo: AlgoArg,
+    /// Gradient bucket size in KiB: gradients are reduced in buckets (in the order backward
+    /// finishes them, as PyTorch DDP does) that start while backward still runs; 0 reduces
+    /// everything after backward.
+    #[arg(long, default_value_t = 64)]
+    pub bucket_kb: usize,
     /// The recipe: the chapter's, or ours (better: see the README).
     #[arg(long, value_enum, default_value_t = RecipeArg::Default)]
     pub recipe: RecipeArg,
@@ -203,6 +208,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
             PrecisionArg::Fp32 => Storage::Fp32,
             PrecisionArg::Fp16 => Storage::Fp16,
         },
+        bucket_bytes: args.bucket_kb.saturating_mul(1024),
     };
     let data = load_data(args.data.as_deref(), out)?;
     let start = match (&args.init, &args.resume) {

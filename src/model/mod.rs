@@ -45,6 +45,10 @@ impl ParamSpec {
     }
 }
 
+/// The order in which the backward pass finishes the gradient tensors (indices into
+/// [`PARAMS`]): the last layer's first.
+pub const BACKWARD_ORDER: [usize; 8] = [6, 7, 4, 5, 2, 3, 0, 1];
+
 /// The eight parameter tensors, in checkpoint order.
 pub const PARAMS: [ParamSpec; 8] = [
     ParamSpec {
@@ -377,10 +381,32 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
         labels: &[u8],
         grad_scale: Option<f32>,
     ) -> Result<ShardStats, BackendError> {
+        self.step_with(images, labels, grad_scale, |_, _| {})
+    }
+
+    /// [`Replica::step`] that hands each gradient tensor to `ready` (its index in [`PARAMS`]
+    /// and its buffer) as soon as the backward pass has finished writing it, in
+    /// [`BACKWARD_ORDER`]. This is the hook gradient buckets hang on: a bucket's allreduce can
+    /// start while the backward pass is still computing the layers before it.
+    pub fn step_with<'s>(
+        &'s mut self,
+        images: &[u8],
+        labels: &[u8],
+        grad_scale: Option<f32>,
+        mut ready: impl FnMut(usize, &'s mut B::Buffer<f32>),
+    ) -> Result<ShardStats, BackendError> {
         let n = labels.len();
         if n == 0 {
-            for g in &mut self.grads {
-                self.dev.fill(g, 0.0)?;
+            if grad_scale.is_some() {
+                let Replica { dev, grads, .. } = self;
+                let mut slots: Vec<Option<&'s mut B::Buffer<f32>>> =
+                    grads.iter_mut().map(Some).collect();
+                for i in BACKWARD_ORDER {
+                    if let Some(g) = slots[i].take() {
+                        dev.fill(g, 0.0)?;
+                        ready(i, g);
+                    }
+                }
             }
             return Ok(ShardStats::default());
         }
@@ -490,7 +516,9 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
             &a.h,
             g_w4,
         )?;
+        ready(6, g_w4);
         dev.conv2d_backward_bias(&columns(n, CLASSES), &a.d_logits, g_b4)?;
+        ready(7, g_b4);
         T::gemm(
             dev,
             &GemmShape::new(n, 128, CLASSES),
@@ -515,7 +543,9 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
             &a.p2,
             g_w3,
         )?;
+        ready(4, g_w3);
         dev.conv2d_backward_bias(&columns(n, 128), &a.d_h, g_b3)?;
+        ready(5, g_b3);
         T::gemm(
             dev,
             &GemmShape::new(n, 800, 128),
@@ -529,13 +559,17 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
         dev.avg_pool_backward(&pool2(n), &a.d_p2, &mut a.d_c2_lin)?;
         dev.relu_backward(&a.c2, &a.d_c2_lin, &mut a.d_c2)?;
         dev.conv2d_backward_filter(&conv2(n), &a.p1, &a.d_c2, g_w2)?;
+        ready(2, g_w2);
         dev.conv2d_backward_bias(&conv2(n), &a.d_c2, g_b2)?;
+        ready(3, g_b2);
         dev.conv2d_backward_input(&conv2(n), &a.d_c2, w2, &mut a.d_p1)?;
         // pool1, conv1's ReLU, conv1 (no gradient for the images).
         dev.avg_pool_backward(&pool1(n), &a.d_p1, &mut a.d_c1_lin)?;
         dev.relu_backward(&a.c1, &a.d_c1_lin, &mut a.d_c1)?;
         dev.conv2d_backward_filter(&conv1(n), &a.x, &a.d_c1, g_w1)?;
+        ready(0, g_w1);
         dev.conv2d_backward_bias(&conv1(n), &a.d_c1, g_b1)?;
+        ready(1, g_b1);
         Ok(stats)
     }
 

@@ -16,7 +16,7 @@ use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, Reduc
 use crate::comm::schedule::Algorithm;
 use crate::comm::transport::CommDevice;
 use crate::data::{Batches, Dataset};
-use crate::model::{Activation, Replica, ShardStats, IMAGE, PARAMS};
+use crate::model::{Activation, Replica, ShardStats, BACKWARD_ORDER, IMAGE, PARAMS};
 use half::f16;
 
 /// What can stop training.
@@ -73,6 +73,37 @@ pub struct TrainConfig {
     pub stop_after: Option<usize>,
     /// How activations are stored.
     pub precision: Storage,
+    /// Gradient bucket capacity in bytes (see [`gradient_buckets`]); 0 puts every gradient
+    /// in one bucket, reduced after the backward pass.
+    pub bucket_bytes: usize,
+}
+
+/// Gradient buckets, as PyTorch DDP forms them: tensors in the order the backward pass
+/// finishes them ([`BACKWARD_ORDER`]), a bucket closed once it holds at least `cap_bytes`
+/// (so a bucket is never split inside a tensor). `cap_bytes` 0 means one bucket.
+///
+/// ```
+/// // LeNet at 64 KiB: [fc2.weight, fc2.bias, fc1.weight], [fc1.bias, conv2.weight],
+/// // [conv2.bias, conv1.weight, conv1.bias].
+/// assert_eq!(
+///     nanoddp::train::gradient_buckets(64 << 10),
+///     vec![vec![6, 7, 4], vec![5, 2], vec![3, 0, 1]]
+/// );
+/// ```
+pub fn gradient_buckets(cap_bytes: usize) -> Vec<Vec<usize>> {
+    let mut buckets = vec![Vec::new()];
+    let mut bytes = 0;
+    for i in BACKWARD_ORDER {
+        let open = buckets.last_mut().expect("never empty");
+        open.push(i);
+        bytes += PARAMS[i].len() * std::mem::size_of::<f32>();
+        if cap_bytes > 0 && bytes >= cap_bytes {
+            buckets.push(Vec::new());
+            bytes = 0;
+        }
+    }
+    buckets.retain(|b| !b.is_empty());
+    buckets
 }
 
 /// Activation storage: f32, or f16 with f32 master weights and dynamic loss scaling.
@@ -275,6 +306,60 @@ fn evaluate<D: CommDevice + Backend + Clone + 'static, T: Activation>(
     Ok(all.correct as f64 / all.count.max(1) as f64)
 }
 
+/// Forward and backward on this rank's shard with the gradients' allreduce overlapped: a
+/// communication thread owns the rank for the step and reduces each bucket (tensor by tensor,
+/// in bucket order, the same on every rank) as soon as the backward pass hands it over.
+/// Returns the shard's statistics and the seconds the compute thread waited for
+/// communication after its backward pass (the part not hidden behind compute).
+fn step_and_reduce<D, T>(
+    rank: &mut Rank<D>,
+    replica: &mut Replica<D, T>,
+    (images, labels, grad_scale): (&[u8], &[u8], f32),
+    bucket_of: &[usize; PARAMS.len()],
+    algorithm: Option<Algorithm>,
+) -> Result<(ShardStats, f64), TrainError>
+where
+    D: CommDevice + Backend + Clone + 'static,
+    <D as Memory>::Buffer<f32>: Send,
+    T: Activation,
+{
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<Vec<&mut <D as Memory>::Buffer<f32>>>();
+        let comm = scope.spawn(move || -> Result<(), CommError> {
+            for bucket in rx {
+                for g in bucket {
+                    rank.all_reduce(g, ReduceOp::Sum, algorithm)?;
+                }
+            }
+            Ok(())
+        });
+        let mut open = Vec::new();
+        let mut filled = [0usize; PARAMS.len()];
+        let mut sizes = [0usize; PARAMS.len()];
+        for &b in bucket_of {
+            sizes[b] += 1;
+        }
+        let computed = replica.step_with(images, labels, Some(grad_scale), |i, g| {
+            open.push(g);
+            filled[bucket_of[i]] += 1;
+            if filled[bucket_of[i]] == sizes[bucket_of[i]] {
+                // A failed send means the communication thread already stopped on an
+                // error, which its join below reports.
+                let _ = tx.send(std::mem::take(&mut open));
+            }
+        });
+        drop(tx);
+        let t = Instant::now();
+        let reduced = comm
+            .join()
+            .map_err(|_| TrainError::Config("the gradient communication thread panicked".into()))?;
+        let exposed = t.elapsed().as_secs_f64();
+        let stats = computed?;
+        reduced?;
+        Ok((stats, exposed))
+    })
+}
+
 /// One device's training loop.
 fn run_rank<D: CommDevice + Backend + Clone + 'static, T: Activation>(
     mut rank: Rank<D>,
@@ -282,7 +367,10 @@ fn run_rank<D: CommDevice + Backend + Clone + 'static, T: Activation>(
     data: &Dataset,
     cfg: &TrainConfig,
     events: &mpsc::Sender<Event>,
-) -> Result<Vec<Vec<f32>>, TrainError> {
+) -> Result<Vec<Vec<f32>>, TrainError>
+where
+    <D as Memory>::Buffer<f32>: Send,
+{
     let (n, me) = (rank.size(), rank.rank());
     let mut replica = Replica::<D, T>::new(rank.device().clone(), &start.weights)?;
     let mut scaler = LossScaler::new(T::HALF);
@@ -297,6 +385,13 @@ fn run_rank<D: CommDevice + Backend + Clone + 'static, T: Activation>(
         .max_steps
         .unwrap_or(usize::MAX)
         .min(steps_per_epoch * cfg.epochs);
+    let mut bucket_of = [0; PARAMS.len()];
+    let buckets = gradient_buckets(cfg.bucket_bytes);
+    for (b, tensors) in buckets.iter().enumerate() {
+        for &i in tensors {
+            bucket_of[i] = b;
+        }
+    }
     let mut step = start.step;
     let last_epoch = cfg.stop_after.unwrap_or(cfg.epochs).min(cfg.epochs);
     for epoch in start.epoch + 1..=last_epoch {
@@ -320,12 +415,15 @@ fn run_rank<D: CommDevice + Backend + Clone + 'static, T: Activation>(
             let global: usize = shards.iter().map(|s| s.indices.len()).sum();
             let (images, labels) =
                 gather(&data.train_images, &data.train_labels, &shards[me].indices);
-            let local = replica.step(&images, &labels, Some(scaler.scale / global as f32))?;
-            let t = Instant::now();
-            for g in &mut replica.grads {
-                rank.all_reduce(g, ReduceOp::Sum, cfg.algorithm)?;
-            }
-            allreduce_s += t.elapsed().as_secs_f64();
+            let grad_scale = scaler.scale / global as f32;
+            let (local, exposed) = step_and_reduce(
+                &mut rank,
+                &mut replica,
+                (&images, &labels, grad_scale),
+                &bucket_of,
+                cfg.algorithm,
+            )?;
+            allreduce_s += exposed;
             let lr = learning_rate(cfg, step, total_steps);
             let sgd = SgdStep {
                 lr,
