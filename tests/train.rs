@@ -233,6 +233,17 @@ fn the_command_line_reports_user_errors_with_exit_code_2() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let out = std::process::Command::new(exe)
+        .args(["train", "--plot", "x.png"])
+        .env(
+            "NANODDP_FONT",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Cargo.toml: not a TrueType font"), "{err}");
     let ok = std::process::Command::new(exe)
         .args(["train", "--data"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fashion-mnist-subset"))
@@ -324,4 +335,100 @@ fn mixed_precision_trains_and_the_loss_scale_backs_off_on_overflow() {
     assert_eq!(s.scale, 65536.0, "2000 clean steps double it");
     let off = LossScaler::new(false);
     assert_eq!((off.scale, off.enabled), (1.0, false));
+}
+
+/// The points of the SVG polylines drawn in `color` with exactly `n` points.
+fn polylines(svg: &str, color: &str, n: usize) -> Vec<Vec<(f64, f64)>> {
+    svg.lines()
+        .filter(|l| l.starts_with("<polyline") && l.contains(&format!("stroke=\"{color}\"")))
+        .filter_map(|l| {
+            let pts = l.split("points=\"").nth(1)?.split('"').next()?;
+            let p: Vec<(f64, f64)> = pts
+                .split_whitespace()
+                .map(|xy| {
+                    let (x, y) = xy.split_once(',').expect("x,y");
+                    (x.parse().unwrap(), y.parse().unwrap())
+                })
+                .collect();
+            (p.len() == n).then_some(p)
+        })
+        .collect()
+}
+
+#[test]
+fn the_plot_draws_the_curves_the_metrics_record() {
+    let exe = env!("CARGO_BIN_EXE_nanoddp");
+    let dir = std::env::temp_dir().join(format!("nanoddp-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let subset = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fashion-mnist-subset");
+    let (svg, png, metrics) = (dir.join("c.svg"), dir.join("c.png"), dir.join("m.jsonl"));
+    for plot in [&svg, &png] {
+        let out = std::process::Command::new(exe)
+            .args(["train", "--data"])
+            .arg(&subset)
+            .args([
+                "--epochs",
+                "3",
+                "--batch",
+                "500",
+                "--devices",
+                "2",
+                "--plot",
+            ])
+            .arg(plot)
+            .arg("--metrics")
+            .arg(&metrics)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // 3000 images in batches of 500: 6 steps per epoch, 18 in all.
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let step_loss: Vec<f64> = records
+        .iter()
+        .filter_map(|r| r.get("loss")?.as_f64())
+        .collect();
+    let test_acc: Vec<f64> = records
+        .iter()
+        .filter_map(|r| r.get("test_acc")?.as_f64())
+        .collect();
+    assert_eq!((step_loss.len(), test_acc.len()), (18, 3));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    // Higher values sit higher on the picture (smaller y), pair by pair.
+    let agrees = |values: &[f64], points: &[(f64, f64)]| {
+        for i in 0..values.len() {
+            for j in 0..values.len() {
+                if values[i] > values[j] + 1e-3 {
+                    assert!(points[i].1 <= points[j].1, "{values:?} drawn as {points:?}");
+                }
+            }
+            if i > 0 {
+                assert!(points[i].0 > points[i - 1].0, "x increases: {points:?}");
+            }
+        }
+    };
+    let steps = polylines(&svg, "#96B4E6", 18);
+    assert_eq!(steps.len(), 1, "one per-step loss curve of 18 points");
+    agrees(&step_loss, &steps[0]);
+    let test = polylines(&svg, "#D62728", 3);
+    assert_eq!(test.len(), 1, "one test-accuracy curve of 3 points");
+    agrees(&test_acc, &test[0]);
+    // The PNG: the promised size, with test-accuracy red actually painted.
+    let decoder = png::Decoder::new(std::fs::File::open(&png).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!((info.width, info.height), (1200, 450));
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    let red = buf.chunks(3).filter(|p| p == &[214, 39, 40]).count();
+    assert!(red > 200, "{red} test-accuracy pixels");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

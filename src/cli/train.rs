@@ -108,6 +108,10 @@ pub struct TrainArgs {
     /// Write one JSON record per step and per epoch here.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
+    /// Draw the loss and accuracy curves here after every epoch (PNG; SVG if the name ends
+    /// in .svg). Needs a TrueType font: DejaVu Sans (fonts-dejavu-core) or $NANODDP_FONT.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     /// Save a safetensors checkpoint here after every epoch (atomically).
     #[arg(long)]
     pub save: Option<PathBuf>,
@@ -210,6 +214,9 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
         },
         bucket_bytes: args.bucket_kb.saturating_mul(1024),
     };
+    if args.plot.is_some() {
+        super::plot::load_font()?;
+    }
     let data = load_data(args.data.as_deref(), out)?;
     let start = match (&args.init, &args.resume) {
         (Some(path), _) => from_weights(checkpoint::load(path)?.weights),
@@ -245,6 +252,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
         .progress_chars("=> "),
     );
     let save = args.save.clone();
+    let mut curves = super::plot::Curves::default();
     let mut on_event = |event: Event| -> Result<(), TrainError> {
         let io = |e: std::io::Error| TrainError::Config(format!("writing metrics: {e}"));
         match event {
@@ -252,6 +260,9 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
                 bar.set_prefix(s.epoch.to_string());
                 bar.set_position(((s.step - 1) as u64 % steps_per_epoch) + 1);
                 bar.set_message(format!("{:.4}", s.loss));
+                curves
+                    .step_loss
+                    .push((s.step as f64 / steps_per_epoch as f64, s.loss));
                 if let Some(m) = metrics.as_mut() {
                     let rec = serde_json::json!({"step": s.step, "epoch": s.epoch, "loss": s.loss, "lr": s.lr, "loss_scale": s.loss_scale});
                     writeln!(m, "{rec}").map_err(io)?;
@@ -274,6 +285,12 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
                         "test_acc": e.test_acc, "seconds": e.seconds, "images_per_s": e.images_per_s, "allreduce_share": e.allreduce_share});
                     writeln!(m, "{rec}").map_err(io)?;
                     m.flush().map_err(io)?;
+                }
+                curves
+                    .epochs
+                    .push((e.epoch as f64, e.train_loss, e.train_acc, e.test_acc));
+                if let Some(path) = &args.plot {
+                    super::plot::draw(path, &curves).map_err(TrainError::Config)?;
                 }
                 if let Some(path) = &save {
                     checkpoint::save(path, &state)

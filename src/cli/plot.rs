@@ -1,0 +1,174 @@
+//! `train --plot`: the loss and accuracy curves of a run, redrawn after every epoch (so an
+//! interrupted run still leaves its picture). PNG, or SVG when the name ends in `.svg`.
+//! Text needs a TrueType font, found at run time: `$NANODDP_FONT`, then DejaVu Sans where
+//! Debian and Fedora put it (`apt-get install fonts-dejavu-core`).
+
+use std::path::{Path, PathBuf};
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+const FONT_PATHS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
+];
+
+/// Width and height of the picture in pixels.
+pub const SIZE: (u32, u32) = (1200, 450);
+
+/// The curves collected so far.
+#[derive(Debug, Default)]
+pub struct Curves {
+    /// (epoch as a fraction: step / steps per epoch, mean loss of the step's global batch).
+    pub step_loss: Vec<(f64, f64)>,
+    /// (epoch, train loss, train accuracy, test accuracy).
+    pub epochs: Vec<(f64, f64, f64, f64)>,
+}
+
+/// Registers the font once; a missing font is an error the user can act on, reported before
+/// training starts.
+pub fn load_font() -> Result<(), String> {
+    let candidates: Vec<PathBuf> = std::env::var_os("NANODDP_FONT")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(FONT_PATHS.iter().map(PathBuf::from))
+        .collect();
+    let Some(path) = candidates.iter().find(|p| p.is_file()) else {
+        return Err(format!(
+            "--plot needs a TrueType font for its labels and found none (tried {}): install one \
+             (Debian/Ubuntu: apt-get install fonts-dejavu-core) or set NANODDP_FONT=FILE.ttf",
+            FONT_PATHS.join(", ")
+        ));
+    };
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // plotters keeps fonts for the life of the process; this runs once per run.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| format!("{}: not a TrueType font plotters can read", path.display()))
+}
+
+/// Draws `curves` into `path` (PNG, or SVG for `*.svg`).
+pub fn draw(path: &Path, curves: &Curves) -> Result<(), String> {
+    let svg = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    let result = if svg {
+        let root = SVGBackend::new(path, SIZE).into_drawing_area();
+        panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))
+    } else {
+        let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+        panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))
+    };
+    result.map_err(|e| format!("drawing {}: {e}", path.display()))
+}
+
+/// Color of the per-step loss (light) and of the epoch train figures.
+const STEP_LOSS: RGBColor = RGBColor(150, 180, 230);
+/// Train loss and train accuracy per epoch.
+pub const TRAIN: RGBColor = RGBColor(31, 119, 180);
+/// Test accuracy per epoch.
+pub const TEST: RGBColor = RGBColor(214, 39, 40);
+
+fn panels<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &Curves) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(err)?;
+    let (left, right) = root.split_horizontally(SIZE.0 / 2);
+    let last = c
+        .step_loss
+        .last()
+        .map(|p| p.0)
+        .into_iter()
+        .chain(c.epochs.last().map(|e| e.0))
+        .fold(1.0f64, f64::max);
+    let first = c
+        .step_loss
+        .first()
+        .map(|p| p.0.floor())
+        .unwrap_or(0.0)
+        .min(last - 1.0);
+    let max_loss = c
+        .step_loss
+        .iter()
+        .map(|p| p.1)
+        .chain(c.epochs.iter().map(|e| e.1))
+        .filter(|v| v.is_finite())
+        .fold(0.1f64, f64::max);
+
+    let mut loss = ChartBuilder::on(&left)
+        .caption("loss", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(first..last, 0.0..max_loss * 1.05)
+        .map_err(err)?;
+    loss.configure_mesh()
+        .x_desc("epoch")
+        .y_desc("cross-entropy")
+        .draw()
+        .map_err(err)?;
+    loss.draw_series(LineSeries::new(c.step_loss.iter().copied(), &STEP_LOSS))
+        .map_err(err)?
+        .label("per step (global batch)")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], STEP_LOSS));
+    loss.draw_series(LineSeries::new(
+        c.epochs.iter().map(|e| (e.0, e.1)),
+        TRAIN.stroke_width(2),
+    ))
+    .map_err(err)?
+    .label("train, epoch mean")
+    .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], TRAIN.stroke_width(2)));
+    loss.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+
+    let low = c
+        .epochs
+        .iter()
+        .flat_map(|e| [e.2, e.3])
+        .fold(1.0f64, f64::min);
+    let low = ((low * 10.0).floor() / 10.0).clamp(0.0, 0.9);
+    let mut acc = ChartBuilder::on(&right)
+        .caption("accuracy", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(first..last, low..1.0)
+        .map_err(err)?;
+    acc.configure_mesh()
+        .x_desc("epoch")
+        .y_desc("fraction correct")
+        .draw()
+        .map_err(err)?;
+    for (color, pick, name) in [
+        (TRAIN, 2usize, "train (during the epoch)"),
+        (TEST, 3, "test (after the epoch)"),
+    ] {
+        let value = move |e: &(f64, f64, f64, f64)| if pick == 2 { e.2 } else { e.3 };
+        acc.draw_series(LineSeries::new(
+            c.epochs.iter().map(|e| (e.0, value(e))),
+            color.stroke_width(2),
+        ))
+        .map_err(err)?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        acc.draw_series(
+            c.epochs
+                .iter()
+                .map(|e| Circle::new((e.0, value(e)), 4, color.filled())),
+        )
+        .map_err(err)?;
+    }
+    acc.configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
