@@ -91,20 +91,52 @@ struct BlockView {
     dim3 block_dim;
     dim3 grid_dim;
 };
+// A warp rendezvous: every lane in `mask` deposits `payload`; the last to arrive calls
+// `complete(payloads, mask)` (payloads indexed by lane, null outside the mask), which
+// computes every lane's result through the payload pointers. `complete` returns an error
+// message or null. Lanes must agree on the mask and on `complete` (the operation).
+using WarpComplete = const char* (*)(void* const* payloads, unsigned mask);
+
+// The runtime as a table of functions: how a kernel compiled separately into a shared
+// library (a user's own .cu, built by nanoddp::backend::simt_module with SIMT_MODULE
+// defined) reaches the runtime linked into the program, without exported symbols.
+struct RuntimeTable {
+    unsigned version;
+    ThreadView* (*thread)();
+    BlockView* (*block)();
+    void (*syncthreads)(const char* file, int line);
+    void* (*dynamic_shared)();
+    void (*register_shared)(void* p, std::size_t bytes);
+    unsigned (*active_mask)();
+    void (*warp_sync)(unsigned mask, void* payload, WarpComplete complete, const char* op, const char* file, int line);
+};
+constexpr unsigned RUNTIME_TABLE_VERSION = 1;
+
+#if defined(SIMT_MODULE)
+// A separately compiled module: every runtime call goes through the table it was bound to.
+inline const RuntimeTable* runtime = nullptr;
+inline void syncthreads(const char* file, int line) { runtime->syncthreads(file, line); }
+inline void* dynamic_shared() { return runtime->dynamic_shared(); }
+inline void register_shared(void* p, std::size_t bytes) { runtime->register_shared(p, bytes); }
+inline unsigned active_mask() { return runtime->active_mask(); }
+inline void warp_sync(unsigned mask, void* payload, WarpComplete complete, const char* op, const char* file, int line) {
+    runtime->warp_sync(mask, payload, complete, op, file, line);
+}
+#define SIMT_THREAD_VIEW (::simt::runtime->thread())
+#define SIMT_BLOCK_VIEW (::simt::runtime->block())
+#else
 extern thread_local ThreadView* tls_thread;
 extern thread_local BlockView* tls_block;
+#define SIMT_THREAD_VIEW (::simt::tls_thread)
+#define SIMT_BLOCK_VIEW (::simt::tls_block)
 
 // Runtime entry points (kernels/simt_host.cpp).
 void syncthreads(const char* file, int line);
 void* dynamic_shared();
 void register_shared(void* p, std::size_t bytes);
 unsigned active_mask();
-// A warp rendezvous: every lane in `mask` deposits `payload`; the last to arrive calls
-// `complete(payloads, mask)` (payloads indexed by lane, null outside the mask), which
-// computes every lane's result through the payload pointers. `complete` returns an error
-// message or null. Lanes must agree on the mask and on `complete` (the operation).
-using WarpComplete = const char* (*)(void* const* payloads, unsigned mask);
 void warp_sync(unsigned mask, void* payload, WarpComplete complete, const char* op, const char* file, int line);
+#endif
 
 // ---- shuffles and votes, as payload + completion function
 enum class Shfl { Idx, Up, Down, Xor };
@@ -188,10 +220,10 @@ inline void syncwarp(const char* file, int line, unsigned mask = 0xffffffffu) {
 
 }  // namespace simt
 
-#define threadIdx (::simt::tls_thread->thread_idx)
-#define blockIdx (::simt::tls_block->block_idx)
-#define blockDim (::simt::tls_block->block_dim)
-#define gridDim (::simt::tls_block->grid_dim)
+#define threadIdx (SIMT_THREAD_VIEW->thread_idx)
+#define blockIdx (SIMT_BLOCK_VIEW->block_idx)
+#define blockDim (SIMT_BLOCK_VIEW->block_dim)
+#define gridDim (SIMT_BLOCK_VIEW->grid_dim)
 #define warpSize 32
 
 #define __syncthreads() ::simt::syncthreads(__FILE__, __LINE__)
@@ -520,6 +552,54 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, TD>& d, const fragment<ma
 }
 }  // namespace wmma
 }  // namespace nvcuda
+
+#if defined(SIMT_MODULE)
+// ---- entry points of a separately compiled module, generated per kernel by
+// nanoddp::backend::simt_module: CUDA's kernelParams convention (one pointer per argument)
+// unpacked by the kernel's own parameter types, and those types as a signature string
+// ("const f32*,f32*,i32") that the Rust side checks every launch against.
+#include <string>
+#include <utility>
+namespace simt {
+template <class T>
+constexpr const char* scalar_code() {
+    using U = std::remove_cv_t<T>;
+    if constexpr (std::is_same_v<U, float>) return "f32";
+    else if constexpr (std::is_same_v<U, double>) return "f64";
+    else if constexpr (std::is_same_v<U, __half>) return "f16";
+    else if constexpr (std::is_same_v<U, int>) return "i32";
+    else if constexpr (std::is_same_v<U, unsigned int>) return "u32";
+    else if constexpr (std::is_same_v<U, long long> || std::is_same_v<U, long>) return "i64";
+    else if constexpr (std::is_same_v<U, unsigned long long> || std::is_same_v<U, unsigned long>) return "u64";
+    else if constexpr (std::is_same_v<U, unsigned char>) return "u8";
+    else static_assert(sizeof(T) == 0, "kernel parameters must be float, double, __half, int, unsigned, (unsigned) long long, unsigned char, or pointers to them");
+}
+template <class T>
+std::string param_code() {
+    using U = std::remove_cv_t<T>;
+    if constexpr (std::is_pointer_v<U>) {
+        using P = std::remove_pointer_t<U>;
+        return std::string(std::is_const_v<P> ? "const " : "") + scalar_code<P>() + "*";
+    } else {
+        return scalar_code<U>();
+    }
+}
+template <class... A>
+std::string signature(void (*)(A...)) {
+    std::string s;
+    ((s += (s.empty() ? "" : ","), s += param_code<A>()), ...);
+    return s;
+}
+template <class... A, std::size_t... I>
+void invoke_unpacked(void (*kernel)(A...), void* const* params, std::index_sequence<I...>) {
+    kernel(*static_cast<std::remove_cv_t<A>*>(params[I])...);
+}
+template <class... A>
+void invoke(void (*kernel)(A...), void* const* params) {
+    invoke_unpacked(kernel, params, std::index_sequence_for<A...>{});
+}
+}  // namespace simt
+#endif  // SIMT_MODULE
 
 #endif  // host side
 

@@ -878,3 +878,18 @@ extern "C" int simt_launch(const simt_launch_desc* d, simt_error* err) {
 
 extern "C" void* simt_alloc(size_t bytes, size_t align) { return simt::guarded_alloc(bytes, align); }
 extern "C" void simt_free(void* p) { simt::guarded_free(p); }
+
+// The runtime table a separately compiled module (SIMT_MODULE) binds to.
+extern "C" const simt::RuntimeTable* simt_runtime_table() {
+    static const simt::RuntimeTable table = {
+        simt::RUNTIME_TABLE_VERSION,
+        [] { return simt::tls_thread; },
+        [] { return simt::tls_block; },
+        simt::syncthreads,
+        simt::dynamic_shared,
+        simt::register_shared,
+        simt::active_mask,
+        simt::warp_sync,
+    };
+    return &table;
+}

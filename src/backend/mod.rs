@@ -20,6 +20,7 @@ pub mod nvrtc;
 pub mod ops;
 pub mod shapes;
 pub mod simt;
+pub mod simt_module;
 
 mod error;
 mod kernel_ops;

@@ -84,12 +84,24 @@ fn loaded_library_dir(name: &str) -> Option<PathBuf> {
 /// Compiles `module` for compute capability `major.minor`.
 pub fn compile(
     module: &KernelModule,
+    arch: (i32, i32),
+    output: Output,
+) -> Result<Vec<u8>, BackendError> {
+    compile_source(module.name, module.file, module.source, arch, output)
+}
+
+/// Compiles CUDA C++ `source` (self-contained: local includes already inlined) for compute
+/// capability `major.minor`; `name` labels errors and `file` is the name NVRTC reports.
+pub fn compile_source(
+    name: &str,
+    file: &str,
+    source: &str,
     (major, minor): (i32, i32),
     output: Output,
 ) -> Result<Vec<u8>, BackendError> {
     if !is_available() {
         return Err(BackendError::NoNvrtc {
-            module: module.name.to_string(),
+            module: name.to_string(),
         });
     }
     let arch = match output {
@@ -97,14 +109,14 @@ pub fn compile(
         Output::Ptx => format!("compute_{major}{minor}"),
     };
     let compile_error = |log: String| BackendError::Compile {
-        module: module.name.to_string(),
+        module: name.to_string(),
         arch: arch.clone(),
         log,
     };
-    let source = CString::new(module.source)
-        .map_err(|_| compile_error("source contains a NUL byte".into()))?;
-    let name = CString::new(module.file)
-        .map_err(|_| compile_error("file name contains a NUL byte".into()))?;
+    let source =
+        CString::new(source).map_err(|_| compile_error("source contains a NUL byte".into()))?;
+    let name =
+        CString::new(file).map_err(|_| compile_error("file name contains a NUL byte".into()))?;
     // Creating the program loads libnvrtc for good, which `include_dirs` looks for.
     let program =
         result::create_program(&source, Some(&name)).map_err(|e| compile_error(e.to_string()))?;

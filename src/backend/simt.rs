@@ -293,8 +293,26 @@ impl Device for SimtDevice {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), BackendError> {
-        check_launch(kernel, &cfg, args)?;
         let entry = entry_for(kernel)?;
+        // SAFETY: the entry point is the kernel's own (looked up by signature); the rest is
+        // the caller's contract, passed on.
+        unsafe { self.launch_entry(entry, kernel, cfg, args) }
+    }
+}
+
+impl SimtDevice {
+    /// Runs `entry`, the emulator entry point of `kernel`, after checking the launch.
+    ///
+    /// # Safety
+    /// `entry` must unpack exactly `kernel`'s parameters; otherwise as [`Device::launch`].
+    pub(crate) unsafe fn launch_entry(
+        &self,
+        entry: simt_entries::Entry,
+        kernel: &KernelSignature,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), BackendError> {
+        check_launch(kernel, &cfg, args)?;
         // kernelParams: one pointer per argument, to that argument's value. Every argument
         // is at most 8 bytes; smaller ones sit in the low bytes (little-endian).
         let mut values: Vec<u64> = args
@@ -337,8 +355,8 @@ impl Device for SimtDevice {
             message: [0; 512],
         };
         // SAFETY: desc and raw are valid for the call; params point at `values`, which
-        // outlive it; the entry point matches the kernel (looked up by signature); pointer
-        // arguments and bounds are the caller's contract (`Device::launch`).
+        // outlive it; the entry point matches the kernel and pointer arguments and bounds
+        // are the caller's contract (this function's and `Device::launch`'s).
         let status = unsafe { simt_launch(&desc, &mut raw) };
         if status == 0 {
             return Ok(());
