@@ -31,6 +31,12 @@ enum Command {
     /// Kernels are prebuilt when nvcc was found at build time (set NVCC or CUDA_HOME);
     /// otherwise they are compiled by NVRTC on first use on a GPU.
     Info,
+    /// Show an allreduce algorithm's steps: as text, or with --svg FILE as a picture (ranks as
+    /// lanes, one column per step, chunks as colored blocks) drawn from the same schedule
+    /// the transports execute.
+    ///
+    /// Example: nanoddp schedule --algo ring -n 4 --svg ring.svg
+    Schedule(cli::schedule::ScheduleArgs),
     /// Measure speed. `nanoddp bench kernels` times the operations LeNet trains with, at its
     /// shapes (batch 256 by default), and a 1024³ GEMM, and prints GFLOP/s next to this
     /// CPU's measured peak.
@@ -83,6 +89,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Info => cli::info::run(&mut std::io::stdout().lock()).map_err(Into::into),
+        Command::Schedule(args) => {
+            if let Err(e) = cli::schedule::run(&mut std::io::stdout().lock(), args) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            Ok(())
+        }
         Command::Eval(args) => {
             if let Err(e) = cli::train::eval(&mut std::io::stdout().lock(), args) {
                 eprintln!("error: {e}");

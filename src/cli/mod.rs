@@ -4,4 +4,5 @@ pub mod bench_allreduce;
 pub mod bench_kernels;
 pub mod info;
 pub mod plot;
+pub mod schedule;
 pub mod train;

@@ -9,6 +9,7 @@
 //!   `collective.cu` kernel dereferencing peer pointers).
 //! * [`communicator`]: ranks, the announce/execute/drain protocol, timeouts and aborts.
 //! * [`model`]: the α-β model `auto` uses to pick an algorithm.
+//! * [`picture`]: a schedule drawn as SVG (`nanoddp schedule --svg`).
 //!
 //! ```
 //! use nanoddp::backend::{cpu::CpuDevice, Memory};
@@ -33,6 +34,7 @@
 //! ```
 pub mod communicator;
 pub mod model;
+pub mod picture;
 pub mod schedule;
 pub mod transport;
 pub mod tree;

@@ -1,0 +1,113 @@
+//! `nanoddp schedule`: an allreduce algorithm's steps, as text or as an SVG picture drawn
+//! from the same schedule the transports execute.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use nanoddp::comm::picture::schedule_svg;
+use nanoddp::comm::schedule::{all_reduce, Buffer};
+
+use super::bench_allreduce::AlgoArg;
+
+/// `schedule` options.
+#[derive(Debug, clap::Args)]
+pub struct ScheduleArgs {
+    /// Algorithm to draw (auto is not one: pick ring, tree, direct or oneshot).
+    #[arg(long, value_enum, default_value_t = AlgoArg::Ring)]
+    pub algo: AlgoArg,
+    /// Ranks.
+    #[arg(short = 'n', long = "ranks", default_value_t = 4)]
+    pub ranks: usize,
+    /// Elements reduced (default: 4 per rank, so chunks are visible).
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Pipelining slice in elements for ring and tree (default: the whole count, one slice).
+    #[arg(long)]
+    pub slice: Option<usize>,
+    /// Out of place (input and output distinct) instead of in place.
+    #[arg(long)]
+    pub out_of_place: bool,
+    /// Write the picture here (SVG); without it the steps are printed as text.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+/// Runs the command.
+pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(algorithm) = args.algo.algorithm() else {
+        return Err(
+            "--algo auto picks per size at run time; name one of ring, tree, direct, oneshot"
+                .into(),
+        );
+    };
+    if args.ranks == 0 || args.ranks > 64 {
+        return Err("-n must be between 1 and 64".into());
+    }
+    let count = args.count.unwrap_or(4 * args.ranks);
+    let slice = args.slice.unwrap_or(count).max(1);
+    let schedule = all_reduce(algorithm, args.ranks, count, slice, !args.out_of_place);
+    let steps = schedule.steps.iter().map(Vec::len).max().unwrap_or(0);
+    let title = format!(
+        "{} allreduce, n = {}, {count} elements{}: {steps} steps",
+        algorithm.name(),
+        args.ranks,
+        if args.out_of_place {
+            ", out of place"
+        } else {
+            ", in place"
+        }
+    );
+    match &args.svg {
+        Some(path) => {
+            std::fs::write(path, schedule_svg(&schedule, count, &title))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            writeln!(out, "{title}: drawn to {}", path.display())?;
+        }
+        None => {
+            writeln!(out, "{title}")?;
+            for (rank, steps) in schedule.steps.iter().enumerate() {
+                for (k, s) in steps.iter().enumerate() {
+                    let name = |b: Buffer| match b {
+                        Buffer::Input => "in",
+                        Buffer::Output => "out",
+                        Buffer::Scratch => "scratch",
+                    };
+                    let list = |ops: &[nanoddp::comm::schedule::Operand]| {
+                        ops.iter()
+                            .map(|o| {
+                                format!(
+                                    "r{}.{}[{}..{}]",
+                                    o.rank,
+                                    name(o.buffer),
+                                    o.offset,
+                                    o.offset + s.len
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join(" + ")
+                    };
+                    writeln!(
+                        out,
+                        "rank {rank} step {:>2}: {} <- {}{}",
+                        k + 1,
+                        list(&s.dsts),
+                        list(&s.sources),
+                        if s.waits.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "   (after {})",
+                                s.waits
+                                    .iter()
+                                    .map(|(p, c)| format!("r{p} step {c}"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        }
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
