@@ -42,6 +42,8 @@
 //! * [`system`]: the host CPU's description and its measured peak.
 //! * [`train`]: the data-parallel training loop and checkpoints.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod comm;
 pub mod data;
@@ -49,3 +51,44 @@ pub mod kernels;
 pub mod model;
 pub mod system;
 pub mod train;
+
+/// The names most programs need, in one import: `use nanoddp::prelude::*;`.
+///
+/// ```
+/// use nanoddp::prelude::*;
+///
+/// // Two emulated GPUs: upload, allreduce across them, download.
+/// type Error = Box<dyn std::error::Error + Send + Sync>;
+/// let ranks = communicator(vec![SimtDevice::new(0), SimtDevice::new(1)], CommConfig::default())?;
+/// let sums = std::thread::scope(|s| {
+///     let handles: Vec<_> = ranks
+///         .into_iter()
+///         .map(|mut rank| {
+///             s.spawn(move || -> Result<Vec<f32>, Error> {
+///                 let dev = rank.device().clone();
+///                 let mut x = dev.upload(&[rank.rank() as f32 + 1.0; 3])?;
+///                 rank.all_reduce(&mut x, ReduceOp::Sum, Some(Algorithm::Ring))?;
+///                 Ok(dev.download(&x)?)
+///             })
+///         })
+///         .collect();
+///     handles.into_iter().map(|h| h.join().expect("no panic")).collect::<Result<Vec<_>, _>>()
+/// })?;
+/// assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]); // collective.cu under the emulator
+/// # Ok::<(), Error>(())
+/// ```
+pub mod prelude {
+    pub use crate::backend::cpu::CpuDevice;
+    pub use crate::backend::cuda::CudaDevice;
+    pub use crate::backend::simt::{LaneOrder, SimtDevice};
+    pub use crate::backend::simt_module::SimtModule;
+    pub use crate::backend::{
+        Backend, BackendError, Conv2dShape, Device, Epilogue, GemmShape, KernelArg, LaunchConfig,
+        Memory, Pool2dShape, SgdStep,
+    };
+    pub use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
+    pub use crate::comm::schedule::Algorithm;
+    pub use crate::data::Dataset;
+    pub use crate::model::{Replica, ShardStats, PARAMS};
+    pub use crate::train::{train, TrainConfig, TrainError};
+}

@@ -172,6 +172,7 @@ fn checkpoints_round_trip_and_reject_garbage() {
         velocity: Some(initial_weights(Recipe::Default, 4)),
         epoch: 4,
         step: 940,
+        loss_scale: Some((32768.0, 1234)),
     };
     checkpoint::save(&path, &ckpt).unwrap();
     assert!(
@@ -260,8 +261,28 @@ fn the_command_line_reports_user_errors_with_exit_code_2() {
 
 #[test]
 fn a_resumed_run_ends_exactly_where_the_uninterrupted_one_does() {
+    for precision in [Storage::Fp32, Storage::Fp16] {
+        resume_matches(TrainConfig {
+            precision,
+            ..config(100, 2, None)
+        });
+    }
+    // The loss scaler's progress toward its next doubling survives a checkpoint: 1500
+    // clean steps, saved and restored, then 500 more double the scale, as without the stop.
+    let mut scaler = LossScaler::new(true);
+    for _ in 0..1500 {
+        scaler.update(false);
+    }
+    let (scale, clean) = scaler.state();
+    let mut restored = LossScaler::restored(scale, clean);
+    for _ in 0..500 {
+        restored.update(false);
+    }
+    assert_eq!(restored.scale, 2.0 * LossScaler::INITIAL);
+}
+
+fn resume_matches(cfg: TrainConfig) {
     let data = subset();
-    let cfg = config(100, 2, None);
     let (straight, losses, _) = run(vec![CpuDevice::new(); 2], &data, &cfg);
     // Stop after epoch 1, keeping what `--save` would write, then resume for epoch 2.
     let mut saved = None;
@@ -284,6 +305,11 @@ fn a_resumed_run_ends_exactly_where_the_uninterrupted_one_does() {
     .unwrap();
     let saved = saved.expect("epoch 1 checkpoint");
     assert_eq!(saved.epoch, 1);
+    assert_eq!(
+        saved.loss_scale.is_some(),
+        cfg.precision == Storage::Fp16,
+        "the loss scale is saved exactly for fp16 runs"
+    );
     let mut resumed_losses = Vec::new();
     let resumed = train(vec![CpuDevice::new(); 2], &data, saved, &cfg, |e| {
         if let Event::Step(s) = e {
@@ -296,7 +322,11 @@ fn a_resumed_run_ends_exactly_where_the_uninterrupted_one_does() {
         resumed_losses,
         losses[losses.len() - resumed_losses.len()..].to_vec()
     );
-    assert_eq!(resumed[0], straight[0], "bitwise identical weights");
+    assert_eq!(
+        resumed[0], straight[0],
+        "{:?}: bitwise identical weights",
+        cfg.precision
+    );
 }
 
 #[test]

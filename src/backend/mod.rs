@@ -1,7 +1,7 @@
 //! Backends: where the operations run.
 //!
 //! * [`Memory`]: typed buffers ([`DeviceBuffer`]) and copies, on every backend.
-//! * [`Device`]: a [`Memory`] that runs the embedded kernels, given a [`KernelSignature`] and
+//! * [`Device`]: a [`Memory`] that runs the embedded kernels, given a [`KernelSignature`](crate::kernels::KernelSignature) and
 //!   the arguments in CUDA's `kernelParams` order. The typed launchers generated from the
 //!   `.cu` files (see [`crate::kernels`]) sit on top of that one method, so a kernel's
 //!   argument list is checked by the Rust compiler on every kernel backend at once.

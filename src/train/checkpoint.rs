@@ -46,6 +46,9 @@ pub struct Checkpoint {
     pub epoch: usize,
     /// Optimizer steps taken.
     pub step: usize,
+    /// Mixed precision's dynamic loss scale and its clean steps since the last change
+    /// (absent for fp32 runs), so a resumed fp16 run scales exactly as the uninterrupted one.
+    pub loss_scale: Option<(f32, usize)>,
 }
 
 /// Writes `ckpt` to `path` atomically (a temporary file in the same folder, renamed).
@@ -84,11 +87,15 @@ pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
             ))
         })
         .collect::<Result<Vec<_>, CheckpointError>>()?;
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         ("epoch".to_string(), ckpt.epoch.to_string()),
         ("step".to_string(), ckpt.step.to_string()),
         ("model".to_string(), "nanoddp LeNet".to_string()),
     ]);
+    if let Some((scale, clean)) = ckpt.loss_scale {
+        metadata.insert("loss_scale".to_string(), scale.to_string());
+        metadata.insert("loss_scale_clean_steps".to_string(), clean.to_string());
+    }
     let data = safetensors::tensor::serialize(views, Some(metadata))
         .map_err(|e| invalid(e.to_string()))?;
     let io = |source| CheckpointError::Io {
@@ -157,10 +164,24 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     } else {
         None
     };
+    let text = |key: &str| meta.metadata().as_ref().and_then(|m| m.get(key).cloned());
+    let loss_scale = match (text("loss_scale"), text("loss_scale_clean_steps")) {
+        (None, None) => None,
+        (Some(s), Some(c)) => match (s.parse::<f32>(), c.parse::<usize>()) {
+            (Ok(s), Ok(c)) if s.is_finite() && s >= 1.0 => Some((s, c)),
+            _ => {
+                return Err(invalid(format!(
+                    "loss scale metadata `{s}` / `{c}` is not a scale >= 1 and a step count"
+                )))
+            }
+        },
+        _ => return Err(invalid("loss scale metadata is incomplete".into())),
+    };
     Ok(Checkpoint {
         weights,
         velocity,
         epoch: number("epoch"),
         step: number("step"),
+        loss_scale,
     })
 }

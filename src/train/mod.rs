@@ -142,6 +142,20 @@ impl LossScaler {
         }
     }
 
+    /// A scaler continuing from a saved `(scale, clean steps)` (see [`LossScaler::state`]).
+    pub fn restored(scale: f32, clean: usize) -> Self {
+        LossScaler {
+            scale,
+            enabled: true,
+            clean: clean % Self::GROWTH_INTERVAL,
+        }
+    }
+
+    /// The scale and the clean steps since it last changed.
+    pub fn state(&self) -> (f32, usize) {
+        (self.scale, self.clean)
+    }
+
     /// Records a step: `overflow` means it was skipped.
     pub fn update(&mut self, overflow: bool) {
         if overflow {
@@ -261,6 +275,7 @@ pub fn from_weights(weights: Vec<Vec<f32>>) -> checkpoint::Checkpoint {
         velocity: None,
         epoch: 0,
         step: 0,
+        loss_scale: None,
     }
 }
 
@@ -373,7 +388,10 @@ where
 {
     let (n, me) = (rank.size(), rank.rank());
     let mut replica = Replica::<D, T>::new(rank.device().clone(), &start.weights)?;
-    let mut scaler = LossScaler::new(T::HALF);
+    let mut scaler = match start.loss_scale {
+        Some((scale, clean)) if T::HALF => LossScaler::restored(scale, clean),
+        _ => LossScaler::new(T::HALF),
+    };
     let mut found = replica.dev.alloc_zeros::<i32>(1)?;
     if let Some(velocity) = &start.velocity {
         for (buf, v) in replica.velocity.iter_mut().zip(velocity) {
@@ -479,6 +497,7 @@ where
                 velocity: Some(velocity),
                 epoch,
                 step,
+                loss_scale: scaler.enabled.then(|| scaler.state()),
             };
             let _ = events.send(Event::Epoch(report, state));
         }
