@@ -8,6 +8,8 @@
 //! * [`transport`]: how a backend moves a step's data (CPU loops over peer memory, or the
 //!   `collective.cu` kernel dereferencing peer pointers).
 //! * [`communicator`]: ranks, the announce/execute/drain protocol, timeouts and aborts.
+//! * [`messages`]: the same schedules as message programs (sends, receives, local steps)
+//!   for ranks that share no memory, e.g. MPI processes.
 //! * [`model`]: the α-β model `auto` uses to pick an algorithm.
 //! * [`picture`]: a schedule drawn as SVG (`nanoddp schedule --svg`).
 //!
@@ -33,6 +35,7 @@
 //! # Ok::<(), nanoddp::comm::communicator::CommError>(())
 //! ```
 pub mod communicator;
+pub mod messages;
 pub mod model;
 pub mod picture;
 pub mod schedule;
