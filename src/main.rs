@@ -37,6 +37,19 @@ enum Command {
     ///
     /// Example: nanoddp schedule --algo ring -n 4 --svg ring.svg
     Schedule(cli::schedule::ScheduleArgs),
+    /// Check the MPI transport on this machine or cluster, under mpirun: every algorithm
+    /// exact on every rank for counts 0, 1, 7, 99,991 and 2^20+3, results bitwise identical
+    /// across ranks, and a deliberate disagreement reported on every rank. Needs a build
+    /// with --features mpi.
+    ///
+    /// Example: mpirun -n 4 target/release/nanoddp check-mpi
+    CheckMpi {
+        /// Instead, check that a rank that never arrives is an error, not a hang: the last
+        /// rank sleeps 3 s before its first collective and the others, with a 1 s timeout,
+        /// must fail naming the wait.
+        #[arg(long)]
+        late_rank: bool,
+    },
     /// Measure speed. `nanoddp bench kernels` times the operations LeNet trains with, at its
     /// shapes (batch 256 by default), and a 1024³ GEMM, and prints GFLOP/s next to this
     /// CPU's measured peak.
@@ -70,6 +83,10 @@ enum BenchWhat {
         /// Where the ranks run.
         #[arg(long, value_enum, default_value_t = cli::bench_allreduce::Target::Cpu)]
         backend: cli::bench_allreduce::Target,
+        /// local: -n threads of this process; mpi: one rank per process started by mpirun
+        /// (-n is mpirun's then; needs a build with --features mpi).
+        #[arg(long, value_enum, default_value_t = cli::bench_allreduce::CommArg::Local)]
+        comm: cli::bench_allreduce::CommArg,
     },
     /// GEMM and convolution throughput per backend.
     Kernels {
@@ -85,10 +102,25 @@ enum BenchWhat {
     },
 }
 
+#[cfg(feature = "mpi")]
+fn check_mpi(late_rank: bool) -> Result<(), Box<dyn std::error::Error>> {
+    if late_rank {
+        cli::mpi::check_late_rank()
+    } else {
+        cli::mpi::check(&mut std::io::stdout().lock())
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn check_mpi(_: bool) -> Result<(), Box<dyn std::error::Error>> {
+    Err(cli::NO_MPI.into())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Info => cli::info::run(&mut std::io::stdout().lock()).map_err(Into::into),
+        Command::CheckMpi { late_rank } => check_mpi(late_rank),
         Command::Schedule(args) => {
             if let Err(e) = cli::schedule::run(&mut std::io::stdout().lock(), args) {
                 eprintln!("error: {e}");
@@ -128,6 +160,7 @@ fn main() -> ExitCode {
                     factor,
                     algo,
                     backend,
+                    comm,
                 },
         } => {
             let sweep = cli::bench_allreduce::Sweep {
@@ -137,6 +170,7 @@ fn main() -> ExitCode {
                 factor,
                 algo,
                 backend,
+                comm,
             };
             cli::bench_allreduce::run(&mut std::io::stdout().lock(), sweep)
         }

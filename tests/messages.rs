@@ -27,7 +27,12 @@ fn inputs(n: usize, count: usize, seed: u64) -> Vec<Vec<f32>> {
 }
 
 /// The in-process communicator's results (CPU devices, one thread per rank).
-fn in_process(algorithm: Algorithm, data: &[Vec<f32>], slice: usize, in_place: bool) -> Vec<Vec<f32>> {
+fn in_process(
+    algorithm: Algorithm,
+    data: &[Vec<f32>],
+    slice: usize,
+    in_place: bool,
+) -> Vec<Vec<f32>> {
     let cfg = CommConfig {
         slice_bytes: slice * 4,
         ..CommConfig::default()
@@ -44,7 +49,8 @@ fn in_process(algorithm: Algorithm, data: &[Vec<f32>], slice: usize, in_place: b
                     let mut dst = dev.upload(&vec![f32::NAN; x.len()]).unwrap();
                     if in_place {
                         let mut buf = src;
-                        rank.all_reduce(&mut buf, ReduceOp::Sum, Some(algorithm)).unwrap();
+                        rank.all_reduce(&mut buf, ReduceOp::Sum, Some(algorithm))
+                            .unwrap();
                         dev.download(&buf).unwrap()
                     } else {
                         rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, Some(algorithm))
@@ -59,7 +65,12 @@ fn in_process(algorithm: Algorithm, data: &[Vec<f32>], slice: usize, in_place: b
 }
 
 /// The message programs' results, ranks as threads exchanging messages.
-fn by_messages(algorithm: Algorithm, data: &[Vec<f32>], slice: usize, in_place: bool) -> Vec<Vec<f32>> {
+fn by_messages(
+    algorithm: Algorithm,
+    data: &[Vec<f32>],
+    slice: usize,
+    in_place: bool,
+) -> Vec<Vec<f32>> {
     let n = data.len();
     let count = data[0].len();
     let program = lower(&all_reduce(algorithm, n, count, slice, in_place), in_place)
@@ -72,7 +83,11 @@ fn by_messages(algorithm: Algorithm, data: &[Vec<f32>], slice: usize, in_place: 
             .enumerate()
             .map(|(me, (mut wire, x))| {
                 s.spawn(move || {
-                    let mut out = if in_place { x.clone() } else { vec![f32::NAN; count] };
+                    let mut out = if in_place {
+                        x.clone()
+                    } else {
+                        vec![f32::NAN; count]
+                    };
                     let input = (!in_place).then_some(&x[..]);
                     execute(program, me, input, &mut out, 1.0, &mut wire)
                         .unwrap_or_else(|e| panic!("rank {me}: {e}"));
@@ -94,7 +109,10 @@ fn message_programs_equal_the_in_process_transport_bit_for_bit() {
                     let want = in_process(algorithm, &data, slice, in_place);
                     let got = by_messages(algorithm, &data, slice, in_place);
                     for r in 0..n {
-                        let same = want[r].iter().zip(&got[r]).all(|(a, b)| a.to_bits() == b.to_bits());
+                        let same = want[r]
+                            .iter()
+                            .zip(&got[r])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(
                             same && want[r].len() == got[r].len(),
                             "{algorithm:?} n={n} count={count} slice={slice} in_place={in_place} rank {r}"
@@ -107,7 +125,10 @@ fn message_programs_equal_the_in_process_transport_bit_for_bit() {
                     }
                     for i in 0..count {
                         let exact: f64 = data.iter().map(|x| x[i] as f64).sum();
-                        assert!((got[0][i] as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()) * n as f64);
+                        assert!(
+                            (got[0][i] as f64 - exact).abs()
+                                <= 1e-5 * (1.0 + exact.abs()) * n as f64
+                        );
                     }
                 }
             }
@@ -122,6 +143,8 @@ fn a_missing_peer_is_a_timeout_naming_it() {
     // Rank 2 never runs: rank 0 must give up with an error that names a peer.
     let mut w0 = ws.remove(0);
     let mut x = vec![1.0f32; 30];
-    let e = execute(&program, 0, None, &mut x, 1.0, &mut w0).unwrap_err().to_string();
+    let e = execute(&program, 0, None, &mut x, 1.0, &mut w0)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("rank 0") && e.contains("timed out"), "{e}");
 }

@@ -34,6 +34,18 @@ pub enum AlgoArg {
     Direct,
     /// Every rank sums all inputs.
     Oneshot,
+    /// The MPI library's own MPI_Allreduce across processes (with --comm mpi; the baseline).
+    Mpi,
+}
+
+/// How ranks reach each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CommArg {
+    /// Threads of this process, over shared memory (the in-process transports).
+    Local,
+    /// Processes started by mpirun (build with `--features mpi`): each process's devices
+    /// reduce locally, then one leader per process crosses MPI.
+    Mpi,
 }
 
 impl AlgoArg {
@@ -45,6 +57,7 @@ impl AlgoArg {
             AlgoArg::Tree => Some(Algorithm::Tree),
             AlgoArg::Direct => Some(Algorithm::Direct),
             AlgoArg::Oneshot => Some(Algorithm::OneShot),
+            AlgoArg::Mpi => None,
         }
     }
 }
@@ -80,6 +93,8 @@ pub struct Sweep {
     pub factor: usize,
     /// Algorithm.
     pub algo: AlgoArg,
+    /// How ranks reach each other.
+    pub comm: CommArg,
     /// Backend.
     pub backend: Target,
 }
@@ -201,6 +216,7 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
         factor,
         algo,
         backend,
+        comm,
     } = sweep;
     if ranks == 0 || ranks > 64 {
         return Err("-n/--ranks must be between 1 and 64".into());
@@ -213,6 +229,15 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
     while s <= max_bytes {
         sizes.push(s / 4 * 4);
         s = s.saturating_mul(factor);
+    }
+    if comm == CommArg::Mpi {
+        #[cfg(feature = "mpi")]
+        return super::mpi::bench(out, &sizes, algo);
+        #[cfg(not(feature = "mpi"))]
+        return Err(super::NO_MPI.into());
+    }
+    if algo == AlgoArg::Mpi {
+        return Err("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into());
     }
     let copy_bw = system::copy_bandwidth(256 << 20);
     writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32")?;

@@ -36,7 +36,7 @@ pub struct ScheduleArgs {
 pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), Box<dyn std::error::Error>> {
     let Some(algorithm) = args.algo.algorithm() else {
         return Err(
-            "--algo auto picks per size at run time; name one of ring, tree, direct, oneshot"
+            "--algo auto picks per size at run time and mpi is MPI's own allreduce; name one of ring, tree, direct, oneshot"
                 .into(),
         );
     };

@@ -90,6 +90,16 @@ pub enum CommError {
         /// How long.
         seconds: f64,
     },
+    /// A collective with no single peer to blame (all ranks must join) did not complete.
+    #[error("rank {me}: timed out after {seconds:.1} s waiting for {what}; a rank has stopped or never called it")]
+    TimeoutAll {
+        /// The reporting rank.
+        me: usize,
+        /// What it waited for.
+        what: String,
+        /// How long.
+        seconds: f64,
+    },
     /// A peer dropped its handle.
     #[error("rank {me}: rank {peer} left the communicator before finishing this collective")]
     PeerGone {

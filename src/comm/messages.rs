@@ -344,7 +344,9 @@ pub fn execute<T: WireScalar>(
                 len,
             } => {
                 let data = read(region, *len, input, output, &scratch).ok_or_else(|| {
-                    invalid(format!("send of {len} elements at {region:?} is out of bounds"))
+                    invalid(format!(
+                        "send of {len} elements at {region:?} is out of bounds"
+                    ))
                 })?;
                 wire.send(*to, *tag, bytemuck::cast_slice(data).to_vec())?;
             }
@@ -380,10 +382,11 @@ pub fn execute<T: WireScalar>(
                     let mut next_received = 0;
                     for (k, s) in sources.iter().enumerate() {
                         let src: &[T] = match s {
-                            Source::Local(r) => read(r, *len, input, output, &scratch)
-                                .ok_or_else(|| {
+                            Source::Local(r) => {
+                                read(r, *len, input, output, &scratch).ok_or_else(|| {
                                     invalid(format!("read at {r:?} is out of bounds"))
-                                })?,
+                                })?
+                            }
                             Source::Received { .. } => {
                                 next_received += 1;
                                 &received[next_received - 1]

@@ -10,6 +10,7 @@
 //! * [`communicator`]: ranks, the announce/execute/drain protocol, timeouts and aborts.
 //! * [`messages`]: the same schedules as message programs (sends, receives, local steps)
 //!   for ranks that share no memory, e.g. MPI processes.
+//! * `mpi` (feature `mpi`): the schedules over MPI point-to-point, and MPI's own allreduce.
 //! * [`model`]: the α-β model `auto` uses to pick an algorithm.
 //! * [`picture`]: a schedule drawn as SVG (`nanoddp schedule --svg`).
 //!
@@ -37,6 +38,8 @@
 pub mod communicator;
 pub mod messages;
 pub mod model;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod picture;
 pub mod schedule;
 pub mod transport;

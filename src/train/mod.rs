@@ -4,6 +4,8 @@
 //! applies the same SGD update, so the replicas stay bitwise identical.
 
 pub mod checkpoint;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use std::sync::mpsc;
 use std::time::Instant;
@@ -279,14 +281,53 @@ pub fn from_weights(weights: Vec<Vec<f32>>) -> checkpoint::Checkpoint {
     }
 }
 
+/// How a training rank sums buffers with all the others: an in-process [`Rank`], or (feature
+/// `mpi`) a rank of a process group, reduced locally and then across processes.
+pub trait Collective: Send {
+    /// The device this rank trains on.
+    type Device: CommDevice + Backend + Clone + 'static;
+    /// This rank among all ranks (all processes).
+    fn rank(&self) -> usize;
+    /// All ranks.
+    fn size(&self) -> usize;
+    /// The device.
+    fn device(&self) -> &Self::Device;
+    /// Sums `buf` over all ranks, in place (`algorithm: None` picks by size).
+    fn sum(
+        &mut self,
+        buf: &mut <Self::Device as Memory>::Buffer<f32>,
+        algorithm: Option<Algorithm>,
+    ) -> Result<(), TrainError>;
+}
+
+impl<D: CommDevice + Backend + Clone + 'static> Collective for Rank<D> {
+    type Device = D;
+    fn rank(&self) -> usize {
+        Rank::rank(self)
+    }
+    fn size(&self) -> usize {
+        Rank::size(self)
+    }
+    fn device(&self) -> &D {
+        Rank::device(self)
+    }
+    fn sum(
+        &mut self,
+        buf: &mut <D as Memory>::Buffer<f32>,
+        algorithm: Option<Algorithm>,
+    ) -> Result<(), TrainError> {
+        Ok(self.all_reduce(buf, ReduceOp::Sum, algorithm)?)
+    }
+}
+
 /// Sums `stats` over all ranks.
-fn reduce_stats<D: CommDevice + Backend>(
-    rank: &mut Rank<D>,
-    dev: &D,
+fn reduce_stats<C: Collective>(
+    rank: &mut C,
+    dev: &C::Device,
     s: ShardStats,
 ) -> Result<ShardStats, TrainError> {
     let mut buf = dev.upload(&[s.loss_sum as f32, s.correct as f32, s.count as f32])?;
-    rank.all_reduce(&mut buf, ReduceOp::Sum, Some(Algorithm::OneShot))?;
+    rank.sum(&mut buf, Some(Algorithm::OneShot))?;
     let v = dev.download(&buf)?;
     Ok(ShardStats {
         loss_sum: v[0] as f64,
@@ -296,9 +337,9 @@ fn reduce_stats<D: CommDevice + Backend>(
 }
 
 /// Evaluates the test set, sharded over the ranks; returns the global accuracy.
-fn evaluate<D: CommDevice + Backend + Clone + 'static, T: Activation>(
-    rank: &mut Rank<D>,
-    replica: &mut Replica<D, T>,
+fn evaluate<C: Collective, T: Activation>(
+    rank: &mut C,
+    replica: &mut Replica<C::Device, T>,
     data: &Dataset,
     batch: usize,
 ) -> Result<f64, TrainError> {
@@ -326,24 +367,24 @@ fn evaluate<D: CommDevice + Backend + Clone + 'static, T: Activation>(
 /// in bucket order, the same on every rank) as soon as the backward pass hands it over.
 /// Returns the shard's statistics and the seconds the compute thread waited for
 /// communication after its backward pass (the part not hidden behind compute).
-fn step_and_reduce<D, T>(
-    rank: &mut Rank<D>,
-    replica: &mut Replica<D, T>,
+fn step_and_reduce<C, T>(
+    rank: &mut C,
+    replica: &mut Replica<C::Device, T>,
     (images, labels, grad_scale): (&[u8], &[u8], f32),
     bucket_of: &[usize; PARAMS.len()],
     algorithm: Option<Algorithm>,
 ) -> Result<(ShardStats, f64), TrainError>
 where
-    D: CommDevice + Backend + Clone + 'static,
-    <D as Memory>::Buffer<f32>: Send,
+    C: Collective,
+    <C::Device as Memory>::Buffer<f32>: Send,
     T: Activation,
 {
     std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel::<Vec<&mut <D as Memory>::Buffer<f32>>>();
-        let comm = scope.spawn(move || -> Result<(), CommError> {
+        let (tx, rx) = mpsc::channel::<Vec<&mut <C::Device as Memory>::Buffer<f32>>>();
+        let comm = scope.spawn(move || -> Result<(), TrainError> {
             for bucket in rx {
                 for g in bucket {
-                    rank.all_reduce(g, ReduceOp::Sum, algorithm)?;
+                    rank.sum(g, algorithm)?;
                 }
             }
             Ok(())
@@ -376,18 +417,18 @@ where
 }
 
 /// One device's training loop.
-fn run_rank<D: CommDevice + Backend + Clone + 'static, T: Activation>(
-    mut rank: Rank<D>,
+fn run_rank<C: Collective, T: Activation>(
+    mut rank: C,
     start: &checkpoint::Checkpoint,
     data: &Dataset,
     cfg: &TrainConfig,
     events: &mpsc::Sender<Event>,
 ) -> Result<Vec<Vec<f32>>, TrainError>
 where
-    <D as Memory>::Buffer<f32>: Send,
+    <C::Device as Memory>::Buffer<f32>: Send,
 {
     let (n, me) = (rank.size(), rank.rank());
-    let mut replica = Replica::<D, T>::new(rank.device().clone(), &start.weights)?;
+    let mut replica = Replica::<C::Device, T>::new(rank.device().clone(), &start.weights)?;
     let mut scaler = match start.loss_scale {
         Some((scale, clean)) if T::HALF => LossScaler::restored(scale, clean),
         _ => LossScaler::new(T::HALF),
@@ -514,22 +555,42 @@ pub fn train<D>(
     data: &Dataset,
     start: checkpoint::Checkpoint,
     cfg: &TrainConfig,
-    mut on_event: impl FnMut(Event) -> Result<(), TrainError>,
+    on_event: impl FnMut(Event) -> Result<(), TrainError>,
 ) -> Result<Vec<Vec<Vec<f32>>>, TrainError>
 where
     D: CommDevice + Backend + Clone + Send + 'static,
     <D as Memory>::Buffer<f32>: Send,
+{
+    if devices.is_empty() {
+        return Err(TrainError::Config("no device to train on".into()));
+    }
+    let ranks = communicator(devices, CommConfig::default())?;
+    train_ranks(ranks, data, start, cfg, on_event)
+}
+
+/// [`train`] over ranks already connected: this process's share of all the ranks (every
+/// rank of an in-process communicator, or the local ranks of one MPI process). Events come
+/// from global rank 0 only; returns this process's replicas' final weights.
+pub fn train_ranks<C>(
+    ranks: Vec<C>,
+    data: &Dataset,
+    start: checkpoint::Checkpoint,
+    cfg: &TrainConfig,
+    mut on_event: impl FnMut(Event) -> Result<(), TrainError>,
+) -> Result<Vec<Vec<Vec<f32>>>, TrainError>
+where
+    C: Collective,
+    <C::Device as Memory>::Buffer<f32>: Send,
 {
     if cfg.batch == 0 || cfg.epochs == 0 {
         return Err(TrainError::Config(
             "--batch and --epochs must be at least 1".into(),
         ));
     }
-    if devices.len() > cfg.batch {
+    let total = ranks.first().map_or(0, |r| r.size());
+    if total > cfg.batch {
         return Err(TrainError::Config(format!(
-            "{} devices need a batch of at least {} images",
-            devices.len(),
-            devices.len()
+            "{total} devices need a batch of at least {total} images"
         )));
     }
     if data.train_images.rows != IMAGE || data.train_images.cols != IMAGE {
@@ -538,7 +599,6 @@ where
             data.train_images.rows, data.train_images.cols
         )));
     }
-    let ranks = communicator(devices, CommConfig::default())?;
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|scope| {
         let handles: Vec<_> = ranks
@@ -547,8 +607,8 @@ where
                 let tx = tx.clone();
                 let start = &start;
                 scope.spawn(move || match cfg.precision {
-                    Storage::Fp32 => run_rank::<D, f32>(rank, start, data, cfg, &tx),
-                    Storage::Fp16 => run_rank::<D, f16>(rank, start, data, cfg, &tx),
+                    Storage::Fp32 => run_rank::<C, f32>(rank, start, data, cfg, &tx),
+                    Storage::Fp16 => run_rank::<C, f16>(rank, start, data, cfg, &tx),
                 })
             })
             .collect();

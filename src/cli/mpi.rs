@@ -1,0 +1,233 @@
+//! The MPI side of the command line (feature `mpi`): `check-mpi`, `bench allreduce --comm
+//! mpi`. Every process runs the same code; rank 0 prints.
+
+use std::io::Write;
+use std::time::Instant;
+
+use mpi::collective::SystemOperation;
+use mpi::traits::CommunicatorCollectives;
+use nanoddp::comm::communicator::{CommConfig, CommError, ReduceOp};
+use nanoddp::comm::mpi::{Mpi, MpiAlgorithm};
+use nanoddp::comm::schedule::Algorithm;
+
+use super::bench_allreduce::AlgoArg;
+
+/// Rank r's nccl-tests-style input: ((i mod 13) + 1) · (r + 1); every partial sum is an
+/// integer below 2^24, so the result is exact whatever the order of additions.
+fn input(rank: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| ((i % 13) + 1) as f32 * (rank + 1) as f32)
+        .collect()
+}
+
+fn expected(n: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| ((i % 13) + 1) as f32 * (n * (n + 1) / 2) as f32)
+        .collect()
+}
+
+fn fnv(bits: impl Iterator<Item = u32>) -> u64 {
+    bits.fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The algorithms `--algo` names across processes.
+fn algorithms(algo: AlgoArg) -> Vec<MpiAlgorithm> {
+    match algo {
+        AlgoArg::Auto => vec![
+            MpiAlgorithm::Schedule(Algorithm::Ring),
+            MpiAlgorithm::Schedule(Algorithm::Tree),
+            MpiAlgorithm::Schedule(Algorithm::Direct),
+            MpiAlgorithm::Schedule(Algorithm::OneShot),
+            MpiAlgorithm::Native,
+        ],
+        AlgoArg::Mpi => vec![MpiAlgorithm::Native],
+        other => other
+            .algorithm()
+            .map(MpiAlgorithm::Schedule)
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// `nanoddp check-mpi`: every algorithm, exact on every rank for counts 0, 1, 7, 99,991 and
+/// 2^20 + 3, bitwise identical across ranks; then a deliberate disagreement (rank 0 asks for
+/// one element more) must fail on every rank with an error naming the rank that differs.
+pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
+    let mpi = Mpi::init()?;
+    let (me, n) = (mpi.rank(), mpi.size());
+    let world = mpi::topology::SimpleCommunicator::world();
+    let mut comm = mpi.world(CommConfig::default());
+    let say = |out: &mut dyn Write, s: String| -> std::io::Result<()> {
+        if me == 0 {
+            writeln!(out, "{s}")?;
+        }
+        Ok(())
+    };
+    say(out, format!("check-mpi: {n} processes"))?;
+    for algo in algorithms(AlgoArg::Auto) {
+        for count in [0usize, 1, 7, 99_991, (1 << 20) + 3] {
+            let mut buf = input(me, count);
+            comm.all_reduce(&mut buf, ReduceOp::Sum, Some(algo))?;
+            let wrong = buf
+                .iter()
+                .zip(expected(n, count))
+                .filter(|(a, b)| **a != *b)
+                .count();
+            let mut wrong_all = 0u64;
+            world.all_reduce_into(&(wrong as u64), &mut wrong_all, SystemOperation::sum());
+            let hash = fnv(buf.iter().map(|v| v.to_bits()));
+            let mut hashes = vec![0u64; n];
+            world.all_gather_into(&hash, &mut hashes[..]);
+            let identical = hashes.iter().all(|h| *h == hashes[0]);
+            say(
+                out,
+                format!(
+                    "{:<7} count {:>9}: {} wrong elements over all ranks, results {} across ranks",
+                    algo.name(),
+                    count,
+                    wrong_all,
+                    if identical {
+                        "bitwise identical"
+                    } else {
+                        "DIFFERENT"
+                    }
+                ),
+            )?;
+            if wrong_all != 0 || !identical {
+                return Err(format!("{} with {count} elements is wrong", algo.name()).into());
+            }
+        }
+    }
+    // A disagreement: rank 0 calls with 8 elements, the others with 7.
+    let mut buf = input(me, if me == 0 { 8 } else { 7 });
+    match comm.all_reduce(
+        &mut buf,
+        ReduceOp::Sum,
+        Some(MpiAlgorithm::Schedule(Algorithm::Ring)),
+    ) {
+        Err(CommError::Mismatch { rank, .. }) => {
+            let blamed = if me == 0 { 1 } else { 0 };
+            if rank != blamed {
+                return Err(format!("rank {me} blamed rank {rank}, expected {blamed}").into());
+            }
+        }
+        other => return Err(format!("rank {me}: a count mismatch gave {other:?}").into()),
+    }
+    let mut ok = 0u64;
+    world.all_reduce_into(&1u64, &mut ok, SystemOperation::sum());
+    say(
+        out,
+        format!("mismatch (rank 0: 8 elements, others: 7): an error on all {ok} ranks, naming the rank that differs"),
+    )?;
+    Ok(())
+}
+
+/// `nanoddp bench allreduce --comm mpi`: the nccl-tests table, one process per rank, in
+/// place (the MPI transport reduces in place), each iteration's time the slowest rank's.
+pub fn bench(
+    out: &mut impl Write,
+    sizes: &[usize],
+    algo: AlgoArg,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mpi = Mpi::init()?;
+    let (me, n) = (mpi.rank(), mpi.size());
+    let world = mpi::topology::SimpleCommunicator::world();
+    let mut comm = mpi.world(CommConfig::default());
+    let busbw_factor = if n > 1 {
+        2.0 * (n - 1) as f64 / n as f64
+    } else {
+        1.0
+    };
+    for algorithm in algorithms(algo) {
+        if me == 0 {
+            writeln!(
+                out,
+                "# nanoddp bench allreduce --comm mpi: {n} processes, {}, sum, float32, in place",
+                if algorithm == MpiAlgorithm::Native {
+                    "MPI_Iallreduce (the MPI library's own)".to_string()
+                } else {
+                    format!("nanoddp {} over MPI point-to-point", algorithm.name())
+                }
+            )?;
+            writeln!(
+                out,
+                "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6}",
+                "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"
+            )?;
+            writeln!(
+                out,
+                "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6}",
+                "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+            )?;
+        }
+        for &bytes in sizes {
+            let count = bytes / 4;
+            let host = input(me, count);
+            let want = expected(n, count);
+            let iters = ((256usize << 20) / (bytes.max(1) * n)).clamp(10, 200);
+            let warmup = (iters / 5).max(3);
+            let mut times = Vec::new();
+            let mut buf = host.clone();
+            for i in 0..iters + warmup {
+                buf.copy_from_slice(&host);
+                world.barrier();
+                let t0 = Instant::now();
+                comm.all_reduce(&mut buf, ReduceOp::Sum, Some(algorithm))?;
+                let t = t0.elapsed().as_secs_f64();
+                let mut slowest = 0.0f64;
+                world.all_reduce_into(&t, &mut slowest, SystemOperation::max());
+                if i >= warmup {
+                    times.push(slowest);
+                }
+            }
+            let wrong = buf.iter().zip(&want).filter(|(a, b)| a != b).count() as u64;
+            let mut wrong_all = 0u64;
+            world.all_reduce_into(&wrong, &mut wrong_all, SystemOperation::sum());
+            times.sort_by(f64::total_cmp);
+            let t = times[times.len() / 2];
+            let algbw = bytes as f64 / t / 1e9;
+            if me == 0 {
+                writeln!(
+                    out,
+                    " {:>11} {:>10} {:>6} {:>5} {:>9.1} {:>7.3} {:>7.3} {:>6}",
+                    bytes,
+                    count,
+                    "float",
+                    "sum",
+                    t * 1e6,
+                    algbw,
+                    algbw * busbw_factor,
+                    wrong_all
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `check-mpi --late-rank`: the last rank arrives 3 s late; with a 1 s timeout the others
+/// must return an error (which ends the job) instead of waiting.
+pub fn check_late_rank() -> Result<(), Box<dyn std::error::Error>> {
+    let mpi = Mpi::init()?;
+    let (me, n) = (mpi.rank(), mpi.size());
+    let mut comm = mpi.world(CommConfig {
+        timeout: std::time::Duration::from_secs(1),
+        ..CommConfig::default()
+    });
+    if me == n - 1 {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    }
+    let mut buf = input(me, 1000);
+    comm.all_reduce(
+        &mut buf,
+        ReduceOp::Sum,
+        Some(MpiAlgorithm::Schedule(Algorithm::Ring)),
+    )?;
+    Err(format!(
+        "rank {me}: the collective completed although rank {} was late",
+        n - 1
+    )
+    .into())
+}

@@ -1,0 +1,492 @@
+//! Ranks as MPI processes (feature `mpi`): nanoddp's own ring, tree, direct and one-shot
+//! schedules run over MPI point-to-point messages ([`super::messages`] lowers them; the
+//! reduction is done locally, in the same order and arithmetic as in process), and
+//! [`MpiAlgorithm::Native`] calls the MPI library's own allreduce as the baseline.
+//!
+//! Guarantees, as in process: before every collective the ranks exchange a descriptor
+//! (sequence number, count, type, operator, algorithm) and any disagreement is an error on
+//! every rank naming the rank that differs; every wait polls with a deadline, so a rank that
+//! died or never called gives a timeout error naming the peer instead of a hang; results are
+//! bitwise identical on every rank. After an error the communicator refuses further work.
+//!
+//! Buffers are host slices: data on a GPU is staged through host memory by the caller (no
+//! CUDA-aware MPI is assumed). MPI is initialized with `MPI_THREAD_SERIALIZED`: a
+//! communicator may move between threads but is used by one at a time (`&mut self`).
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use half::f16;
+use mpi::ffi;
+use mpi::raw::AsRaw;
+use mpi::traits::Communicator;
+
+use super::communicator::{CommConfig, CommError, ReduceOp};
+use super::messages::{execute, lower, Program, Wire, WireScalar};
+use super::schedule::{all_reduce, Algorithm};
+
+/// How an MPI allreduce is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MpiAlgorithm {
+    /// One of nanoddp's schedules, as messages.
+    Schedule(Algorithm),
+    /// The MPI library's `MPI_Iallreduce` (f16 is widened to f32 for it and rounded once).
+    Native,
+}
+
+impl MpiAlgorithm {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MpiAlgorithm::Schedule(a) => a.name(),
+            MpiAlgorithm::Native => "mpi",
+        }
+    }
+
+    fn code(self) -> u64 {
+        match self {
+            MpiAlgorithm::Schedule(a) => {
+                1 + Algorithm::ALL.iter().position(|x| *x == a).unwrap_or(0) as u64
+            }
+            MpiAlgorithm::Native => 99,
+        }
+    }
+}
+
+/// Element types the MPI transport moves.
+pub trait MpiScalar: WireScalar {
+    /// 0 for f32, 1 for f16 (in the agreement descriptor).
+    const CODE: u64;
+}
+impl MpiScalar for f32 {
+    const CODE: u64 = 0;
+}
+impl MpiScalar for f16 {
+    const CODE: u64 = 1;
+}
+
+/// MPI itself, initialized for this process (finalized when dropped: keep it alive as long
+/// as any [`MpiComm`]).
+pub struct Mpi {
+    universe: mpi::environment::Universe,
+}
+
+impl Mpi {
+    /// Initializes MPI (`MPI_THREAD_SERIALIZED`). Fails if MPI was initialized already or
+    /// the library cannot give serialized threading.
+    pub fn init() -> Result<Mpi, String> {
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+            .ok_or("MPI is already initialized in this process")?;
+        if threading < mpi::Threading::Serialized {
+            return Err(format!(
+                "the MPI library offers only {threading:?} threading; nanoddp needs Serialized"
+            ));
+        }
+        Ok(Mpi { universe })
+    }
+
+    /// This process's rank in `MPI_COMM_WORLD`.
+    pub fn rank(&self) -> usize {
+        self.universe.world().rank() as usize
+    }
+
+    /// Processes in `MPI_COMM_WORLD`.
+    pub fn size(&self) -> usize {
+        self.universe.world().size() as usize
+    }
+
+    /// A communicator over `MPI_COMM_WORLD`.
+    pub fn world(&self, config: CommConfig) -> MpiComm {
+        let world = self.universe.world();
+        MpiComm {
+            comm: world.as_raw(),
+            me: world.rank() as usize,
+            n: world.size() as usize,
+            config,
+            seq: 0,
+            programs: HashMap::new(),
+            aborted: None,
+        }
+    }
+}
+
+/// One process's handle on a group of MPI ranks.
+pub struct MpiComm {
+    comm: ffi::MPI_Comm,
+    me: usize,
+    n: usize,
+    config: CommConfig,
+    seq: u64,
+    programs: HashMap<(Algorithm, usize, bool), Arc<Program>>,
+    aborted: Option<String>,
+}
+
+// SAFETY: the handle is an opaque MPI communicator; MPI runs in MPI_THREAD_SERIALIZED mode,
+// which allows calls from any thread as long as they do not overlap, and every call goes
+// through `&mut self`.
+unsafe impl Send for MpiComm {}
+
+const TAG_UB: u32 = 32767; // the least MPI_TAG_UB the standard allows
+
+impl MpiComm {
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// Ranks.
+    pub fn size(&self) -> usize {
+        self.n
+    }
+
+    /// What `auto` picks for `bytes` (the in-process cost model).
+    pub fn auto_algorithm(&self, bytes: usize) -> Algorithm {
+        self.config.model.choose(self.n, bytes)
+    }
+
+    /// Reduces `buf` across the ranks, in place. `None` picks a schedule by size.
+    pub fn all_reduce<T: MpiScalar>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+        algorithm: Option<MpiAlgorithm>,
+    ) -> Result<(), CommError> {
+        let me = self.me;
+        if let Some(reason) = &self.aborted {
+            return Err(CommError::Aborted {
+                me,
+                reason: reason.clone(),
+            });
+        }
+        let algo = algorithm.unwrap_or_else(|| {
+            MpiAlgorithm::Schedule(self.auto_algorithm(buf.len() * size_of::<T>()))
+        });
+        let result = self.run(buf, op, algo);
+        if let Err(e) = &result {
+            self.aborted = Some(e.to_string());
+        }
+        result
+    }
+
+    fn run<T: MpiScalar>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+        algo: MpiAlgorithm,
+    ) -> Result<(), CommError> {
+        self.seq += 1;
+        let op_code = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Avg => 1,
+        };
+        self.agree([self.seq, buf.len() as u64, T::CODE, op_code, algo.code()])?;
+        let scale = match op {
+            ReduceOp::Sum => 1.0,
+            ReduceOp::Avg => 1.0 / self.n as f32,
+        };
+        match algo {
+            MpiAlgorithm::Native => self.native(buf, scale),
+            MpiAlgorithm::Schedule(a) => {
+                let slice = (self.config.slice_bytes / size_of::<T>()).max(1);
+                let in_place = true;
+                let key = (a, buf.len(), in_place);
+                let program = match self.programs.get(&key) {
+                    Some(p) => p.clone(),
+                    None => {
+                        let p = lower(&all_reduce(a, self.n, buf.len(), slice, in_place), in_place)
+                            .map_err(|detail| CommError::Invalid {
+                                me: self.me,
+                                detail,
+                            })?;
+                        let p = Arc::new(p);
+                        self.programs.insert(key, p.clone());
+                        p
+                    }
+                };
+                let mut wire = MpiWire::new(self.comm, self.me, self.config.timeout);
+                let result = execute(&program, self.me, None, buf, scale, &mut wire);
+                wire.abandon_if(result.is_err());
+                result
+            }
+        }
+    }
+
+    /// Every rank contributes `desc`; all must be equal (else an error on every rank).
+    fn agree(&mut self, desc: [u64; 5]) -> Result<(), CommError> {
+        let mine: Vec<u8> = bytemuck::cast_slice(&desc).to_vec();
+        let mut all = vec![0u8; mine.len() * self.n];
+        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: both buffers outlive the request (completed or leaked below); counts match
+        // their lengths; the communicator is live.
+        check(self.me, "MPI_Iallgather", unsafe {
+            ffi::MPI_Iallgather(
+                mine.as_ptr().cast(),
+                mine.len() as c_int,
+                ffi::RSMPI_UINT8_T,
+                all.as_mut_ptr().cast(),
+                mine.len() as c_int,
+                ffi::RSMPI_UINT8_T,
+                self.comm,
+                &mut req,
+            )
+        })?;
+        if poll(&mut req, self.me, self.config.timeout, Kind::Collective)?.is_none() {
+            // MPI may still write into the buffers: never free them.
+            std::mem::forget(mine);
+            std::mem::forget(all);
+            return Err(CommError::TimeoutAll {
+                me: self.me,
+                what: format!("every rank to start collective #{}", self.seq),
+                seconds: self.config.timeout.as_secs_f64(),
+            });
+        }
+        let theirs: Vec<u64> = bytemuck::pod_collect_to_vec(&all);
+        let describe = |d: &[u64]| {
+            let algo = match d[4] {
+                99 => "mpi",
+                c => Algorithm::ALL
+                    .get((c as usize).wrapping_sub(1))
+                    .map_or("?", |a| a.name()),
+            };
+            format!(
+                "all_reduce #{} of {} {} elements ({}, {algo})",
+                d[0],
+                d[1],
+                if d[2] == 0 { "f32" } else { "f16" },
+                if d[3] == 0 { "sum" } else { "avg" }
+            )
+        };
+        for (rank, d) in theirs.chunks(desc.len()).enumerate() {
+            if d != desc {
+                return Err(CommError::Mismatch {
+                    me: self.me,
+                    rank,
+                    ours: describe(&desc),
+                    theirs: describe(d),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn native<T: MpiScalar>(&mut self, buf: &mut [T], scale: f32) -> Result<(), CommError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let send: Vec<f32> = buf.iter().map(|v| v.widen()).collect();
+        let mut recv = vec![0.0f32; buf.len()];
+        let count = c_int::try_from(buf.len()).map_err(|_| CommError::Invalid {
+            me: self.me,
+            detail: format!("{} elements is over MPI's int count", buf.len()),
+        })?;
+        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: both buffers hold `count` floats and outlive the request (completed, or
+        // leaked on timeout below); the communicator is live.
+        check(self.me, "MPI_Iallreduce", unsafe {
+            ffi::MPI_Iallreduce(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                count,
+                ffi::RSMPI_FLOAT,
+                ffi::RSMPI_SUM,
+                self.comm,
+                &mut req,
+            )
+        })?;
+        if poll(&mut req, self.me, self.config.timeout, Kind::Collective)?.is_none() {
+            std::mem::forget(send);
+            std::mem::forget(recv);
+            return Err(CommError::TimeoutAll {
+                me: self.me,
+                what: "MPI_Iallreduce".into(),
+                seconds: self.config.timeout.as_secs_f64(),
+            });
+        }
+        for (b, v) in buf.iter_mut().zip(&recv) {
+            *b = T::narrow(v * scale);
+        }
+        Ok(())
+    }
+}
+
+fn check(me: usize, call: &str, code: c_int) -> Result<(), CommError> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(CommError::Invalid {
+            me,
+            detail: format!("{call} failed with MPI error code {code}"),
+        })
+    }
+}
+
+/// What a request is, for what may be done with it on timeout.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// Point-to-point: cancelled on timeout.
+    PointToPoint,
+    /// Collective: MPI cannot cancel these; left pending.
+    Collective,
+}
+
+/// Tests `req` until it completes (`Some(status)`) or `timeout` passes (`None`: then it is
+/// cancelled if it can be, and the caller must never free the request's buffers).
+fn poll(
+    req: &mut ffi::MPI_Request,
+    me: usize,
+    timeout: Duration,
+    kind: Kind,
+) -> Result<Option<ffi::MPI_Status>, CommError> {
+    let deadline = Instant::now() + timeout;
+    let mut spins = 0u32;
+    loop {
+        let mut flag: c_int = 0;
+        // SAFETY: an all-zero MPI_Status is a valid out-parameter (plain C struct).
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        // SAFETY: `req` is a live request from this process; flag and status are valid.
+        check(me, "MPI_Test", unsafe {
+            ffi::MPI_Test(req, &mut flag, &mut status)
+        })?;
+        if flag != 0 {
+            return Ok(Some(status));
+        }
+        if Instant::now() > deadline {
+            if kind == Kind::PointToPoint {
+                // SAFETY: cancelling a pending point-to-point request is allowed; it stays
+                // incomplete (its buffers are leaked by the caller).
+                unsafe { ffi::MPI_Cancel(req) };
+            }
+            return Ok(None);
+        }
+        spins += 1;
+        if spins > 64 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The message programs' wire over MPI point-to-point (bytes, tags per sender).
+struct MpiWire {
+    comm: ffi::MPI_Comm,
+    me: usize,
+    timeout: Duration,
+    sends: Vec<(ffi::MPI_Request, Vec<u8>, usize)>,
+}
+
+impl MpiWire {
+    fn new(comm: ffi::MPI_Comm, me: usize, timeout: Duration) -> Self {
+        MpiWire {
+            comm,
+            me,
+            timeout,
+            sends: Vec::new(),
+        }
+    }
+
+    /// After an error, pending sends may still read their buffers: leak them.
+    fn abandon_if(&mut self, failed: bool) {
+        if failed {
+            for s in self.sends.drain(..) {
+                std::mem::forget(s.1);
+            }
+        }
+    }
+
+    fn timed_out(&self, peer: usize, what: String) -> CommError {
+        CommError::Timeout {
+            me: self.me,
+            peer,
+            what,
+            seconds: self.timeout.as_secs_f64(),
+        }
+    }
+}
+
+impl Wire for MpiWire {
+    fn send(&mut self, to: usize, tag: u32, bytes: Vec<u8>) -> Result<(), CommError> {
+        if tag > TAG_UB {
+            return Err(CommError::Invalid {
+                me: self.me,
+                detail: format!(
+                    "message {tag} to rank {to}: over MPI's tag limit; use a larger slice"
+                ),
+            });
+        }
+        let count = c_int::try_from(bytes.len()).map_err(|_| CommError::Invalid {
+            me: self.me,
+            detail: format!("a {} byte message is over MPI's int count", bytes.len()),
+        })?;
+        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `bytes` moves into `self.sends` with the request and stays alive (its heap
+        // buffer does not move) until the request completes in `finish`, or is leaked.
+        check(self.me, "MPI_Isend", unsafe {
+            ffi::MPI_Isend(
+                bytes.as_ptr().cast(),
+                count,
+                ffi::RSMPI_UINT8_T,
+                to as c_int,
+                tag as c_int,
+                self.comm,
+                &mut req,
+            )
+        })?;
+        self.sends.push((req, bytes, to));
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, tag: u32, len: usize) -> Result<Vec<u8>, CommError> {
+        let mut buf = vec![0u8; len];
+        let count = c_int::try_from(len).map_err(|_| CommError::Invalid {
+            me: self.me,
+            detail: format!("a {len} byte message is over MPI's int count"),
+        })?;
+        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `buf` holds `len` bytes and outlives the request (completed below, or
+        // leaked on timeout).
+        check(self.me, "MPI_Irecv", unsafe {
+            ffi::MPI_Irecv(
+                buf.as_mut_ptr().cast(),
+                count,
+                ffi::RSMPI_UINT8_T,
+                from as c_int,
+                tag as c_int,
+                self.comm,
+                &mut req,
+            )
+        })?;
+        match poll(&mut req, self.me, self.timeout, Kind::PointToPoint)? {
+            Some(status) => {
+                let mut got: c_int = 0;
+                // SAFETY: `status` was filled by MPI_Test for this completed receive.
+                unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut got) };
+                if got as usize != len {
+                    return Err(CommError::Invalid {
+                        me: self.me,
+                        detail: format!(
+                            "message {tag} from rank {from} has {got} bytes, expected {len}"
+                        ),
+                    });
+                }
+                Ok(buf)
+            }
+            None => {
+                std::mem::forget(buf);
+                Err(self.timed_out(from, format!("message {tag} of this collective")))
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), CommError> {
+        let deadline = Instant::now() + self.timeout;
+        while let Some((mut req, bytes, to)) = self.sends.pop() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if poll(&mut req, self.me, left, Kind::PointToPoint)?.is_none() {
+                std::mem::forget(bytes);
+                return Err(self.timed_out(to, "a peer to receive this rank's data".into()));
+            }
+        }
+        Ok(())
+    }
+}
