@@ -64,3 +64,78 @@ fn a_late_rank_is_a_timeout_error_not_a_hang() {
     );
     assert!(start.elapsed().as_secs() < 30, "took {:?}", start.elapsed());
 }
+
+fn checkpoint_after(mut cmd: Command, extra: &[&str], path: &std::path::Path) -> Vec<Vec<f32>> {
+    let subset = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/fashion-mnist-subset"
+    );
+    let out = cmd
+        .arg("train")
+        .args(extra)
+        .args([
+            "--epochs",
+            "1",
+            "--max-steps",
+            "6",
+            "--batch",
+            "96",
+            "--data",
+            subset,
+            "--save",
+        ])
+        .arg(path)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    nanoddp::train::checkpoint::load(path)
+        .expect("checkpoint")
+        .weights
+}
+
+#[test]
+fn training_across_processes_equals_training_in_one() {
+    let dir = std::env::temp_dir().join(format!("nanoddp-mpi-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let one = checkpoint_after(
+        Command::new(env!("CARGO_BIN_EXE_nanoddp")),
+        &["--devices", "4"],
+        &dir.join("one.safetensors"),
+    );
+    // 4 processes x 1 device: the same schedules and arithmetic, so the same bits.
+    let four = checkpoint_after(
+        mpirun(4),
+        &["--comm", "mpi", "--devices", "1"],
+        &dir.join("four.safetensors"),
+    );
+    assert_eq!(
+        four, one,
+        "4 processes x 1 device vs 4 devices in one process"
+    );
+    // 2 processes x 2 devices (local sum, then across): other summation order, same update.
+    let two = checkpoint_after(
+        mpirun(2),
+        &["--comm", "mpi", "--devices", "2"],
+        &dir.join("two.safetensors"),
+    );
+    let mut max = 0.0f32;
+    for (a, b) in one.iter().flatten().zip(two.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
+        max = max.max((a - b).abs());
+    }
+    assert!(max > 0.0 || one == two);
+    // --algo mpi: MPI's own allreduce across the processes.
+    let native = checkpoint_after(
+        mpirun(2),
+        &["--comm", "mpi", "--devices", "2", "--algo", "mpi"],
+        &dir.join("native.safetensors"),
+    );
+    for (a, b) in one.iter().flatten().zip(native.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -13,7 +13,7 @@ use nanoddp::train::{
     TrainConfig, TrainError,
 };
 
-use super::bench_allreduce::AlgoArg;
+use super::bench_allreduce::{AlgoArg, CommArg};
 
 /// Where the replicas run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -65,6 +65,11 @@ pub struct TrainArgs {
     /// Gradient allreduce algorithm.
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     pub algo: AlgoArg,
+    /// local: all devices in this process; mpi: one process per mpirun rank, each driving
+    /// --devices local devices (global batch split over processes × devices; needs a build
+    /// with --features mpi). With --algo mpi the processes' leaders use MPI's own allreduce.
+    #[arg(long, value_enum, default_value_t = CommArg::Local)]
+    pub comm: CommArg,
     /// Gradient bucket size in KiB: gradients are reduced in buckets (in the order backward
     /// finishes them, as PyTorch DDP does) that start while backward still runs; 0 reduces
     /// everything after backward.
@@ -185,6 +190,39 @@ fn load_data(
 
 /// Runs the command.
 pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
+    match args.comm {
+        CommArg::Local => {
+            if args.algo == AlgoArg::Mpi {
+                return Err("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into());
+            }
+            run_with(out, args, None)
+        }
+        #[cfg(feature = "mpi")]
+        CommArg::Mpi => {
+            let mpi = nanoddp::comm::mpi::Mpi::init()?;
+            if mpi.rank() == 0 {
+                run_with(out, args, Some(&mpi))
+            } else {
+                // Only rank 0 reports; the others train silently.
+                run_with(&mut std::io::sink(), args, Some(&mpi))
+            }
+        }
+        #[cfg(not(feature = "mpi"))]
+        CommArg::Mpi => Err(super::NO_MPI.into()),
+    }
+}
+
+#[cfg(feature = "mpi")]
+type MpiHandle<'a> = Option<&'a nanoddp::comm::mpi::Mpi>;
+#[cfg(not(feature = "mpi"))]
+type MpiHandle<'a> = Option<&'a std::convert::Infallible>;
+
+fn run_with(
+    out: &mut impl Write,
+    args: TrainArgs,
+    mpi: MpiHandle<'_>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let lead = mpi_rank(mpi) == 0;
     if args.devices == 0 || args.devices > 64 {
         return Err("--devices must be between 1 and 64".into());
     }
@@ -237,21 +275,31 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
         cfg.momentum,
         cfg.weight_decay
     )?;
-    let mut metrics = match &args.metrics {
+    // Files are written by rank 0 alone (they may be on a shared file system).
+    let (metrics_path, plot_path, save_path) = if lead {
+        (args.metrics.clone(), args.plot.clone(), args.save.clone())
+    } else {
+        (None, None, None)
+    };
+    let mut metrics = match &metrics_path {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?,
         )),
         None => None,
     };
     let steps_per_epoch = data.train_labels.len().div_ceil(cfg.batch) as u64;
-    let bar = ProgressBar::new(steps_per_epoch);
+    let bar = if lead {
+        ProgressBar::new(steps_per_epoch)
+    } else {
+        ProgressBar::hidden()
+    };
     bar.set_style(
         ProgressStyle::with_template(
             "epoch {prefix} [{bar:30}] {pos}/{len} steps, loss {msg} ({eta} left)",
         )?
         .progress_chars("=> "),
     );
-    let save = args.save.clone();
+    let save = save_path;
     let mut curves = super::plot::Curves::default();
     let mut on_event = |event: Event| -> Result<(), TrainError> {
         let io = |e: std::io::Error| TrainError::Config(format!("writing metrics: {e}"));
@@ -289,7 +337,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
                 curves
                     .epochs
                     .push((e.epoch as f64, e.train_loss, e.train_acc, e.test_acc));
-                if let Some(path) = &args.plot {
+                if let Some(path) = &plot_path {
                     super::plot::draw(path, &curves).map_err(TrainError::Config)?;
                 }
                 if let Some(path) = &save {
@@ -301,20 +349,78 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
         Ok(())
     };
     let n = args.devices;
+    let run = Run {
+        data: &data,
+        cfg: &cfg,
+        mpi,
+        algo: args.algo,
+    };
     match args.backend {
-        BackendArg::Cpu => train(vec![CpuDevice::new(); n], &data, start, &cfg, &mut on_event)?,
-        BackendArg::Simt => train(
-            (0..n).map(SimtDevice::new).collect(),
-            &data,
-            start,
-            &cfg,
-            &mut on_event,
-        )?,
+        BackendArg::Cpu => run.go(vec![CpuDevice::new(); n], start, &mut on_event)?,
+        BackendArg::Simt => run.go((0..n).map(SimtDevice::new).collect(), start, &mut on_event)?,
         BackendArg::Cuda => {
-            let devices = (0..n).map(CudaDevice::new).collect::<Result<Vec<_>, _>>()?;
-            train(devices, &data, start, &cfg, &mut on_event)?
+            // With several processes on one machine, process p takes GPUs p·n .. p·n + n - 1.
+            let first = mpi_rank(mpi) * n;
+            let devices = (first..first + n)
+                .map(CudaDevice::new)
+                .collect::<Result<Vec<_>, _>>()?;
+            run.go(devices, start, &mut on_event)?
         }
     };
     bar.finish_and_clear();
     Ok(())
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_rank(mpi: MpiHandle<'_>) -> usize {
+    mpi.map_or(0, |m| m.rank())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_rank(_: MpiHandle<'_>) -> usize {
+    0
+}
+
+/// What every backend's training run shares.
+struct Run<'a> {
+    data: &'a Dataset,
+    cfg: &'a TrainConfig,
+    mpi: MpiHandle<'a>,
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // read across processes only
+    algo: AlgoArg,
+}
+
+impl Run<'_> {
+    fn go<D>(
+        &self,
+        devices: Vec<D>,
+        start: checkpoint::Checkpoint,
+        on_event: impl FnMut(Event) -> Result<(), TrainError>,
+    ) -> Result<Vec<Vec<Vec<f32>>>, TrainError>
+    where
+        D: nanoddp::comm::transport::CommDevice
+            + nanoddp::backend::Backend
+            + Clone
+            + Send
+            + 'static,
+        <D as nanoddp::backend::Memory>::Buffer<f32>: Send,
+    {
+        match self.mpi {
+            None => train(devices, self.data, start, self.cfg, on_event),
+            #[cfg(feature = "mpi")]
+            Some(mpi) => {
+                use nanoddp::comm::communicator::CommConfig;
+                use nanoddp::comm::mpi::MpiAlgorithm;
+                let across = (self.algo == AlgoArg::Mpi).then_some(MpiAlgorithm::Native);
+                let ranks = nanoddp::train::mpi::Hierarchical::connect(
+                    devices,
+                    mpi.world(CommConfig::default()),
+                    across,
+                )?;
+                nanoddp::train::train_ranks(ranks, self.data, start, self.cfg, on_event)
+            }
+            #[cfg(not(feature = "mpi"))]
+            Some(never) => match *never {},
+        }
+    }
 }

@@ -161,7 +161,7 @@ impl MpiComm {
             });
         }
         let algo = algorithm.unwrap_or_else(|| {
-            MpiAlgorithm::Schedule(self.auto_algorithm(buf.len() * size_of::<T>()))
+            MpiAlgorithm::Schedule(self.auto_algorithm(std::mem::size_of_val(buf)))
         });
         let result = self.run(buf, op, algo);
         if let Err(e) = &result {

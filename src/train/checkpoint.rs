@@ -98,6 +98,7 @@ pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
     }
     let data = safetensors::tensor::serialize(views, Some(metadata))
         .map_err(|e| invalid(e.to_string()))?;
+    let data = canonical_header(data).map_err(invalid)?;
     let io = |source| CheckpointError::Io {
         path: shown.clone(),
         source,
@@ -107,6 +108,30 @@ pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
     f.write_all(&data).map_err(io)?;
     f.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// The same file with its JSON header's keys sorted. `safetensors` writes the metadata in
+/// the order of a `HashMap` (random per process), which would make two identical runs'
+/// checkpoints differ in their bytes; the tensor data and offsets are untouched.
+fn canonical_header(file: Vec<u8>) -> Result<Vec<u8>, String> {
+    let len_bytes: [u8; 8] = file
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or("serialized file shorter than its header length")?;
+    let n = usize::try_from(u64::from_le_bytes(len_bytes)).map_err(|e| e.to_string())?;
+    let header = file.get(8..8 + n).ok_or("header longer than the file")?;
+    // serde_json's maps are ordered (BTreeMap): parsing and printing sorts every key.
+    let value: serde_json::Value = serde_json::from_slice(header).map_err(|e| e.to_string())?;
+    let mut text = serde_json::to_string(&value).map_err(|e| e.to_string())?;
+    // Keep the data 8-byte aligned, as safetensors pads (with spaces).
+    while (8 + text.len()) % 8 != 0 {
+        text.push(' ');
+    }
+    let mut out = Vec::with_capacity(file.len());
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&file[8 + n..]);
+    Ok(out)
 }
 
 /// Reads a checkpoint written by [`save`] (or weights saved by PyTorch under the same names).
