@@ -136,31 +136,12 @@ fn lenet_rows<B: Backend>(
             repeats.min(10),
         )?);
     }
-    let conv1 = Conv2dShape {
-        batch,
-        in_c: 1,
-        in_h: 28,
-        in_w: 28,
-        out_c: 6,
-        k_h: 5,
-        k_w: 5,
-        stride: 1,
-        pad: 0,
-    };
-    let conv2 = Conv2dShape {
-        batch,
-        in_c: 6,
-        in_h: 12,
-        in_w: 12,
-        out_c: 16,
-        k_h: 5,
-        k_w: 5,
-        stride: 1,
-        pad: 0,
-    };
+    // The shapes of the model `nanoddp train` trains.
+    let conv1 = nanoddp::model::conv1(batch);
+    let conv2 = nanoddp::model::conv2(batch);
     rows.extend(conv_rows(dev, "conv1", conv1, repeats)?);
     rows.extend(conv_rows(dev, "conv2", conv2, repeats)?);
-    for (name, inp, out) in [("fc1", 256, 120), ("fc2", 120, 84), ("fc3", 84, 10)] {
+    for (name, inp, out) in [("fc1", 800, 128), ("fc2", 128, 10)] {
         let fwd = GemmShape {
             m: batch,
             n: out,

@@ -93,7 +93,8 @@ pub const PARAMS: [ParamSpec; 8] = [
     },
 ];
 
-fn conv1(batch: usize) -> Conv2dShape {
+/// The shape of conv1: 1→20 channels, 3x3, on 28x28 images.
+pub fn conv1(batch: usize) -> Conv2dShape {
     Conv2dShape {
         batch,
         in_c: 1,
@@ -106,7 +107,8 @@ fn conv1(batch: usize) -> Conv2dShape {
         pad: 0,
     }
 }
-fn pool1(batch: usize) -> Pool2dShape {
+/// The shape of pool1: 2x2 average over conv1's 26x26 planes.
+pub fn pool1(batch: usize) -> Pool2dShape {
     Pool2dShape {
         planes: batch * 20,
         in_h: 26,
@@ -116,7 +118,8 @@ fn pool1(batch: usize) -> Pool2dShape {
         stride: 2,
     }
 }
-fn conv2(batch: usize) -> Conv2dShape {
+/// The shape of conv2: 20→50 channels, 5x5, on 13x13.
+pub fn conv2(batch: usize) -> Conv2dShape {
     Conv2dShape {
         batch,
         in_c: 20,
@@ -129,7 +132,8 @@ fn conv2(batch: usize) -> Conv2dShape {
         pad: 0,
     }
 }
-fn pool2(batch: usize) -> Pool2dShape {
+/// The shape of pool2: 2x2 average over conv2's 9x9 planes.
+pub fn pool2(batch: usize) -> Pool2dShape {
     Pool2dShape {
         planes: batch * 50,
         in_h: 9,

@@ -1,4 +1,5 @@
-//! Convolution as im2col + GEMM, one image per rayon task.
+//! Convolution as im2col + GEMM, a group of images per rayon task (their taps side by side,
+//! so each GEMM is wide).
 //!
 //! For image n, `col` is the (C·KH·KW) x (P·Q) matrix of input taps, so the forward pass is
 //! `y_n = w · col` (O x P·Q), the input gradient is `col2im(wᵀ · dy_n)`, and the filter
@@ -59,32 +60,95 @@ fn sgemm(a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
     }
 }
 
-/// Fills `col` ((C·KH·KW) x (P·Q), row-major) with image `x`'s taps; zero for padding.
-fn im2col<T: Precision>(s: &Conv2dShape, x: &[T], col: &mut [f32]) {
+/// Images per GEMM: a group's taps side by side make the GEMMs wide enough to run near the
+/// CPU's peak (one 13x13 image alone gives conv2 an N of only 81).
+const GROUP: usize = FILTER_CHUNK;
+
+/// Writes image `x`'s taps into `col` ((C·KH·KW) rows of stride `ld`), starting at column
+/// `off`: row (c, i, j), column p·Q + q holds x[c][p·stride + i - pad][q·stride + j - pad]
+/// (zero in the padding).
+fn im2col<T: Precision>(s: &Conv2dShape, x: &[T], col: &mut [f32], ld: usize, off: usize) {
     let (p_n, q_n) = (s.out_h(), s.out_w());
     let mut row = 0;
     for c in 0..s.in_c {
         let plane = &x[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
         for i in 0..s.k_h {
             for j in 0..s.k_w {
-                let dst = &mut col[row * p_n * q_n..(row + 1) * p_n * q_n];
-                for p in 0..p_n {
-                    let ih = (p * s.stride + i) as isize - s.pad as isize;
-                    for q in 0..q_n {
-                        let iw = (q * s.stride + j) as isize - s.pad as isize;
-                        dst[p * q_n + q] = if ih >= 0
-                            && iw >= 0
-                            && (ih as usize) < s.in_h
-                            && (iw as usize) < s.in_w
-                        {
-                            plane[ih as usize * s.in_w + iw as usize].to_f32()
-                        } else {
-                            0.0
-                        };
+                let dst = &mut col[row * ld + off..row * ld + off + p_n * q_n];
+                if s.stride == 1 && s.pad == 0 {
+                    // Every tap is inside the image: each output row is a contiguous run.
+                    for (p, d) in dst.chunks_exact_mut(q_n).enumerate() {
+                        let src = &plane[(p + i) * s.in_w + j..(p + i) * s.in_w + j + q_n];
+                        d.iter_mut().zip(src).for_each(|(d, v)| *d = v.to_f32());
+                    }
+                } else {
+                    for p in 0..p_n {
+                        let ih = (p * s.stride + i) as isize - s.pad as isize;
+                        for q in 0..q_n {
+                            let iw = (q * s.stride + j) as isize - s.pad as isize;
+                            dst[p * q_n + q] = if ih >= 0
+                                && iw >= 0
+                                && (ih as usize) < s.in_h
+                                && (iw as usize) < s.in_w
+                            {
+                                plane[ih as usize * s.in_w + iw as usize].to_f32()
+                            } else {
+                                0.0
+                            };
+                        }
                     }
                 }
                 row += 1;
             }
+        }
+    }
+}
+
+/// Adds the taps in `dcol` (rows of stride `ld`, this image's columns from `off`) back onto
+/// the image gradient `acc` (C x H x W): the transpose of [`im2col`].
+fn col2im(s: &Conv2dShape, dcol: &[f32], ld: usize, off: usize, acc: &mut [f32]) {
+    let (p_n, q_n) = (s.out_h(), s.out_w());
+    let mut row = 0;
+    for c in 0..s.in_c {
+        let plane = &mut acc[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
+        for i in 0..s.k_h {
+            for j in 0..s.k_w {
+                let src = &dcol[row * ld + off..row * ld + off + p_n * q_n];
+                if s.stride == 1 && s.pad == 0 {
+                    for (p, v) in src.chunks_exact(q_n).enumerate() {
+                        let d = &mut plane[(p + i) * s.in_w + j..(p + i) * s.in_w + j + q_n];
+                        d.iter_mut().zip(v).for_each(|(d, v)| *d += v);
+                    }
+                } else {
+                    for p in 0..p_n {
+                        let ih = (p * s.stride + i) as isize - s.pad as isize;
+                        if ih < 0 || ih as usize >= s.in_h {
+                            continue;
+                        }
+                        for q in 0..q_n {
+                            let iw = (q * s.stride + j) as isize - s.pad as isize;
+                            if iw >= 0 && (iw as usize) < s.in_w {
+                                plane[ih as usize * s.in_w + iw as usize] += src[p * q_n + q];
+                            }
+                        }
+                    }
+                }
+                row += 1;
+            }
+        }
+    }
+}
+
+/// Gathers a group's output gradients (images x O x PQ) into O rows of `imgs·PQ` (f32).
+fn gather_dy<T: Precision>(dy: &[T], out_c: usize, pq: usize, imgs: usize, dst: &mut [f32]) {
+    let npq = imgs * pq;
+    for m in 0..imgs {
+        for o in 0..out_c {
+            let src = &dy[(m * out_c + o) * pq..(m * out_c + o + 1) * pq];
+            dst[o * npq + m * pq..o * npq + (m + 1) * pq]
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, v)| *d = v.to_f32());
         }
     }
 }
@@ -105,32 +169,40 @@ pub(super) fn forward<T: Precision>(
     let pq = s.out_h() * s.out_w();
     let w32 = widen(w);
     let image_in = s.in_c * s.in_h * s.in_w;
-    y.par_chunks_mut(s.out_c * pq).enumerate().for_each_init(
-        || (vec![0.0f32; k * pq], vec![0.0f32; s.out_c * pq]),
-        |(col, out), (n, y_n)| {
-            im2col(s, &x[n * image_in..(n + 1) * image_in], col);
+    let image_out = s.out_c * pq;
+    if image_out == 0 {
+        return;
+    }
+    y.par_chunks_mut(image_out * GROUP).enumerate().for_each_init(
+        || (vec![0.0f32; k * pq * GROUP], vec![0.0f32; s.out_c * pq * GROUP]),
+        |(col, out), (g, y_g)| {
+            let imgs = y_g.len() / image_out;
+            let npq = imgs * pq;
+            for m in 0..imgs {
+                let n = g * GROUP + m;
+                im2col(s, &x[n * image_in..(n + 1) * image_in], col, npq, m * pq);
+            }
             let w_op = Operand {
                 data: &w32,
                 rows: s.out_c,
                 cols: k,
                 transposed: false,
             };
-            sgemm(
-                w_op,
-                Operand {
-                    data: col,
-                    rows: k,
-                    cols: pq,
-                    transposed: false,
-                },
-                0.0,
-                out,
-            );
-            for (o, (dst, src)) in y_n.chunks_mut(pq).zip(out.chunks(pq)).enumerate() {
-                let b = bias.map_or(0.0, |b| b[o]);
-                for (d, v) in dst.iter_mut().zip(src) {
-                    let v = v + b;
-                    *d = T::from_f32(if relu { v.max(0.0) } else { v });
+            let col_op = Operand {
+                data: &col[..k * npq],
+                rows: k,
+                cols: npq,
+                transposed: false,
+            };
+            sgemm(w_op, col_op, 0.0, &mut out[..s.out_c * npq]);
+            for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
+                for (o, dst) in y_n.chunks_mut(pq).enumerate() {
+                    let b = bias.map_or(0.0, |b| b[o]);
+                    let src = &out[o * npq + m * pq..o * npq + (m + 1) * pq];
+                    for (d, v) in dst.iter_mut().zip(src) {
+                        let v = v + b;
+                        *d = T::from_f32(if relu { v.max(0.0) } else { v });
+                    }
                 }
             }
         },
@@ -139,57 +211,52 @@ pub(super) fn forward<T: Precision>(
 
 pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], dx: &mut [T]) {
     let k = s.in_c * s.k_h * s.k_w;
-    let (p_n, q_n) = (s.out_h(), s.out_w());
-    let pq = p_n * q_n;
+    let pq = s.out_h() * s.out_w();
     let w32 = widen(w);
     let image_in = s.in_c * s.in_h * s.in_w;
-    dx.par_chunks_mut(image_in).enumerate().for_each_init(
-        || (vec![0.0f32; k * pq], vec![0.0f32; image_in]),
-        |(dcol, acc), (n, dx_n)| {
-            let dy_n = widen(&dy[n * s.out_c * pq..(n + 1) * s.out_c * pq]);
-            // wᵀ (K x O) · dy_n (O x PQ)
+    if image_in == 0 {
+        return;
+    }
+    dx.par_chunks_mut(image_in * GROUP).enumerate().for_each_init(
+        || {
+            (
+                vec![0.0f32; k * pq * GROUP],
+                vec![0.0f32; s.out_c * pq * GROUP],
+                vec![0.0f32; image_in],
+            )
+        },
+        |(dcol, dyg, acc), (g, dx_g)| {
+            let imgs = dx_g.len() / image_in;
+            let npq = imgs * pq;
+            let first = g * GROUP * s.out_c * pq;
+            gather_dy(
+                &dy[first..first + imgs * s.out_c * pq],
+                s.out_c,
+                pq,
+                imgs,
+                dyg,
+            );
+            // wᵀ (K x O) · dy (O x imgs·PQ)
             let w_t = Operand {
                 data: &w32,
                 rows: k,
                 cols: s.out_c,
                 transposed: true,
             };
-            sgemm(
-                w_t,
-                Operand {
-                    data: &dy_n,
-                    rows: s.out_c,
-                    cols: pq,
-                    transposed: false,
-                },
-                0.0,
-                dcol,
-            );
-            acc.fill(0.0);
-            let mut row = 0;
-            for c in 0..s.in_c {
-                for i in 0..s.k_h {
-                    for j in 0..s.k_w {
-                        for p in 0..p_n {
-                            let ih = (p * s.stride + i) as isize - s.pad as isize;
-                            if ih < 0 || ih as usize >= s.in_h {
-                                continue;
-                            }
-                            for q in 0..q_n {
-                                let iw = (q * s.stride + j) as isize - s.pad as isize;
-                                if iw >= 0 && (iw as usize) < s.in_w {
-                                    acc[(c * s.in_h + ih as usize) * s.in_w + iw as usize] +=
-                                        dcol[row * pq + p * q_n + q];
-                                }
-                            }
-                        }
-                        row += 1;
-                    }
-                }
+            let dy_op = Operand {
+                data: &dyg[..s.out_c * npq],
+                rows: s.out_c,
+                cols: npq,
+                transposed: false,
+            };
+            sgemm(w_t, dy_op, 0.0, &mut dcol[..k * npq]);
+            for (m, dx_n) in dx_g.chunks_mut(image_in).enumerate() {
+                acc.fill(0.0);
+                col2im(s, dcol, npq, m * pq, acc);
+                dx_n.iter_mut()
+                    .zip(acc.iter())
+                    .for_each(|(d, v)| *d = T::from_f32(*v));
             }
-            dx_n.iter_mut()
-                .zip(acc.iter())
-                .for_each(|(d, v)| *d = T::from_f32(*v));
         },
     );
 }
@@ -202,28 +269,36 @@ pub(super) fn backward_filter<T: Precision>(s: &Conv2dShape, x: &[T], dy: &[T], 
         .into_par_iter()
         .map(|chunk| {
             let mut partial = vec![0.0f32; s.out_c * k];
-            let mut col = vec![0.0f32; k * pq];
-            for n in chunk * FILTER_CHUNK..((chunk + 1) * FILTER_CHUNK).min(s.batch) {
-                im2col(s, &x[n * image_in..(n + 1) * image_in], &mut col);
-                let dy_n = widen(&dy[n * s.out_c * pq..(n + 1) * s.out_c * pq]);
-                let dy_op = Operand {
-                    data: &dy_n,
-                    rows: s.out_c,
-                    cols: pq,
-                    transposed: false,
-                };
-                sgemm(
-                    dy_op,
-                    Operand {
-                        data: &col,
-                        rows: pq,
-                        cols: k,
-                        transposed: true,
-                    },
-                    1.0,
-                    &mut partial,
-                );
+            let first = chunk * FILTER_CHUNK;
+            let imgs = FILTER_CHUNK.min(s.batch - first);
+            let npq = imgs * pq;
+            let mut col = vec![0.0f32; k * npq];
+            let mut dyg = vec![0.0f32; s.out_c * npq];
+            for m in 0..imgs {
+                let n = first + m;
+                im2col(s, &x[n * image_in..(n + 1) * image_in], &mut col, npq, m * pq);
             }
+            gather_dy(
+                &dy[first * s.out_c * pq..(first + imgs) * s.out_c * pq],
+                s.out_c,
+                pq,
+                imgs,
+                &mut dyg,
+            );
+            // dy (O x imgs·PQ) · colᵀ (imgs·PQ x K)
+            let dy_op = Operand {
+                data: &dyg,
+                rows: s.out_c,
+                cols: npq,
+                transposed: false,
+            };
+            let col_t = Operand {
+                data: &col,
+                rows: npq,
+                cols: k,
+                transposed: true,
+            };
+            sgemm(dy_op, col_t, 0.0, &mut partial);
             partial
         })
         .collect();

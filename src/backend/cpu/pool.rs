@@ -88,6 +88,27 @@ pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
 pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]) {
     let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
+    if s.stride == s.k_h && s.stride == s.k_w {
+        // Windows tile the plane: each input element is covered by at most one window, so
+        // the gather below reduces to a copy (same bits; rows and columns past the last
+        // window get zero).
+        dx.par_chunks_mut(plane_in)
+            .enumerate()
+            .for_each(|(pl, dx)| {
+                let dy = &dy[pl * oh * ow..(pl + 1) * oh * ow];
+                dx.fill(T::from_f32(0.0));
+                for p in 0..oh {
+                    for i in 0..s.k_h {
+                        let row = &mut dx[(p * s.stride + i) * s.in_w..][..ow * s.stride];
+                        for (q, d) in row.chunks_exact_mut(s.stride).enumerate() {
+                            let g = T::from_f32(dy[p * ow + q].to_f32() * inv);
+                            d.iter_mut().for_each(|d| *d = g);
+                        }
+                    }
+                }
+            });
+        return;
+    }
     dx.par_chunks_mut(plane_in)
         .enumerate()
         .for_each(|(pl, dx)| {
