@@ -21,6 +21,8 @@ fn shapes() -> Vec<Pool2dShape> {
     vec![
         s(257 * 6, 24, 24, 2, 2, 2), // LeNet pool1 at batch 257
         s(5, 8, 8, 2, 2, 2),         // LeNet pool2
+        s(7, 9, 9, 2, 2, 2),         // nanoddp's pool2: the last row and column are in no window
+        s(2, 7, 11, 3, 3, 3),        // tiling windows that leave a remainder on both axes
         s(3, 9, 11, 3, 3, 2),        // overlapping windows
         s(2, 7, 7, 3, 3, 1),         // every input under up to 9 windows
         s(1, 5, 13, 2, 4, 3),        // non-square window, a stride that skips inputs

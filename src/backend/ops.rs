@@ -49,6 +49,17 @@ pub trait Precision: DeviceScalar {
     fn from_f32(v: f32) -> Self;
     /// The kernel implementing `op` at this precision.
     fn kernel(op: PrecisionOp) -> &'static KernelSignature;
+    /// Widens a whole slice into `dst` (same length): the fast path for many elements
+    /// (F16C when the CPU has it, detected once per call rather than per element).
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+    }
+    /// Rounds a whole slice into `dst` (same length), as [`Precision::from_f32`] does.
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = Self::from_f32(*s));
+    }
 }
 
 impl Precision for f32 {
@@ -57,6 +68,12 @@ impl Precision for f32 {
     }
     fn from_f32(v: f32) -> Self {
         v
+    }
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
     }
     fn kernel(op: PrecisionOp) -> &'static KernelSignature {
         match op {
@@ -83,6 +100,14 @@ impl Precision for f16 {
     }
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
+    }
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
     }
     fn kernel(op: PrecisionOp) -> &'static KernelSignature {
         match op {

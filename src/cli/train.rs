@@ -359,8 +359,8 @@ fn run_with(
         BackendArg::Cpu => run.go(vec![CpuDevice::new(); n], start, &mut on_event)?,
         BackendArg::Simt => run.go((0..n).map(SimtDevice::new).collect(), start, &mut on_event)?,
         BackendArg::Cuda => {
-            // With several processes on one machine, process p takes GPUs p·n .. p·n + n - 1.
-            let first = mpi_rank(mpi) * n;
+            // The p-th process on a node takes that node's GPUs p·n .. p·n + n - 1.
+            let first = mpi_node_rank(mpi) * n;
             let devices = (first..first + n)
                 .map(CudaDevice::new)
                 .collect::<Result<Vec<_>, _>>()?;
@@ -378,6 +378,16 @@ fn mpi_rank(mpi: MpiHandle<'_>) -> usize {
 
 #[cfg(not(feature = "mpi"))]
 fn mpi_rank(_: MpiHandle<'_>) -> usize {
+    0
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_node_rank(mpi: MpiHandle<'_>) -> usize {
+    mpi.map_or(0, |m| m.node_rank())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_node_rank(_: MpiHandle<'_>) -> usize {
     0
 }
 

@@ -67,7 +67,7 @@ const GROUP: usize = FILTER_CHUNK;
 /// Writes image `x`'s taps into `col` ((C·KH·KW) rows of stride `ld`), starting at column
 /// `off`: row (c, i, j), column p·Q + q holds x[c][p·stride + i - pad][q·stride + j - pad]
 /// (zero in the padding).
-fn im2col<T: Precision>(s: &Conv2dShape, x: &[T], col: &mut [f32], ld: usize, off: usize) {
+fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
     let (p_n, q_n) = (s.out_h(), s.out_w());
     let mut row = 0;
     for c in 0..s.in_c {
@@ -79,7 +79,7 @@ fn im2col<T: Precision>(s: &Conv2dShape, x: &[T], col: &mut [f32], ld: usize, of
                     // Every tap is inside the image: each output row is a contiguous run.
                     for (p, d) in dst.chunks_exact_mut(q_n).enumerate() {
                         let src = &plane[(p + i) * s.in_w + j..(p + i) * s.in_w + j + q_n];
-                        d.iter_mut().zip(src).for_each(|(d, v)| *d = v.to_f32());
+                        d.copy_from_slice(src);
                     }
                 } else {
                     for p in 0..p_n {
@@ -91,7 +91,7 @@ fn im2col<T: Precision>(s: &Conv2dShape, x: &[T], col: &mut [f32], ld: usize, of
                                 && (ih as usize) < s.in_h
                                 && (iw as usize) < s.in_w
                             {
-                                plane[ih as usize * s.in_w + iw as usize].to_f32()
+                                plane[ih as usize * s.in_w + iw as usize]
                             } else {
                                 0.0
                             };
@@ -145,16 +145,15 @@ fn gather_dy<T: Precision>(dy: &[T], out_c: usize, pq: usize, imgs: usize, dst: 
     for m in 0..imgs {
         for o in 0..out_c {
             let src = &dy[(m * out_c + o) * pq..(m * out_c + o + 1) * pq];
-            dst[o * npq + m * pq..o * npq + (m + 1) * pq]
-                .iter_mut()
-                .zip(src)
-                .for_each(|(d, v)| *d = v.to_f32());
+            T::widen_slice(src, &mut dst[o * npq + m * pq..o * npq + (m + 1) * pq]);
         }
     }
 }
 
 fn widen<T: Precision>(v: &[T]) -> Vec<f32> {
-    v.iter().map(|x| x.to_f32()).collect()
+    let mut out = vec![0.0f32; v.len()];
+    T::widen_slice(v, &mut out);
+    out
 }
 
 pub(super) fn forward<T: Precision>(
@@ -173,40 +172,51 @@ pub(super) fn forward<T: Precision>(
     if image_out == 0 {
         return;
     }
-    y.par_chunks_mut(image_out * GROUP).enumerate().for_each_init(
-        || (vec![0.0f32; k * pq * GROUP], vec![0.0f32; s.out_c * pq * GROUP]),
-        |(col, out), (g, y_g)| {
-            let imgs = y_g.len() / image_out;
-            let npq = imgs * pq;
-            for m in 0..imgs {
-                let n = g * GROUP + m;
-                im2col(s, &x[n * image_in..(n + 1) * image_in], col, npq, m * pq);
-            }
-            let w_op = Operand {
-                data: &w32,
-                rows: s.out_c,
-                cols: k,
-                transposed: false,
-            };
-            let col_op = Operand {
-                data: &col[..k * npq],
-                rows: k,
-                cols: npq,
-                transposed: false,
-            };
-            sgemm(w_op, col_op, 0.0, &mut out[..s.out_c * npq]);
-            for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
-                for (o, dst) in y_n.chunks_mut(pq).enumerate() {
-                    let b = bias.map_or(0.0, |b| b[o]);
-                    let src = &out[o * npq + m * pq..o * npq + (m + 1) * pq];
-                    for (d, v) in dst.iter_mut().zip(src) {
-                        let v = v + b;
-                        *d = T::from_f32(if relu { v.max(0.0) } else { v });
+    y.par_chunks_mut(image_out * GROUP)
+        .enumerate()
+        .for_each_init(
+            || {
+                (
+                    vec![0.0f32; k * pq * GROUP],
+                    vec![0.0f32; s.out_c * pq * GROUP],
+                    vec![0.0f32; image_in],
+                    vec![0.0f32; pq],
+                )
+            },
+            |(col, out, image, row), (g, y_g)| {
+                let imgs = y_g.len() / image_out;
+                let npq = imgs * pq;
+                for m in 0..imgs {
+                    let n = g * GROUP + m;
+                    T::widen_slice(&x[n * image_in..(n + 1) * image_in], image);
+                    im2col(s, image, col, npq, m * pq);
+                }
+                let w_op = Operand {
+                    data: &w32,
+                    rows: s.out_c,
+                    cols: k,
+                    transposed: false,
+                };
+                let col_op = Operand {
+                    data: &col[..k * npq],
+                    rows: k,
+                    cols: npq,
+                    transposed: false,
+                };
+                sgemm(w_op, col_op, 0.0, &mut out[..s.out_c * npq]);
+                for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
+                    for (o, dst) in y_n.chunks_mut(pq).enumerate() {
+                        let b = bias.map_or(0.0, |b| b[o]);
+                        let src = &out[o * npq + m * pq..o * npq + (m + 1) * pq];
+                        for (r, v) in row.iter_mut().zip(src) {
+                            let v = v + b;
+                            *r = if relu { v.max(0.0) } else { v };
+                        }
+                        T::narrow_slice(row, dst);
                     }
                 }
-            }
-        },
-    );
+            },
+        );
 }
 
 pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], dx: &mut [T]) {
@@ -217,48 +227,48 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
     if image_in == 0 {
         return;
     }
-    dx.par_chunks_mut(image_in * GROUP).enumerate().for_each_init(
-        || {
-            (
-                vec![0.0f32; k * pq * GROUP],
-                vec![0.0f32; s.out_c * pq * GROUP],
-                vec![0.0f32; image_in],
-            )
-        },
-        |(dcol, dyg, acc), (g, dx_g)| {
-            let imgs = dx_g.len() / image_in;
-            let npq = imgs * pq;
-            let first = g * GROUP * s.out_c * pq;
-            gather_dy(
-                &dy[first..first + imgs * s.out_c * pq],
-                s.out_c,
-                pq,
-                imgs,
-                dyg,
-            );
-            // wᵀ (K x O) · dy (O x imgs·PQ)
-            let w_t = Operand {
-                data: &w32,
-                rows: k,
-                cols: s.out_c,
-                transposed: true,
-            };
-            let dy_op = Operand {
-                data: &dyg[..s.out_c * npq],
-                rows: s.out_c,
-                cols: npq,
-                transposed: false,
-            };
-            sgemm(w_t, dy_op, 0.0, &mut dcol[..k * npq]);
-            for (m, dx_n) in dx_g.chunks_mut(image_in).enumerate() {
-                acc.fill(0.0);
-                col2im(s, dcol, npq, m * pq, acc);
-                dx_n.iter_mut()
-                    .zip(acc.iter())
-                    .for_each(|(d, v)| *d = T::from_f32(*v));
-            }
-        },
-    );
+    dx.par_chunks_mut(image_in * GROUP)
+        .enumerate()
+        .for_each_init(
+            || {
+                (
+                    vec![0.0f32; k * pq * GROUP],
+                    vec![0.0f32; s.out_c * pq * GROUP],
+                    vec![0.0f32; image_in],
+                )
+            },
+            |(dcol, dyg, acc), (g, dx_g)| {
+                let imgs = dx_g.len() / image_in;
+                let npq = imgs * pq;
+                let first = g * GROUP * s.out_c * pq;
+                gather_dy(
+                    &dy[first..first + imgs * s.out_c * pq],
+                    s.out_c,
+                    pq,
+                    imgs,
+                    dyg,
+                );
+                // wᵀ (K x O) · dy (O x imgs·PQ)
+                let w_t = Operand {
+                    data: &w32,
+                    rows: k,
+                    cols: s.out_c,
+                    transposed: true,
+                };
+                let dy_op = Operand {
+                    data: &dyg[..s.out_c * npq],
+                    rows: s.out_c,
+                    cols: npq,
+                    transposed: false,
+                };
+                sgemm(w_t, dy_op, 0.0, &mut dcol[..k * npq]);
+                for (m, dx_n) in dx_g.chunks_mut(image_in).enumerate() {
+                    acc.fill(0.0);
+                    col2im(s, dcol, npq, m * pq, acc);
+                    T::narrow_slice(acc, dx_n);
+                }
+            },
+        );
 }
 
 pub(super) fn backward_filter<T: Precision>(s: &Conv2dShape, x: &[T], dy: &[T], dw: &mut [f32]) {
@@ -267,40 +277,50 @@ pub(super) fn backward_filter<T: Precision>(s: &Conv2dShape, x: &[T], dy: &[T], 
     let image_in = s.in_c * s.in_h * s.in_w;
     let chunks: Vec<Vec<f32>> = (0..s.batch.div_ceil(FILTER_CHUNK))
         .into_par_iter()
-        .map(|chunk| {
-            let mut partial = vec![0.0f32; s.out_c * k];
-            let first = chunk * FILTER_CHUNK;
-            let imgs = FILTER_CHUNK.min(s.batch - first);
-            let npq = imgs * pq;
-            let mut col = vec![0.0f32; k * npq];
-            let mut dyg = vec![0.0f32; s.out_c * npq];
-            for m in 0..imgs {
-                let n = first + m;
-                im2col(s, &x[n * image_in..(n + 1) * image_in], &mut col, npq, m * pq);
-            }
-            gather_dy(
-                &dy[first * s.out_c * pq..(first + imgs) * s.out_c * pq],
-                s.out_c,
-                pq,
-                imgs,
-                &mut dyg,
-            );
-            // dy (O x imgs·PQ) · colᵀ (imgs·PQ x K)
-            let dy_op = Operand {
-                data: &dyg,
-                rows: s.out_c,
-                cols: npq,
-                transposed: false,
-            };
-            let col_t = Operand {
-                data: &col,
-                rows: npq,
-                cols: k,
-                transposed: true,
-            };
-            sgemm(dy_op, col_t, 0.0, &mut partial);
-            partial
-        })
+        .map_init(
+            // Reused per worker: im2col and gather_dy overwrite every element they cover.
+            || {
+                (
+                    vec![0.0f32; k * pq * FILTER_CHUNK],
+                    vec![0.0f32; s.out_c * pq * FILTER_CHUNK],
+                    vec![0.0f32; image_in],
+                )
+            },
+            |(col, dyg, image), chunk| {
+                let mut partial = vec![0.0f32; s.out_c * k];
+                let first = chunk * FILTER_CHUNK;
+                let imgs = FILTER_CHUNK.min(s.batch - first);
+                let npq = imgs * pq;
+                let (col, dyg) = (&mut col[..k * npq], &mut dyg[..s.out_c * npq]);
+                for m in 0..imgs {
+                    let n = first + m;
+                    T::widen_slice(&x[n * image_in..(n + 1) * image_in], image);
+                    im2col(s, image, col, npq, m * pq);
+                }
+                gather_dy(
+                    &dy[first * s.out_c * pq..(first + imgs) * s.out_c * pq],
+                    s.out_c,
+                    pq,
+                    imgs,
+                    dyg,
+                );
+                // dy (O x imgs·PQ) · colᵀ (imgs·PQ x K)
+                let dy_op = Operand {
+                    data: dyg,
+                    rows: s.out_c,
+                    cols: npq,
+                    transposed: false,
+                };
+                let col_t = Operand {
+                    data: col,
+                    rows: npq,
+                    cols: k,
+                    transposed: true,
+                };
+                sgemm(dy_op, col_t, 0.0, &mut partial);
+                partial
+            },
+        )
         .collect();
     dw.fill(0.0);
     for partial in chunks {
@@ -310,12 +330,16 @@ pub(super) fn backward_filter<T: Precision>(s: &Conv2dShape, x: &[T], dy: &[T], 
 
 pub(super) fn backward_bias<T: Precision>(s: &Conv2dShape, dy: &[T], db: &mut [f32]) {
     let pq = s.out_h() * s.out_w();
-    db.par_iter_mut().enumerate().for_each(|(o, db)| {
-        let mut acc = 0.0f32;
-        for n in 0..s.batch {
-            let plane = &dy[(n * s.out_c + o) * pq..(n * s.out_c + o + 1) * pq];
-            acc += plane.iter().map(|v| v.to_f32()).sum::<f32>();
-        }
-        *db = acc;
-    });
+    db.par_iter_mut().enumerate().for_each_init(
+        || vec![0.0f32; pq],
+        |wide, (o, db)| {
+            let mut acc = 0.0f32;
+            for n in 0..s.batch {
+                let plane = &dy[(n * s.out_c + o) * pq..(n * s.out_c + o + 1) * pq];
+                T::widen_slice(plane, wide);
+                acc += wide.iter().sum::<f32>();
+            }
+            *db = acc;
+        },
+    );
 }

@@ -69,20 +69,24 @@ pub(super) fn max_backward<T: Precision>(s: &Pool2dShape, dy: &[T], argmax: &[i3
 pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
     let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
-    y.par_chunks_mut(oh * ow).enumerate().for_each(|(pl, y)| {
-        let x = &x[pl * plane_in..(pl + 1) * plane_in];
-        for p in 0..oh {
-            for q in 0..ow {
-                let mut acc = 0.0f32;
-                for i in 0..s.k_h {
-                    for j in 0..s.k_w {
-                        acc += x[(p * s.stride + i) * s.in_w + q * s.stride + j].to_f32();
+    y.par_chunks_mut(oh * ow).enumerate().for_each_init(
+        || (vec![0.0f32; plane_in], vec![0.0f32; oh * ow]),
+        |(wide, out), (pl, y)| {
+            T::widen_slice(&x[pl * plane_in..(pl + 1) * plane_in], wide);
+            for p in 0..oh {
+                for q in 0..ow {
+                    let mut acc = 0.0f32;
+                    for i in 0..s.k_h {
+                        for j in 0..s.k_w {
+                            acc += wide[(p * s.stride + i) * s.in_w + q * s.stride + j];
+                        }
                     }
+                    out[p * ow + q] = acc * inv;
                 }
-                y[p * ow + q] = T::from_f32(acc * inv);
             }
-        }
-    });
+            T::narrow_slice(out, y);
+        },
+    );
 }
 
 pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]) {
@@ -92,21 +96,22 @@ pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]
         // Windows tile the plane: each input element is covered by at most one window, so
         // the gather below reduces to a copy (same bits; rows and columns past the last
         // window get zero).
-        dx.par_chunks_mut(plane_in)
-            .enumerate()
-            .for_each(|(pl, dx)| {
-                let dy = &dy[pl * oh * ow..(pl + 1) * oh * ow];
-                dx.fill(T::from_f32(0.0));
+        dx.par_chunks_mut(plane_in).enumerate().for_each_init(
+            || (vec![0.0f32; oh * ow], vec![0.0f32; plane_in]),
+            |(g, wide), (pl, dx)| {
+                T::widen_slice(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
+                wide.fill(0.0);
                 for p in 0..oh {
                     for i in 0..s.k_h {
-                        let row = &mut dx[(p * s.stride + i) * s.in_w..][..ow * s.stride];
+                        let row = &mut wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
                         for (q, d) in row.chunks_exact_mut(s.stride).enumerate() {
-                            let g = T::from_f32(dy[p * ow + q].to_f32() * inv);
-                            d.iter_mut().for_each(|d| *d = g);
+                            d.fill(g[p * ow + q] * inv);
                         }
                     }
                 }
-            });
+                T::narrow_slice(wide, dx);
+            },
+        );
         return;
     }
     dx.par_chunks_mut(plane_in)
