@@ -328,6 +328,18 @@ pub(super) fn backward_filter<T: Precision>(s: &Conv2dShape, x: &[T], dy: &[T], 
     }
 }
 
+/// Sum with 16 independent accumulators (one AVX-512 register), combined in a fixed order:
+/// a plain left-to-right sum waits on each addition's latency. Deterministic.
+fn lane_sum(v: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        lanes.iter_mut().zip(c).for_each(|(l, x)| *l += x);
+    }
+    let tail: f32 = chunks.remainder().iter().sum();
+    lanes.iter().sum::<f32>() + tail
+}
+
 pub(super) fn backward_bias<T: Precision>(s: &Conv2dShape, dy: &[T], db: &mut [f32]) {
     let pq = s.out_h() * s.out_w();
     db.par_iter_mut().enumerate().for_each_init(
@@ -337,7 +349,7 @@ pub(super) fn backward_bias<T: Precision>(s: &Conv2dShape, dy: &[T], db: &mut [f
             for n in 0..s.batch {
                 let plane = &dy[(n * s.out_c + o) * pq..(n * s.out_c + o + 1) * pq];
                 T::widen_slice(plane, wide);
-                acc += wide.iter().sum::<f32>();
+                acc += lane_sum(wide);
             }
             *db = acc;
         },

@@ -73,6 +73,25 @@ pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
         || (vec![0.0f32; plane_in], vec![0.0f32; oh * ow]),
         |(wide, out), (pl, y)| {
             T::widen_slice(&x[pl * plane_in..(pl + 1) * plane_in], wide);
+            if s.stride == s.k_h && s.stride == s.k_w {
+                // Tiling windows: add each window's rows, in the order the general path
+                // adds them (same bits), a whole output row at a time.
+                for p in 0..oh {
+                    let out_row = &mut out[p * ow..(p + 1) * ow];
+                    out_row.fill(0.0);
+                    for i in 0..s.k_h {
+                        let row = &wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
+                        for (o, w) in out_row.iter_mut().zip(row.chunks_exact(s.stride)) {
+                            for v in w {
+                                *o += v;
+                            }
+                        }
+                    }
+                    out_row.iter_mut().for_each(|o| *o *= inv);
+                }
+                T::narrow_slice(out, y);
+                return;
+            }
             for p in 0..oh {
                 for q in 0..ow {
                     let mut acc = 0.0f32;
