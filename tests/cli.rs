@@ -82,12 +82,13 @@ fn bench_kernels_prints_one_row_per_operation_with_a_rate() {
     assert!(text.contains("measured peak f32"), "{text}");
     let ops = [
         "gemm 1024x1024x1024",
-        "conv1 forward 3 1x28x28 k5",
+        // The model `nanoddp train` trains: conv 1->20 3x3, 20->50 5x5, fc 800->128->10.
+        "conv1 forward 3 1x28x28 k3",
         "conv1 backward input",
         "conv1 backward filter",
-        "conv2 forward 3 6x12x12 k5",
-        "fc1 forward 3x120x256",
-        "fc3 weight grad 10x84x3",
+        "conv2 forward 3 20x13x13 k5",
+        "fc1 forward 3x128x800",
+        "fc2 weight grad 10x128x3",
     ];
     for op in ops {
         let line = text
