@@ -28,7 +28,7 @@
 //! ```
 //!
 //! How it works: the source is lowered exactly as `build.rs` lowers nanoddp's own kernels
-//! ([`crate::kernels::lowering`]: every static `__shared__` is registered so the runtime can
+//! (`src/kernels/lowering.rs`: every static `__shared__` is registered so the runtime can
 //! poison it per block), one entry point per kernel is appended (the kernel's parameter
 //! types unpack CUDA's `kernelParams` and are reported as a signature string the launch
 //! checks arguments against), and the result is built with `SIMT_MODULE` defined into a

@@ -12,7 +12,7 @@
 //! * `ptxas_report`: ptxas's resource report for that fatbin, parsed by [`resources`].
 
 pub mod fatbin;
-pub mod lowering;
+pub(crate) mod lowering;
 pub mod resources;
 
 include!(concat!(env!("OUT_DIR"), "/kernels_generated.rs"));
