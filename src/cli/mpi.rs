@@ -68,6 +68,15 @@ pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
     say(out, format!("check-mpi: {n} processes"))?;
     for algo in algorithms(AlgoArg::Auto) {
         for count in [0usize, 1, 7, 99_991, (1 << 20) + 3] {
+            // Out of place: the input must come back untouched and the output exact.
+            let src = input(me, count);
+            let mut dst = vec![f32::NAN; count];
+            comm.all_reduce_into(&src, &mut dst, ReduceOp::Sum, Some(algo))?;
+            if src != input(me, count) || dst != expected(n, count) {
+                return Err(
+                    format!("{} out of place, {count} elements: wrong", algo.name()).into(),
+                );
+            }
             let mut buf = input(me, count);
             comm.all_reduce(&mut buf, ReduceOp::Sum, Some(algo))?;
             let wrong = buf
@@ -84,7 +93,7 @@ pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
             say(
                 out,
                 format!(
-                    "{:<7} count {:>9}: {} wrong elements over all ranks, results {} across ranks",
+                    "{:<7} count {:>9}: out of place exact; in place {} wrong elements over all ranks, results {} across ranks",
                     algo.name(),
                     count,
                     wrong_all,
@@ -124,8 +133,8 @@ pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `nanoddp bench allreduce --comm mpi`: the nccl-tests table, one process per rank, in
-/// place (the MPI transport reduces in place), each iteration's time the slowest rank's.
+/// `nanoddp bench allreduce --comm mpi`: the nccl-tests table, one process per rank, out of
+/// place and in place; each iteration's time is the slowest rank's, the median is shown.
 pub fn bench(
     out: &mut impl Write,
     sizes: &[usize],
@@ -144,22 +153,45 @@ pub fn bench(
         if me == 0 {
             writeln!(
                 out,
-                "# nanoddp bench allreduce --comm mpi: {n} processes, {}, sum, float32, in place",
+                "# nanoddp bench allreduce --comm mpi: {n} processes, {}, sum, float32",
                 if algorithm == MpiAlgorithm::Native {
                     "MPI_Iallreduce (the MPI library's own)".to_string()
                 } else {
                     format!("nanoddp {} over MPI point-to-point", algorithm.name())
                 }
             )?;
+            writeln!(out, "#{:>51}{:>33}", "out-of-place", "in-place")?;
             writeln!(
                 out,
-                "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6}",
-                "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"
+                "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6}",
+                "size",
+                "count",
+                "type",
+                "redop",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong"
             )?;
             writeln!(
                 out,
-                "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6}",
-                "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+                "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6}",
+                "(B)",
+                "(elements)",
+                "",
+                "",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                ""
             )?;
         }
         for &bytes in sizes {
@@ -168,38 +200,47 @@ pub fn bench(
             let want = expected(n, count);
             let iters = ((256usize << 20) / (bytes.max(1) * n)).clamp(10, 200);
             let warmup = (iters / 5).max(3);
-            let mut times = Vec::new();
-            let mut buf = host.clone();
-            for i in 0..iters + warmup {
-                buf.copy_from_slice(&host);
-                world.barrier();
-                let t0 = Instant::now();
-                comm.all_reduce(&mut buf, ReduceOp::Sum, Some(algorithm))?;
-                let t = t0.elapsed().as_secs_f64();
-                let mut slowest = 0.0f64;
-                world.all_reduce_into(&t, &mut slowest, SystemOperation::max());
-                if i >= warmup {
-                    times.push(slowest);
+            let mut columns = Vec::new();
+            for in_place in [false, true] {
+                let mut times = Vec::new();
+                let mut buf = host.clone();
+                let mut dst = vec![f32::NAN; count];
+                for i in 0..iters + warmup {
+                    buf.copy_from_slice(&host); // re-fill, untimed
+                    world.barrier();
+                    let t0 = Instant::now();
+                    if in_place {
+                        comm.all_reduce(&mut buf, ReduceOp::Sum, Some(algorithm))?;
+                    } else {
+                        comm.all_reduce_into(&host, &mut dst, ReduceOp::Sum, Some(algorithm))?;
+                    }
+                    let t = t0.elapsed().as_secs_f64();
+                    let mut slowest = 0.0f64;
+                    world.all_reduce_into(&t, &mut slowest, SystemOperation::max());
+                    if i >= warmup {
+                        times.push(slowest);
+                    }
                 }
-            }
-            let wrong = buf.iter().zip(&want).filter(|(a, b)| a != b).count() as u64;
-            let mut wrong_all = 0u64;
-            world.all_reduce_into(&wrong, &mut wrong_all, SystemOperation::sum());
-            times.sort_by(f64::total_cmp);
-            let t = times[times.len() / 2];
-            let algbw = bytes as f64 / t / 1e9;
-            if me == 0 {
-                writeln!(
-                    out,
-                    " {:>11} {:>10} {:>6} {:>5} {:>9.1} {:>7.3} {:>7.3} {:>6}",
-                    bytes,
-                    count,
-                    "float",
-                    "sum",
+                let result = if in_place { &buf } else { &dst };
+                let wrong = result.iter().zip(&want).filter(|(a, b)| a != b).count() as u64;
+                let mut wrong_all = 0u64;
+                world.all_reduce_into(&wrong, &mut wrong_all, SystemOperation::sum());
+                times.sort_by(f64::total_cmp);
+                let t = times[times.len() / 2];
+                let algbw = bytes as f64 / t / 1e9;
+                columns.push(format!(
+                    "{:>9.1} {:>7.3} {:>7.3} {:>6}",
                     t * 1e6,
                     algbw,
                     algbw * busbw_factor,
                     wrong_all
+                ));
+            }
+            if me == 0 {
+                writeln!(
+                    out,
+                    " {:>11} {:>10} {:>6} {:>5} {} {}",
+                    bytes, count, "float", "sum", columns[0], columns[1]
                 )?;
             }
         }

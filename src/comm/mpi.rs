@@ -169,10 +169,48 @@ impl MpiComm {
                 reason: reason.clone(),
             });
         }
+        self.checked(None, buf, op, algorithm)
+    }
+
+    /// Reduces `src` across the ranks into `dst` (same length), leaving `src` untouched.
+    pub fn all_reduce_into<T: MpiScalar>(
+        &mut self,
+        src: &[T],
+        dst: &mut [T],
+        op: ReduceOp,
+        algorithm: Option<MpiAlgorithm>,
+    ) -> Result<(), CommError> {
+        if src.len() != dst.len() {
+            return Err(CommError::Invalid {
+                me: self.me,
+                detail: format!(
+                    "all_reduce_into: src has {} elements, dst {}",
+                    src.len(),
+                    dst.len()
+                ),
+            });
+        }
+        self.checked(Some(src), dst, op, algorithm)
+    }
+
+    fn checked<T: MpiScalar>(
+        &mut self,
+        input: Option<&[T]>,
+        buf: &mut [T],
+        op: ReduceOp,
+        algorithm: Option<MpiAlgorithm>,
+    ) -> Result<(), CommError> {
+        let me = self.me;
+        if let Some(reason) = &self.aborted {
+            return Err(CommError::Aborted {
+                me,
+                reason: reason.clone(),
+            });
+        }
         let algo = algorithm.unwrap_or_else(|| {
             MpiAlgorithm::Schedule(self.auto_algorithm(std::mem::size_of_val(buf)))
         });
-        let result = self.run(buf, op, algo);
+        let result = self.run(input, buf, op, algo);
         if let Err(e) = &result {
             self.aborted = Some(e.to_string());
         }
@@ -181,6 +219,7 @@ impl MpiComm {
 
     fn run<T: MpiScalar>(
         &mut self,
+        input: Option<&[T]>,
         buf: &mut [T],
         op: ReduceOp,
         algo: MpiAlgorithm,
@@ -190,16 +229,23 @@ impl MpiComm {
             ReduceOp::Sum => 0,
             ReduceOp::Avg => 1,
         };
-        self.agree([self.seq, buf.len() as u64, T::CODE, op_code, algo.code()])?;
+        let in_place = input.is_none();
+        self.agree([
+            self.seq,
+            buf.len() as u64,
+            T::CODE,
+            op_code,
+            algo.code(),
+            u64::from(in_place),
+        ])?;
         let scale = match op {
             ReduceOp::Sum => 1.0,
             ReduceOp::Avg => 1.0 / self.n as f32,
         };
         match algo {
-            MpiAlgorithm::Native => self.native(buf, scale),
+            MpiAlgorithm::Native => self.native(input, buf, scale),
             MpiAlgorithm::Schedule(a) => {
                 let slice = (self.config.slice_bytes / size_of::<T>()).max(1);
-                let in_place = true;
                 let key = (a, buf.len(), in_place);
                 let program = match self.programs.get(&key) {
                     Some(p) => p.clone(),
@@ -215,7 +261,7 @@ impl MpiComm {
                     }
                 };
                 let mut wire = MpiWire::new(self.comm, self.me, self.config.timeout);
-                let result = execute(&program, self.me, None, buf, scale, &mut wire);
+                let result = execute(&program, self.me, input, buf, scale, &mut wire);
                 wire.abandon_if(result.is_err());
                 result
             }
@@ -223,7 +269,7 @@ impl MpiComm {
     }
 
     /// Every rank contributes `desc`; all must be equal (else an error on every rank).
-    fn agree(&mut self, desc: [u64; 5]) -> Result<(), CommError> {
+    fn agree(&mut self, desc: [u64; 6]) -> Result<(), CommError> {
         let mine: Vec<u8> = bytemuck::cast_slice(&desc).to_vec();
         let mut all = vec![0u8; mine.len() * self.n];
         let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -260,11 +306,16 @@ impl MpiComm {
                     .map_or("?", |a| a.name()),
             };
             format!(
-                "all_reduce #{} of {} {} elements ({}, {algo})",
+                "all_reduce #{} of {} {} elements ({}, {algo}, {})",
                 d[0],
                 d[1],
                 if d[2] == 0 { "f32" } else { "f16" },
-                if d[3] == 0 { "sum" } else { "avg" }
+                if d[3] == 0 { "sum" } else { "avg" },
+                if d[5] == 1 {
+                    "in place"
+                } else {
+                    "out of place"
+                }
             )
         };
         for (rank, d) in theirs.chunks(desc.len()).enumerate() {
@@ -280,11 +331,16 @@ impl MpiComm {
         Ok(())
     }
 
-    fn native<T: MpiScalar>(&mut self, buf: &mut [T], scale: f32) -> Result<(), CommError> {
+    fn native<T: MpiScalar>(
+        &mut self,
+        input: Option<&[T]>,
+        buf: &mut [T],
+        scale: f32,
+    ) -> Result<(), CommError> {
         if buf.is_empty() {
             return Ok(());
         }
-        let send: Vec<f32> = buf.iter().map(|v| v.widen()).collect();
+        let send: Vec<f32> = input.unwrap_or(buf).iter().map(|v| v.widen()).collect();
         let mut recv = vec![0.0f32; buf.len()];
         let count = c_int::try_from(buf.len()).map_err(|_| CommError::Invalid {
             me: self.me,
