@@ -64,30 +64,7 @@ enum BenchWhat {
     /// Allreduce bandwidth and latency, as nccl-tests' all_reduce_perf prints them: size,
     /// count, type, redop, time, algbw, busbw = algbw·2(n-1)/n, #wrong, out of place and in
     /// place, plus the fraction of the memory-traffic bound (2·n·S / copy bandwidth).
-    Allreduce {
-        /// Ranks (one thread, or emulated device, each).
-        #[arg(short = 'n', long = "ranks", default_value_t = 4)]
-        ranks: usize,
-        /// Smallest message (bytes; K, M, G suffixes).
-        #[arg(short = 'b', long = "minbytes", default_value = "4K", value_parser = cli::bench_allreduce::parse_size)]
-        min_bytes: usize,
-        /// Largest message.
-        #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = cli::bench_allreduce::parse_size)]
-        max_bytes: usize,
-        /// Size multiplier between rows.
-        #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
-        factor: usize,
-        /// Algorithm.
-        #[arg(long, value_enum, default_value_t = cli::bench_allreduce::AlgoArg::Auto)]
-        algo: cli::bench_allreduce::AlgoArg,
-        /// Where the ranks run.
-        #[arg(long, value_enum, default_value_t = cli::bench_allreduce::Target::Cpu)]
-        backend: cli::bench_allreduce::Target,
-        /// local: -n threads of this process; mpi: one rank per process started by mpirun
-        /// (-n is mpirun's then; needs a build with --features mpi).
-        #[arg(long, value_enum, default_value_t = cli::bench_allreduce::CommArg::Local)]
-        comm: cli::bench_allreduce::CommArg,
-    },
+    Allreduce(cli::bench_allreduce::Sweep),
     /// GEMM and convolution throughput per backend.
     Kernels {
         /// Where to run: cpu (native), simt (the kernels emulated on the CPU), cuda (GPU 0).
@@ -175,28 +152,8 @@ fn main() -> ExitCode {
                 },
         } => cli::bench_kernels::run(&mut std::io::stdout().lock(), backend, batch, repeats),
         Command::Bench {
-            what:
-                BenchWhat::Allreduce {
-                    ranks,
-                    min_bytes,
-                    max_bytes,
-                    factor,
-                    algo,
-                    backend,
-                    comm,
-                },
-        } => {
-            let sweep = cli::bench_allreduce::Sweep {
-                ranks,
-                min_bytes,
-                max_bytes,
-                factor,
-                algo,
-                backend,
-                comm,
-            };
-            cli::bench_allreduce::run(&mut std::io::stdout().lock(), sweep)
-        }
+            what: BenchWhat::Allreduce(sweep),
+        } => cli::bench_allreduce::run(&mut std::io::stdout().lock(), sweep),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

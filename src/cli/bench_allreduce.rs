@@ -80,30 +80,89 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{text}` is too large"))
 }
 
-/// The sweep.
-#[derive(Debug, Clone, Copy)]
+/// The sweep (`bench allreduce`'s options).
+#[derive(Debug, Clone, Copy, clap::Args)]
 pub struct Sweep {
-    /// Ranks.
+    /// Ranks (one thread, or emulated device, each).
+    #[arg(short = 'n', long = "ranks", default_value_t = 4)]
     pub ranks: usize,
-    /// Smallest message, bytes.
+    /// Smallest message (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "4K", value_parser = parse_size)]
     pub min_bytes: usize,
-    /// Largest message, bytes.
+    /// Largest message.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
     pub max_bytes: usize,
-    /// Multiply the size by this each row.
+    /// Size multiplier between rows.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
     pub factor: usize,
     /// Algorithm.
+    #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     pub algo: AlgoArg,
-    /// How ranks reach each other.
-    pub comm: CommArg,
-    /// Backend.
+    /// Where the ranks run.
+    #[arg(long, value_enum, default_value_t = Target::Cpu)]
     pub backend: Target,
+    /// local: -n threads of this process; mpi: one rank per process started by mpirun
+    /// (-n is mpirun's then; needs a build with --features mpi).
+    #[arg(long, value_enum, default_value_t = CommArg::Local)]
+    pub comm: CommArg,
 }
 
-/// Rank r's input, as nccl-tests and the anchors: ((i mod 13) + 1) · (r + 1), exact in f32.
-fn input(rank: usize, count: usize) -> Vec<f32> {
+/// Rank r's input, as nccl-tests and the anchors: ((i mod 13) + 1) · (r + 1); every partial
+/// sum is an integer below 2^24, so the result is exact whatever the order of additions.
+pub fn input(rank: usize, count: usize) -> Vec<f32> {
     (0..count)
         .map(|i| ((i % 13) + 1) as f32 * (rank + 1) as f32)
         .collect()
+}
+
+/// The sum of [`input`] over `n` ranks.
+pub fn expected(n: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| ((i % 13) + 1) as f32 * (n * (n + 1) / 2) as f32)
+        .collect()
+}
+
+/// The nccl-tests header: the column names and units of one column group per entry of
+/// `groups` (e.g. out of place, in place), each with the extra columns in `extra`.
+pub fn header(
+    out: &mut impl Write,
+    groups: &[&str],
+    extra: &[(&str, &str)],
+) -> std::io::Result<()> {
+    let group_width = 9 + 8 + 8 + 7 + extra.len() * 7;
+    let mut title = format!("#{:>33}", "");
+    for g in groups {
+        title.push_str(&format!("{g:>w$}", w = group_width));
+    }
+    writeln!(out, "{}", title.trim_end())?;
+    for (row, cells) in [
+        ["size", "count", "type", "redop"],
+        ["(B)", "(elements)", "", ""],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut line = format!(
+            "#{:>11} {:>10} {:>6} {:>5}",
+            cells[0], cells[1], cells[2], cells[3]
+        );
+        for _ in groups {
+            let base = if row == 0 {
+                ["time", "algbw", "busbw", "#wrong"]
+            } else {
+                ["(us)", "(GB/s)", "(GB/s)", ""]
+            };
+            line.push_str(&format!(
+                " {:>9} {:>7} {:>7} {:>6}",
+                base[0], base[1], base[2], base[3]
+            ));
+            for e in extra {
+                line.push_str(&format!(" {:>6}", if row == 0 { e.0 } else { e.1 }));
+            }
+        }
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
 }
 
 fn iterations(bytes: usize, ranks: usize) -> usize {
@@ -137,9 +196,7 @@ fn run_rank<D: CommDevice + Clone>(
     for &bytes in sizes {
         let count = bytes / 4;
         let host = input(me, count);
-        let expected: Vec<f32> = (0..count)
-            .map(|i| ((i % 13) + 1) as f32 * (n * (n + 1) / 2) as f32)
-            .collect();
+        let expected = expected(n, count);
         let dev = rank.device().clone();
         let src = dev.upload(&host).map_err(dev_result)?;
         let mut dst = dev.alloc_zeros::<f32>(count).map_err(dev_result)?;
@@ -258,43 +315,7 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
             algo.algorithm(),
         )?,
     };
-    writeln!(out, "#{:>51}{:>44}", "out-of-place", "in-place")?;
-    writeln!(
-        out,
-        "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>7} {:>6} {:>6}",
-        "size",
-        "count",
-        "type",
-        "redop",
-        "time",
-        "algbw",
-        "busbw",
-        "#wrong",
-        "bound",
-        "time",
-        "algbw",
-        "busbw",
-        "#wrong",
-        "bound"
-    )?;
-    writeln!(
-        out,
-        "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>7} {:>6} {:>6}",
-        "(B)",
-        "(elements)",
-        "",
-        "",
-        "(us)",
-        "(GB/s)",
-        "(GB/s)",
-        "",
-        "",
-        "(us)",
-        "(GB/s)",
-        "(GB/s)",
-        "",
-        ""
-    )?;
+    header(out, &["out-of-place", "in-place"], &[("bound", "")])?;
     for (i, &bytes) in sizes.iter().enumerate() {
         // Each iteration's time is the slowest rank's; report the median iteration.
         let per_iter = |pick: fn(&Measured) -> &Vec<f64>| {

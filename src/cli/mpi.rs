@@ -10,21 +10,7 @@ use nanoddp::comm::communicator::{CommConfig, CommError, ReduceOp};
 use nanoddp::comm::mpi::{Mpi, MpiAlgorithm};
 use nanoddp::comm::schedule::Algorithm;
 
-use super::bench_allreduce::AlgoArg;
-
-/// Rank r's nccl-tests-style input: ((i mod 13) + 1) · (r + 1); every partial sum is an
-/// integer below 2^24, so the result is exact whatever the order of additions.
-fn input(rank: usize, count: usize) -> Vec<f32> {
-    (0..count)
-        .map(|i| ((i % 13) + 1) as f32 * (rank + 1) as f32)
-        .collect()
-}
-
-fn expected(n: usize, count: usize) -> Vec<f32> {
-    (0..count)
-        .map(|i| ((i % 13) + 1) as f32 * (n * (n + 1) / 2) as f32)
-        .collect()
-}
+use super::bench_allreduce::{expected, header, input, AlgoArg};
 
 fn fnv(bits: impl Iterator<Item = u32>) -> u64 {
     bits.fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -160,39 +146,7 @@ pub fn bench(
                     format!("nanoddp {} over MPI point-to-point", algorithm.name())
                 }
             )?;
-            writeln!(out, "#{:>51}{:>33}", "out-of-place", "in-place")?;
-            writeln!(
-                out,
-                "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6}",
-                "size",
-                "count",
-                "type",
-                "redop",
-                "time",
-                "algbw",
-                "busbw",
-                "#wrong",
-                "time",
-                "algbw",
-                "busbw",
-                "#wrong"
-            )?;
-            writeln!(
-                out,
-                "#{:>11} {:>10} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6}",
-                "(B)",
-                "(elements)",
-                "",
-                "",
-                "(us)",
-                "(GB/s)",
-                "(GB/s)",
-                "",
-                "(us)",
-                "(GB/s)",
-                "(GB/s)",
-                ""
-            )?;
+            header(out, &["out-of-place", "in-place"], &[])?;
         }
         for &bytes in sizes {
             let count = bytes / 4;

@@ -287,16 +287,10 @@ impl MpiComm {
                 &mut req,
             )
         })?;
-        if poll(&mut req, self.me, self.config.timeout, Kind::Collective)?.is_none() {
-            // MPI may still write into the buffers: never free them.
-            std::mem::forget(mine);
-            std::mem::forget(all);
-            return Err(CommError::TimeoutAll {
-                me: self.me,
-                what: format!("every rank to start collective #{}", self.seq),
-                seconds: self.config.timeout.as_secs_f64(),
-            });
-        }
+        let (mine, all) = self.wait_collective(&mut req, (mine, all), || {
+            format!("every rank to start collective #{}", self.seq)
+        })?;
+        drop(mine);
         let theirs: Vec<u64> = bytemuck::pod_collect_to_vec(&all);
         let describe = |d: &[u64]| {
             let algo = match d[4] {
@@ -331,6 +325,26 @@ impl MpiComm {
         Ok(())
     }
 
+    /// Waits for a non-blocking collective whose buffers are `buffers`, and hands them back.
+    /// On timeout MPI may still write into them (a collective cannot be cancelled), so they
+    /// are leaked, never freed.
+    fn wait_collective<B>(
+        &self,
+        req: &mut ffi::MPI_Request,
+        buffers: B,
+        what: impl FnOnce() -> String,
+    ) -> Result<B, CommError> {
+        if poll(req, self.me, self.config.timeout, Kind::Collective)?.is_some() {
+            return Ok(buffers);
+        }
+        std::mem::forget(buffers);
+        Err(CommError::TimeoutAll {
+            me: self.me,
+            what: what(),
+            seconds: self.config.timeout.as_secs_f64(),
+        })
+    }
+
     fn native<T: MpiScalar>(
         &mut self,
         input: Option<&[T]>,
@@ -360,15 +374,9 @@ impl MpiComm {
                 &mut req,
             )
         })?;
-        if poll(&mut req, self.me, self.config.timeout, Kind::Collective)?.is_none() {
-            std::mem::forget(send);
-            std::mem::forget(recv);
-            return Err(CommError::TimeoutAll {
-                me: self.me,
-                what: "MPI_Iallreduce".into(),
-                seconds: self.config.timeout.as_secs_f64(),
-            });
-        }
+        let (send, recv) =
+            self.wait_collective(&mut req, (send, recv), || "MPI_Iallreduce".to_string())?;
+        drop(send);
         for (b, v) in buf.iter_mut().zip(&recv) {
             *b = T::narrow(v * scale);
         }
