@@ -1,13 +1,14 @@
 //! Convolution (`kernels/conv.cu` and the CPU backend) against the float64 reference:
 //! forward with and without the fused bias + ReLU, and the three backward passes, for
-//! LeNet's layers, 3x3 windows with padding and stride, batch 1 and 257, fp32 and half.
+//! LeNet's layers, 3x3 windows with padding and stride, batch 1 and 257, fp32 and half; and
+//! the fused calls the trainer uses.
 
 mod common;
 
 use common::reference as r;
 use common::{assert_close, bytes, per_backend, random, rng, wide, Tol, F16, F32, F32_LONG};
 use half::f16;
-use nanoddp::backend::{Backend, Conv2dShape, Precision};
+use nanoddp::backend::{Backend, Conv2dShape, Pool2dShape, Precision};
 
 fn shape(
     batch: usize,
@@ -40,6 +41,10 @@ fn shapes() -> Vec<Conv2dShape> {
         shape(1, 1, (1, 1), 1, (1, 1), 1, 0),    // the degenerate 1x1
         shape(2, 45, (6, 6), 2, (5, 5), 1, 2), // 45·25 = 1125 filter taps: two shared-memory passes
         shape(257, 1, (6, 5), 2, (3, 2), 1, 0), // batch 257
+        // The trained conv2 at a batch of two image groups and one image: the CPU's 10-row
+        // register tiles, masked column edges and partial filter-gradient chunks.
+        shape(17, 20, (13, 13), 50, (5, 5), 1, 0),
+        shape(9, 3, (10, 11), 13, (3, 3), 1, 0), // 13 output channels: a 3-row tile
     ]
 }
 
@@ -161,4 +166,151 @@ fn bad_conv_shapes_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
     Vec::new()
 }
 
-per_backend!(conv_f32, conv_f16, bad_conv_shapes_are_errors);
+/// The fused calls against the float64 reference of the separate operations:
+/// convolution + ReLU + average pool forward, average pool + ReLU backward, and the filter and
+/// bias gradients together. Pools that tile the plane, that leave its last row and column
+/// uncovered (9x9 by 2), and that overlap (3 by 2).
+fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce: Tol) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut g = rng(seed);
+    let cases = [
+        (shape(9, 1, (28, 28), 20, (3, 3), 1, 0), 2, 2),
+        (shape(17, 20, (13, 13), 50, (5, 5), 1, 0), 2, 2),
+        (shape(3, 2, (9, 10), 7, (3, 3), 1, 1), 3, 2),
+    ];
+    for (s, k, stride) in cases {
+        let pool = Pool2dShape {
+            planes: s.batch * s.out_c,
+            in_h: s.out_h(),
+            in_w: s.out_w(),
+            k_h: k,
+            k_w: k,
+            stride,
+        };
+        let (xs, ws, ys) = s.sizes();
+        let ps = pool.sizes().1;
+        let x: Vec<T> = random(&mut g, xs);
+        let w: Vec<T> = random(&mut g, ws);
+        let bias: Vec<f32> = random(&mut g, s.out_c);
+        let (x_, w_, b_) = (
+            dev.upload(&x).unwrap(),
+            dev.upload(&w).unwrap(),
+            dev.upload(&bias).unwrap(),
+        );
+        let poison = |n| vec![T::from_f32(f32::NAN); n];
+
+        let mut y = dev.upload(&poison(ys)).unwrap();
+        let mut pooled = dev.upload(&poison(ps)).unwrap();
+        dev.conv2d_relu_avg_pool_forward(&s, &pool, &x_, &w_, Some(&b_), &mut y, &mut pooled)
+            .unwrap();
+        let want_y = r::conv_forward(&s, &wide(&x), &wide(&w), Some(&wide(&bias)), true);
+        let got_y = dev.download(&y).unwrap();
+        assert_close(
+            &format!("fused forward y {s:?}"),
+            &got_y,
+            &want_y.value,
+            &want_y.mag,
+            tol,
+        );
+        let want_p = r::avg_pool_forward(&pool, &want_y.value);
+        let mag_p = r::avg_pool_forward(&pool, &want_y.mag).value;
+        let got_p = dev.download(&pooled).unwrap();
+        assert_close(
+            &format!("fused forward pooled {s:?} {pool:?}"),
+            &got_p,
+            &want_p.value,
+            &mag_p,
+            tol,
+        );
+        out.extend(bytes(&got_y));
+        out.extend(bytes(&got_p));
+
+        // Backward through the pool and the ReLU whose output is a random y (half negative).
+        let act: Vec<T> = random(&mut g, ys);
+        let d_pooled: Vec<T> = random(&mut g, ps);
+        let (act_, dp_) = (dev.upload(&act).unwrap(), dev.upload(&d_pooled).unwrap());
+        let mut scratch = dev.upload(&poison(ys)).unwrap();
+        let mut dx = dev.upload(&poison(ys)).unwrap();
+        dev.avg_pool_relu_backward(&pool, &dp_, &act_, &mut scratch, &mut dx)
+            .unwrap();
+        let spread = r::avg_pool_backward(&pool, &wide(&d_pooled));
+        let keep = |i: usize, v: f64| if act[i].to_f32() > 0.0 { v } else { 0.0 };
+        let want: Vec<f64> = (0..ys).map(|i| keep(i, spread.value[i])).collect();
+        let mag: Vec<f64> = (0..ys).map(|i| keep(i, spread.mag[i])).collect();
+        let got = dev.download(&dx).unwrap();
+        assert_close(
+            &format!("fused pool+relu backward {pool:?}"),
+            &got,
+            &want,
+            &mag,
+            tol,
+        );
+        out.extend(bytes(&got));
+
+        let dy: Vec<T> = random(&mut g, ys);
+        let dy_ = dev.upload(&dy).unwrap();
+        let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
+        let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
+        dev.conv2d_backward_filter_bias(&s, &x_, &dy_, &mut dw, &mut db)
+            .unwrap();
+        let want = r::conv_backward_filter(&s, &wide(&x), &wide(&dy));
+        let got = dev.download(&dw).unwrap();
+        assert_close(
+            &format!("fused filter {s:?}"),
+            &got,
+            &want.value,
+            &want.mag,
+            tol_reduce,
+        );
+        out.extend(bytes(&got));
+        let want = r::conv_backward_bias(&s, &wide(&dy));
+        let got = dev.download(&db).unwrap();
+        assert_close(
+            &format!("fused bias {s:?}"),
+            &got,
+            &want.value,
+            &want.mag,
+            tol_reduce,
+        );
+        out.extend(bytes(&got));
+    }
+
+    // A pool that does not match the convolution's output is an error, not a wrong answer.
+    let s = shape(1, 1, (6, 6), 2, (3, 3), 1, 0);
+    let bad = Pool2dShape {
+        planes: 2,
+        in_h: 5,
+        in_w: 4,
+        k_h: 2,
+        k_w: 2,
+        stride: 2,
+    };
+    let x = dev.upload(&[T::from_f32(0.0); 36]).unwrap();
+    let w = dev.upload(&[T::from_f32(0.0); 18]).unwrap();
+    let mut y = dev.upload(&[T::from_f32(0.0); 32]).unwrap();
+    let mut p = dev.upload(&[T::from_f32(0.0); 8]).unwrap();
+    let e = dev
+        .conv2d_relu_avg_pool_forward(&s, &bad, &x, &w, None, &mut y, &mut p)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("is not the convolution's output"),
+        "{e}"
+    );
+    out
+}
+
+fn fused_f32<B: Backend>(dev: &B) -> Vec<u8> {
+    fused_all::<B, f32>(dev, 12, F32, F32_LONG)
+}
+
+fn fused_f16<B: Backend>(dev: &B) -> Vec<u8> {
+    fused_all::<B, f16>(dev, 13, F16, F32_LONG)
+}
+
+per_backend!(
+    conv_f32,
+    conv_f16,
+    bad_conv_shapes_are_errors,
+    fused_f32,
+    fused_f16
+);

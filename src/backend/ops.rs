@@ -271,6 +271,54 @@ pub trait Backend: Memory {
         dx: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
 
+    /// `y = relu(conv2d(x, w) + bias)` and `pooled = avg_pool(y)` in one call. Backends that
+    /// fuse them pool each plane while it is still in cache instead of reading `y` back; the
+    /// default is [`Backend::conv2d_forward`] then [`Backend::avg_pool_forward`]. A fused
+    /// backend pools the f32 values before they are rounded to `T`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_relu_avg_pool_forward<T: Precision>(
+        &self,
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+        x: &Buf<Self, T>,
+        w: &Buf<Self, T>,
+        bias: Option<&Buf<Self, f32>>,
+        y: &mut Buf<Self, T>,
+        pooled: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError> {
+        check::conv_then_pool(conv, pool)?;
+        self.conv2d_forward(conv, x, w, bias, y, true)?;
+        self.avg_pool_forward(pool, y, pooled)
+    }
+    /// `dx = (y > 0) ⊙ avg_pool_backward(d_pooled)`: an average pool's backward, then the
+    /// backward of the ReLU whose output `y` it pooled. `scratch` (y's size) is a workspace
+    /// for the default, [`Backend::avg_pool_backward`] then [`Backend::relu_backward`];
+    /// backends that fuse the two leave it alone.
+    fn avg_pool_relu_backward<T: Precision>(
+        &self,
+        pool: &Pool2dShape,
+        d_pooled: &Buf<Self, T>,
+        y: &Buf<Self, T>,
+        scratch: &mut Buf<Self, T>,
+        dx: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError> {
+        self.avg_pool_backward(pool, d_pooled, scratch)?;
+        self.relu_backward(y, scratch, dx)
+    }
+    /// [`Backend::conv2d_backward_filter`] and [`Backend::conv2d_backward_bias`] together:
+    /// backends that fuse them read `dy` once.
+    fn conv2d_backward_filter_bias<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<Self, T>,
+        dy: &Buf<Self, T>,
+        dw: &mut Buf<Self, f32>,
+        db: &mut Buf<Self, f32>,
+    ) -> Result<(), BackendError> {
+        self.conv2d_backward_filter(shape, x, dy, dw)?;
+        self.conv2d_backward_bias(shape, dy, db)
+    }
+
     /// Per-row softmax cross-entropy loss, optionally its logits' gradient times
     /// `grad_scale`, and `correct[0] +=` the number of rows whose argmax is the label.
     #[allow(clippy::too_many_arguments)]
@@ -438,6 +486,34 @@ pub(crate) mod check {
         s.validate()?;
         expect_len("conv2d_backward_bias", "dy", dy, s.sizes().2)?;
         expect_len("conv2d_backward_bias", "db", db, s.out_c)
+    }
+
+    /// Validates that `pool` pools exactly the planes `conv` produces.
+    pub(crate) fn conv_then_pool(
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+    ) -> Result<(), BackendError> {
+        conv.validate()?;
+        pool.validate()?;
+        if pool.planes != conv.batch * conv.out_c
+            || pool.in_h != conv.out_h()
+            || pool.in_w != conv.out_w()
+        {
+            return Err(BackendError::BadShape {
+                op: "conv2d_relu_avg_pool_forward",
+                detail: format!(
+                    "the pool's input ({} planes of {}x{}) is not the convolution's output \
+                     ({} planes of {}x{})",
+                    pool.planes,
+                    pool.in_h,
+                    pool.in_w,
+                    conv.batch * conv.out_c,
+                    conv.out_h(),
+                    conv.out_w()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Validates a pooling call: `input`/`output` are the lengths of the input-side and

@@ -441,10 +441,24 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
         };
 
         // Forward.
-        dev.conv2d_forward(&conv1(n), &a.x, w1, Some(b1), &mut a.c1, true)?;
-        dev.avg_pool_forward(&pool1(n), &a.c1, &mut a.p1)?;
-        dev.conv2d_forward(&conv2(n), &a.p1, w2, Some(b2), &mut a.c2, true)?;
-        dev.avg_pool_forward(&pool2(n), &a.c2, &mut a.p2)?;
+        dev.conv2d_relu_avg_pool_forward(
+            &conv1(n),
+            &pool1(n),
+            &a.x,
+            w1,
+            Some(b1),
+            &mut a.c1,
+            &mut a.p1,
+        )?;
+        dev.conv2d_relu_avg_pool_forward(
+            &conv2(n),
+            &pool2(n),
+            &a.p1,
+            w2,
+            Some(b2),
+            &mut a.c2,
+            &mut a.p2,
+        )?;
         let fc1 = GemmShape {
             m: n,
             n: 128,
@@ -560,19 +574,15 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
             Epilogue::default(),
         )?;
         // pool2, conv2's ReLU, conv2.
-        dev.avg_pool_backward(&pool2(n), &a.d_p2, &mut a.d_c2_lin)?;
-        dev.relu_backward(&a.c2, &a.d_c2_lin, &mut a.d_c2)?;
-        dev.conv2d_backward_filter(&conv2(n), &a.p1, &a.d_c2, g_w2)?;
+        dev.avg_pool_relu_backward(&pool2(n), &a.d_p2, &a.c2, &mut a.d_c2_lin, &mut a.d_c2)?;
+        dev.conv2d_backward_filter_bias(&conv2(n), &a.p1, &a.d_c2, g_w2, g_b2)?;
         ready(2, g_w2);
-        dev.conv2d_backward_bias(&conv2(n), &a.d_c2, g_b2)?;
         ready(3, g_b2);
         dev.conv2d_backward_input(&conv2(n), &a.d_c2, w2, &mut a.d_p1)?;
         // pool1, conv1's ReLU, conv1 (no gradient for the images).
-        dev.avg_pool_backward(&pool1(n), &a.d_p1, &mut a.d_c1_lin)?;
-        dev.relu_backward(&a.c1, &a.d_c1_lin, &mut a.d_c1)?;
-        dev.conv2d_backward_filter(&conv1(n), &a.x, &a.d_c1, g_w1)?;
+        dev.avg_pool_relu_backward(&pool1(n), &a.d_p1, &a.c1, &mut a.d_c1_lin, &mut a.d_c1)?;
+        dev.conv2d_backward_filter_bias(&conv1(n), &a.x, &a.d_c1, g_w1, g_b1)?;
         ready(0, g_w1);
-        dev.conv2d_backward_bias(&conv1(n), &a.d_c1, g_b1)?;
         ready(1, g_b1);
         Ok(stats)
     }

@@ -9,60 +9,18 @@
 use rayon::prelude::*;
 
 use crate::backend::ops::Precision;
-use crate::backend::shapes::Conv2dShape;
+use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 
-/// Images per partial sum of the filter gradient.
-const FILTER_CHUNK: usize = 8;
+use super::microkernel::{copy_row, gemm, PackedA};
+use super::pool::avg_plane;
 
-/// A packed row-major matrix used as a GEMM operand, possibly transposed: `rows x cols`
-/// are the dimensions of the operand as used (op(X)), not as stored.
-struct Operand<'a> {
-    data: &'a [f32],
-    rows: usize,
-    cols: usize,
-    transposed: bool,
-}
+/// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
+/// image alone gives conv2 only 81 columns, two and a half register tiles).
+const GROUP: usize = 8;
 
-impl Operand<'_> {
-    fn strides(&self) -> (isize, isize) {
-        if self.transposed {
-            (1, self.rows as isize)
-        } else {
-            (self.cols as isize, 1)
-        }
-    }
-}
-
-/// `c = a·b + beta·c`, c packed row-major `a.rows x b.cols`.
-fn sgemm(a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
-    assert!(a.cols == b.rows && a.data.len() >= a.rows * a.cols && b.data.len() >= b.rows * b.cols);
-    assert!(c.len() >= a.rows * b.cols);
-    let ((rsa, csa), (rsb, csb)) = (a.strides(), b.strides());
-    // SAFETY: the asserts above bound every address the strides can form inside the slices;
-    // c is exclusively borrowed.
-    unsafe {
-        matrixmultiply::sgemm(
-            a.rows,
-            a.cols,
-            b.cols,
-            1.0,
-            a.data.as_ptr(),
-            rsa,
-            csa,
-            b.data.as_ptr(),
-            rsb,
-            csb,
-            beta,
-            c.as_mut_ptr(),
-            b.cols as isize,
-            1,
-        )
-    }
-}
-
-/// Images per GEMM: a group's taps side by side make the GEMMs wide enough to run near the
-/// CPU's peak (one 13x13 image alone gives conv2 an N of only 81).
-const GROUP: usize = FILTER_CHUNK;
+/// Images per partial sum of the filter gradient (groups of [`GROUP`] accumulated in order);
+/// the partials are then added in order, so the result does not depend on the thread count.
+const FILTER_CHUNK: usize = 4 * GROUP;
 
 /// Writes image `x`'s taps into `col` ((C·KH·KW) rows of stride `ld`), starting at column
 /// `off`: row (c, i, j), column p·Q + q holds x[c][p·stride + i - pad][q·stride + j - pad]
@@ -79,7 +37,7 @@ fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
                     // Every tap is inside the image: each output row is a contiguous run.
                     for (p, d) in dst.chunks_exact_mut(q_n).enumerate() {
                         let src = &plane[(p + i) * s.in_w + j..(p + i) * s.in_w + j + q_n];
-                        d.copy_from_slice(src);
+                        copy_row(d, src);
                     }
                 } else {
                     for p in 0..p_n {
@@ -139,6 +97,45 @@ fn col2im(s: &Conv2dShape, dcol: &[f32], ld: usize, off: usize, acc: &mut [f32])
     }
 }
 
+/// Writes image `x`'s taps transposed: row `off + p·Q + q` of `colt` (rows of C·KH·KW)
+/// holds the taps of output pixel (p, q) in [`im2col`]'s order (c, i, j).
+fn im2col_t(s: &Conv2dShape, x: &[f32], colt: &mut [f32], off: usize) {
+    let k = s.in_c * s.k_h * s.k_w;
+    let (p_n, q_n) = (s.out_h(), s.out_w());
+    for p in 0..p_n {
+        for q in 0..q_n {
+            let row = &mut colt[(off + p * q_n + q) * k..(off + p * q_n + q + 1) * k];
+            let mut taps = row.chunks_exact_mut(s.k_w);
+            for c in 0..s.in_c {
+                let plane = &x[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
+                for i in 0..s.k_h {
+                    let Some(dst) = taps.next() else { return };
+                    let ih = (p * s.stride + i) as isize - s.pad as isize;
+                    let iw0 = (q * s.stride) as isize - s.pad as isize;
+                    if s.pad == 0 {
+                        // Every tap is inside the image: the kernel's row is contiguous.
+                        let start = ih as usize * s.in_w + iw0 as usize;
+                        copy_row(dst, &plane[start..start + s.k_w]);
+                    } else {
+                        for (j, d) in dst.iter_mut().enumerate() {
+                            let iw = iw0 + j as isize;
+                            *d = if ih >= 0
+                                && iw >= 0
+                                && (ih as usize) < s.in_h
+                                && (iw as usize) < s.in_w
+                            {
+                                plane[ih as usize * s.in_w + iw as usize]
+                            } else {
+                                0.0
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Gathers a group's output gradients (images x O x PQ) into O rows of `imgs·PQ` (f32).
 fn gather_dy<T: Precision>(dy: &[T], out_c: usize, pq: usize, imgs: usize, dst: &mut [f32]) {
     let npq = imgs * pq;
@@ -156,6 +153,8 @@ fn widen<T: Precision>(v: &[T]) -> Vec<f32> {
     out
 }
 
+/// `y = conv(x, w) + bias` (ReLU'd if `relu`); with `pool`, each plane of y is also
+/// average-pooled into the pooled output while it is in cache (from the f32 values).
 pub(super) fn forward<T: Precision>(
     s: &Conv2dShape,
     x: &[T],
@@ -163,16 +162,32 @@ pub(super) fn forward<T: Precision>(
     bias: Option<&[f32]>,
     y: &mut [T],
     relu: bool,
+    pool: Option<(&Pool2dShape, &mut [T])>,
 ) {
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
-    let w32 = widen(w);
     let image_in = s.in_c * s.in_h * s.in_w;
     let image_out = s.out_c * pq;
     if image_out == 0 {
         return;
     }
+    // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ)
+    let mut w_packed = PackedA::default();
+    w_packed.pack(&widen(w), s.out_c, k, k, 1);
+    let groups = s.batch.div_ceil(GROUP);
+    let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
+    let (pool_shape, pooled_groups): (_, Vec<Option<&mut [T]>>) = match pool {
+        Some((p, pooled)) => (
+            Some(p),
+            pooled
+                .chunks_mut(s.out_c * pooled_plane * GROUP)
+                .map(Some)
+                .collect(),
+        ),
+        None => (None, (0..groups).map(|_| None).collect()),
+    };
     y.par_chunks_mut(image_out * GROUP)
+        .zip(pooled_groups)
         .enumerate()
         .for_each_init(
             || {
@@ -181,9 +196,10 @@ pub(super) fn forward<T: Precision>(
                     vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
                     vec![0.0f32; pq],
+                    vec![0.0f32; pooled_plane],
                 )
             },
-            |(col, out, image, row), (g, y_g)| {
+            |(col, out, image, row, pooled_row), (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let npq = imgs * pq;
                 for m in 0..imgs {
@@ -191,19 +207,7 @@ pub(super) fn forward<T: Precision>(
                     T::widen_slice(&x[n * image_in..(n + 1) * image_in], image);
                     im2col(s, image, col, npq, m * pq);
                 }
-                let w_op = Operand {
-                    data: &w32,
-                    rows: s.out_c,
-                    cols: k,
-                    transposed: false,
-                };
-                let col_op = Operand {
-                    data: &col[..k * npq],
-                    rows: k,
-                    cols: npq,
-                    transposed: false,
-                };
-                sgemm(w_op, col_op, 0.0, &mut out[..s.out_c * npq]);
+                gemm(&w_packed, col, npq, npq, out, npq, false);
                 for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
                     for (o, dst) in y_n.chunks_mut(pq).enumerate() {
                         let b = bias.map_or(0.0, |b| b[o]);
@@ -213,6 +217,11 @@ pub(super) fn forward<T: Precision>(
                             *r = if relu { v.max(0.0) } else { v };
                         }
                         T::narrow_slice(row, dst);
+                        if let (Some(p), Some(pooled_g)) = (pool_shape, pooled_g.as_deref_mut()) {
+                            let plane = (m * s.out_c + o) * pooled_plane;
+                            avg_plane(p, row, pooled_row);
+                            T::narrow_slice(pooled_row, &mut pooled_g[plane..plane + pooled_plane]);
+                        }
                     }
                 }
             },
@@ -222,11 +231,13 @@ pub(super) fn forward<T: Precision>(
 pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], dx: &mut [T]) {
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
-    let w32 = widen(w);
     let image_in = s.in_c * s.in_h * s.in_w;
     if image_in == 0 {
         return;
     }
+    // dcol (K x imgs·PQ) = wᵀ (K x O) · dy_group (O x imgs·PQ), then col2im.
+    let mut w_t = PackedA::default();
+    w_t.pack(&widen(w), k, s.out_c, 1, k);
     dx.par_chunks_mut(image_in * GROUP)
         .enumerate()
         .for_each_init(
@@ -248,20 +259,7 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
                     imgs,
                     dyg,
                 );
-                // wᵀ (K x O) · dy (O x imgs·PQ)
-                let w_t = Operand {
-                    data: &w32,
-                    rows: k,
-                    cols: s.out_c,
-                    transposed: true,
-                };
-                let dy_op = Operand {
-                    data: &dyg[..s.out_c * npq],
-                    rows: s.out_c,
-                    cols: npq,
-                    transposed: false,
-                };
-                sgemm(w_t, dy_op, 0.0, &mut dcol[..k * npq]);
+                gemm(&w_t, dyg, npq, npq, dcol, npq, false);
                 for (m, dx_n) in dx_g.chunks_mut(image_in).enumerate() {
                     acc.fill(0.0);
                     col2im(s, dcol, npq, m * pq, acc);
@@ -271,60 +269,69 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
         );
 }
 
-pub(super) fn backward_filter<T: Precision>(s: &Conv2dShape, x: &[T], dy: &[T], dw: &mut [f32]) {
+/// `dw` from x and dy; with `db`, also the bias gradient from the same gathered rows of dy.
+pub(super) fn backward_filter<T: Precision>(
+    s: &Conv2dShape,
+    x: &[T],
+    dy: &[T],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+) {
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
     let image_in = s.in_c * s.in_h * s.in_w;
-    let chunks: Vec<Vec<f32>> = (0..s.batch.div_ceil(FILTER_CHUNK))
+    // dw = Σ_groups dy_group (O x imgs·PQ) · colᵀ (imgs·PQ x K), colᵀ built directly.
+    let with_bias = db.is_some();
+    let chunks: Vec<(Vec<f32>, Vec<f32>)> = (0..s.batch.div_ceil(FILTER_CHUNK))
         .into_par_iter()
         .map_init(
-            // Reused per worker: im2col and gather_dy overwrite every element they cover.
+            // Reused per worker: im2col_t, gather_dy and pack overwrite what they cover.
             || {
                 (
-                    vec![0.0f32; k * pq * FILTER_CHUNK],
-                    vec![0.0f32; s.out_c * pq * FILTER_CHUNK],
+                    vec![0.0f32; pq * GROUP * k],
+                    vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
+                    PackedA::default(),
                 )
             },
-            |(col, dyg, image), chunk| {
+            |(colt, dyg, image, dy_packed), chunk| {
                 let mut partial = vec![0.0f32; s.out_c * k];
-                let first = chunk * FILTER_CHUNK;
-                let imgs = FILTER_CHUNK.min(s.batch - first);
-                let npq = imgs * pq;
-                let (col, dyg) = (&mut col[..k * npq], &mut dyg[..s.out_c * npq]);
-                for m in 0..imgs {
-                    let n = first + m;
-                    T::widen_slice(&x[n * image_in..(n + 1) * image_in], image);
-                    im2col(s, image, col, npq, m * pq);
+                let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
+                let end = s.batch.min((chunk + 1) * FILTER_CHUNK);
+                for (nth, first) in (chunk * FILTER_CHUNK..end).step_by(GROUP).enumerate() {
+                    let imgs = GROUP.min(end - first);
+                    let npq = imgs * pq;
+                    for m in 0..imgs {
+                        let n = first + m;
+                        T::widen_slice(&x[n * image_in..(n + 1) * image_in], image);
+                        im2col_t(s, image, colt, m * pq);
+                    }
+                    gather_dy(
+                        &dy[first * s.out_c * pq..(first + imgs) * s.out_c * pq],
+                        s.out_c,
+                        pq,
+                        imgs,
+                        dyg,
+                    );
+                    dy_packed.pack(dyg, s.out_c, npq, npq, 1);
+                    gemm(dy_packed, colt, k, k, &mut partial, k, nth > 0);
+                    for (o, b) in partial_bias.iter_mut().enumerate() {
+                        *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
+                    }
                 }
-                gather_dy(
-                    &dy[first * s.out_c * pq..(first + imgs) * s.out_c * pq],
-                    s.out_c,
-                    pq,
-                    imgs,
-                    dyg,
-                );
-                // dy (O x imgs·PQ) · colᵀ (imgs·PQ x K)
-                let dy_op = Operand {
-                    data: dyg,
-                    rows: s.out_c,
-                    cols: npq,
-                    transposed: false,
-                };
-                let col_t = Operand {
-                    data: col,
-                    rows: npq,
-                    cols: k,
-                    transposed: true,
-                };
-                sgemm(dy_op, col_t, 0.0, &mut partial);
-                partial
+                (partial, partial_bias)
             },
         )
         .collect();
     dw.fill(0.0);
-    for partial in chunks {
-        dw.iter_mut().zip(&partial).for_each(|(d, p)| *d += p);
+    for (partial, _) in &chunks {
+        dw.iter_mut().zip(partial).for_each(|(d, p)| *d += p);
+    }
+    if let Some(db) = db {
+        db.fill(0.0);
+        for (_, partial) in &chunks {
+            db.iter_mut().zip(partial).for_each(|(d, p)| *d += p);
+        }
     }
 }
 

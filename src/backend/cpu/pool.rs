@@ -66,87 +66,116 @@ pub(super) fn max_backward<T: Precision>(s: &Pool2dShape, dy: &[T], argmax: &[i3
         });
 }
 
+/// Average-pools one f32 plane (`s.in_h x s.in_w`) into `out` (`out_h x out_w`).
+pub(super) fn avg_plane(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
+    let (oh, ow) = (s.out_h(), s.out_w());
+    let inv = 1.0 / (s.k_h * s.k_w) as f32;
+    if s.stride == s.k_h && s.stride == s.k_w {
+        for p in 0..oh {
+            let out_row = &mut out[p * ow..(p + 1) * ow];
+            out_row.fill(0.0);
+            for i in 0..s.k_h {
+                let row = &wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
+                for (o, w) in out_row.iter_mut().zip(row.chunks_exact(s.stride)) {
+                    for v in w {
+                        *o += v;
+                    }
+                }
+            }
+            out_row.iter_mut().for_each(|o| *o *= inv);
+        }
+        return;
+    }
+    for p in 0..oh {
+        for q in 0..ow {
+            let mut acc = 0.0f32;
+            for i in 0..s.k_h {
+                for j in 0..s.k_w {
+                    acc += wide[(p * s.stride + i) * s.in_w + q * s.stride + j];
+                }
+            }
+            out[p * ow + q] = acc * inv;
+        }
+    }
+}
+
 pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
     let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
-    let inv = 1.0 / (s.k_h * s.k_w) as f32;
     y.par_chunks_mut(oh * ow).enumerate().for_each_init(
         || (vec![0.0f32; plane_in], vec![0.0f32; oh * ow]),
         |(wide, out), (pl, y)| {
             T::widen_slice(&x[pl * plane_in..(pl + 1) * plane_in], wide);
-            if s.stride == s.k_h && s.stride == s.k_w {
-                // Tiling windows: add each window's rows, in the order the general path
-                // adds them (same bits), a whole output row at a time.
-                for p in 0..oh {
-                    let out_row = &mut out[p * ow..(p + 1) * ow];
-                    out_row.fill(0.0);
-                    for i in 0..s.k_h {
-                        let row = &wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
-                        for (o, w) in out_row.iter_mut().zip(row.chunks_exact(s.stride)) {
-                            for v in w {
-                                *o += v;
-                            }
-                        }
-                    }
-                    out_row.iter_mut().for_each(|o| *o *= inv);
-                }
-                T::narrow_slice(out, y);
-                return;
-            }
-            for p in 0..oh {
-                for q in 0..ow {
-                    let mut acc = 0.0f32;
-                    for i in 0..s.k_h {
-                        for j in 0..s.k_w {
-                            acc += wide[(p * s.stride + i) * s.in_w + q * s.stride + j];
-                        }
-                    }
-                    out[p * ow + q] = acc * inv;
-                }
-            }
+            avg_plane(s, wide, out);
             T::narrow_slice(out, y);
         },
     );
 }
 
-pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]) {
-    let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+/// Spreads one f32 plane of output gradients `g` (`out_h x out_w`) over the input plane
+/// `wide` (`in_h x in_w`, overwritten).
+fn avg_backward_plane(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) {
+    let (oh, ow) = (s.out_h(), s.out_w());
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
     if s.stride == s.k_h && s.stride == s.k_w {
         // Windows tile the plane: each input element is covered by at most one window, so
-        // the gather below reduces to a copy (same bits; rows and columns past the last
-        // window get zero).
-        dx.par_chunks_mut(plane_in).enumerate().for_each_init(
-            || (vec![0.0f32; oh * ow], vec![0.0f32; plane_in]),
-            |(g, wide), (pl, dx)| {
-                T::widen_slice(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
-                wide.fill(0.0);
-                for p in 0..oh {
-                    for i in 0..s.k_h {
-                        let row = &mut wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
-                        for (q, d) in row.chunks_exact_mut(s.stride).enumerate() {
-                            d.fill(g[p * ow + q] * inv);
-                        }
-                    }
-                }
-                T::narrow_slice(wide, dx);
-            },
-        );
-        return;
-    }
-    dx.par_chunks_mut(plane_in)
-        .enumerate()
-        .for_each(|(pl, dx)| {
-            let dy = &dy[pl * oh * ow..(pl + 1) * oh * ow];
-            for ih in 0..s.in_h {
-                for iw in 0..s.in_w {
-                    let mut acc = 0.0f32;
-                    for p in covering(ih, s.k_h, s.stride, oh) {
-                        for q in covering(iw, s.k_w, s.stride, ow) {
-                            acc += dy[p * ow + q].to_f32();
-                        }
-                    }
-                    dx[ih * s.in_w + iw] = T::from_f32(acc * inv);
+        // the gather reduces to a copy (same bits; rows and columns past the last window
+        // get zero).
+        wide.fill(0.0);
+        for p in 0..oh {
+            for i in 0..s.k_h {
+                let row = &mut wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
+                for (q, d) in row.chunks_exact_mut(s.stride).enumerate() {
+                    d.fill(g[p * ow + q] * inv);
                 }
             }
-        });
+        }
+        return;
+    }
+    for ih in 0..s.in_h {
+        for iw in 0..s.in_w {
+            let mut acc = 0.0f32;
+            for p in covering(ih, s.k_h, s.stride, oh) {
+                for q in covering(iw, s.k_w, s.stride, ow) {
+                    acc += g[p * ow + q];
+                }
+            }
+            wide[ih * s.in_w + iw] = acc * inv;
+        }
+    }
+}
+
+pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]) {
+    let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+    dx.par_chunks_mut(plane_in).enumerate().for_each_init(
+        || (vec![0.0f32; oh * ow], vec![0.0f32; plane_in]),
+        |(g, wide), (pl, dx)| {
+            T::widen_slice(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
+            avg_backward_plane(s, g, wide);
+            T::narrow_slice(wide, dx);
+        },
+    );
+}
+
+/// `dx = (y > 0) ⊙ avg_backward(dy)`: the pooling's and the ReLU's backward in one pass over
+/// each plane instead of two over the whole tensor.
+pub(super) fn avg_relu_backward<T: Precision>(s: &Pool2dShape, dy: &[T], y: &[T], dx: &mut [T]) {
+    let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+    dx.par_chunks_mut(plane_in).enumerate().for_each_init(
+        || {
+            (
+                vec![0.0f32; oh * ow],
+                vec![0.0f32; plane_in],
+                vec![0.0f32; plane_in],
+            )
+        },
+        |(g, wide, act), (pl, dx)| {
+            T::widen_slice(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
+            avg_backward_plane(s, g, wide);
+            T::widen_slice(&y[pl * plane_in..(pl + 1) * plane_in], act);
+            for (d, a) in wide.iter_mut().zip(act.iter()) {
+                *d = if *a > 0.0 { *d } else { 0.0 };
+            }
+            T::narrow_slice(wide, dx);
+        },
+    );
 }
