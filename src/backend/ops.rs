@@ -60,6 +60,14 @@ pub trait Precision: DeviceScalar {
             .zip(src)
             .for_each(|(d, s)| *d = Self::from_f32(*s));
     }
+    /// The slice itself when `Self` is f32, so the CPU backend can skip a widening copy.
+    fn as_f32(_s: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    /// The slice itself when `Self` is f32, so the CPU backend can write results in place.
+    fn as_f32_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 impl Precision for f32 {
@@ -74,6 +82,12 @@ impl Precision for f32 {
     }
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
         dst.copy_from_slice(src);
+    }
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        Some(s)
     }
     fn kernel(op: PrecisionOp) -> &'static KernelSignature {
         match op {

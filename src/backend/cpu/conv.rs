@@ -11,8 +11,9 @@ use rayon::prelude::*;
 use crate::backend::ops::Precision;
 use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 
-use super::microkernel::{copy_row, gemm, PackedA};
+use super::microkernel::{add_windows, copy_rows, gemm, gemm_nt, PackedA};
 use super::pool::avg_plane;
+use super::{widened, write_f32};
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
@@ -35,10 +36,7 @@ fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
                 let dst = &mut col[row * ld + off..row * ld + off + p_n * q_n];
                 if s.stride == 1 && s.pad == 0 {
                     // Every tap is inside the image: each output row is a contiguous run.
-                    for (p, d) in dst.chunks_exact_mut(q_n).enumerate() {
-                        let src = &plane[(p + i) * s.in_w + j..(p + i) * s.in_w + j + q_n];
-                        copy_row(d, src);
-                    }
+                    copy_rows(dst, &plane[i * s.in_w + j..], s.in_w, q_n);
                 } else {
                     for p in 0..p_n {
                         let ih = (p * s.stride + i) as isize - s.pad as isize;
@@ -70,67 +68,35 @@ fn col2im(s: &Conv2dShape, dcol: &[f32], ld: usize, off: usize, acc: &mut [f32])
     for c in 0..s.in_c {
         let plane = &mut acc[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
         for i in 0..s.k_h {
+            if s.stride == 1 && s.pad == 0 {
+                // The k_w taps of kernel row i, summed into each image row at once.
+                add_windows(
+                    &mut plane[i * s.in_w..],
+                    s.in_w,
+                    &dcol[row * ld + off..],
+                    ld,
+                    s.k_w,
+                    q_n,
+                    p_n,
+                );
+                row += s.k_w;
+                continue;
+            }
             for j in 0..s.k_w {
                 let src = &dcol[row * ld + off..row * ld + off + p_n * q_n];
-                if s.stride == 1 && s.pad == 0 {
-                    for (p, v) in src.chunks_exact(q_n).enumerate() {
-                        let d = &mut plane[(p + i) * s.in_w + j..(p + i) * s.in_w + j + q_n];
-                        d.iter_mut().zip(v).for_each(|(d, v)| *d += v);
+                for p in 0..p_n {
+                    let ih = (p * s.stride + i) as isize - s.pad as isize;
+                    if ih < 0 || ih as usize >= s.in_h {
+                        continue;
                     }
-                } else {
-                    for p in 0..p_n {
-                        let ih = (p * s.stride + i) as isize - s.pad as isize;
-                        if ih < 0 || ih as usize >= s.in_h {
-                            continue;
-                        }
-                        for q in 0..q_n {
-                            let iw = (q * s.stride + j) as isize - s.pad as isize;
-                            if iw >= 0 && (iw as usize) < s.in_w {
-                                plane[ih as usize * s.in_w + iw as usize] += src[p * q_n + q];
-                            }
+                    for q in 0..q_n {
+                        let iw = (q * s.stride + j) as isize - s.pad as isize;
+                        if iw >= 0 && (iw as usize) < s.in_w {
+                            plane[ih as usize * s.in_w + iw as usize] += src[p * q_n + q];
                         }
                     }
                 }
                 row += 1;
-            }
-        }
-    }
-}
-
-/// Writes image `x`'s taps transposed: row `off + p·Q + q` of `colt` (rows of C·KH·KW)
-/// holds the taps of output pixel (p, q) in [`im2col`]'s order (c, i, j).
-fn im2col_t(s: &Conv2dShape, x: &[f32], colt: &mut [f32], off: usize) {
-    let k = s.in_c * s.k_h * s.k_w;
-    let (p_n, q_n) = (s.out_h(), s.out_w());
-    for p in 0..p_n {
-        for q in 0..q_n {
-            let row = &mut colt[(off + p * q_n + q) * k..(off + p * q_n + q + 1) * k];
-            let mut taps = row.chunks_exact_mut(s.k_w);
-            for c in 0..s.in_c {
-                let plane = &x[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
-                for i in 0..s.k_h {
-                    let Some(dst) = taps.next() else { return };
-                    let ih = (p * s.stride + i) as isize - s.pad as isize;
-                    let iw0 = (q * s.stride) as isize - s.pad as isize;
-                    if s.pad == 0 {
-                        // Every tap is inside the image: the kernel's row is contiguous.
-                        let start = ih as usize * s.in_w + iw0 as usize;
-                        copy_row(dst, &plane[start..start + s.k_w]);
-                    } else {
-                        for (j, d) in dst.iter_mut().enumerate() {
-                            let iw = iw0 + j as isize;
-                            *d = if ih >= 0
-                                && iw >= 0
-                                && (ih as usize) < s.in_h
-                                && (iw as usize) < s.in_w
-                            {
-                                plane[ih as usize * s.in_w + iw as usize]
-                            } else {
-                                0.0
-                            };
-                        }
-                    }
-                }
             }
         }
     }
@@ -204,23 +170,24 @@ pub(super) fn forward<T: Precision>(
                 let npq = imgs * pq;
                 for m in 0..imgs {
                     let n = g * GROUP + m;
-                    T::widen_slice(&x[n * image_in..(n + 1) * image_in], image);
-                    im2col(s, image, col, npq, m * pq);
+                    let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
+                    im2col(s, x_n, col, npq, m * pq);
                 }
                 gemm(&w_packed, col, npq, npq, out, npq, false);
                 for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
                     for (o, dst) in y_n.chunks_mut(pq).enumerate() {
                         let b = bias.map_or(0.0, |b| b[o]);
                         let src = &out[o * npq + m * pq..o * npq + (m + 1) * pq];
-                        for (r, v) in row.iter_mut().zip(src) {
-                            let v = v + b;
-                            *r = if relu { v.max(0.0) } else { v };
-                        }
-                        T::narrow_slice(row, dst);
+                        let values = write_f32(dst, row, |r| {
+                            for (r, v) in r.iter_mut().zip(src) {
+                                let v = v + b;
+                                *r = if relu { v.max(0.0) } else { v };
+                            }
+                        });
                         if let (Some(p), Some(pooled_g)) = (pool_shape, pooled_g.as_deref_mut()) {
                             let plane = (m * s.out_c + o) * pooled_plane;
-                            avg_plane(p, row, pooled_row);
-                            T::narrow_slice(pooled_row, &mut pooled_g[plane..plane + pooled_plane]);
+                            let pooled = &mut pooled_g[plane..plane + pooled_plane];
+                            write_f32(pooled, pooled_row, |out| avg_plane(p, values, out));
                         }
                     }
                 }
@@ -261,9 +228,10 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
                 );
                 gemm(&w_t, dyg, npq, npq, dcol, npq, false);
                 for (m, dx_n) in dx_g.chunks_mut(image_in).enumerate() {
-                    acc.fill(0.0);
-                    col2im(s, dcol, npq, m * pq, acc);
-                    T::narrow_slice(acc, dx_n);
+                    write_f32(dx_n, acc, |acc| {
+                        acc.fill(0.0);
+                        col2im(s, dcol, npq, m * pq, acc);
+                    });
                 }
             },
         );
@@ -280,21 +248,21 @@ pub(super) fn backward_filter<T: Precision>(
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
     let image_in = s.in_c * s.in_h * s.in_w;
-    // dw = Σ_groups dy_group (O x imgs·PQ) · colᵀ (imgs·PQ x K), colᵀ built directly.
+    // dw = Σ_groups dy_group (O x imgs·PQ) · col_groupᵀ (imgs·PQ x K): both operands hold
+    // the pixels contiguously, which is the reduction, so neither is transposed.
     let with_bias = db.is_some();
     let chunks: Vec<(Vec<f32>, Vec<f32>)> = (0..s.batch.div_ceil(FILTER_CHUNK))
         .into_par_iter()
         .map_init(
-            // Reused per worker: im2col_t, gather_dy and pack overwrite what they cover.
+            // Reused per worker: im2col and gather_dy overwrite what they cover.
             || {
                 (
-                    vec![0.0f32; pq * GROUP * k],
+                    vec![0.0f32; k * pq * GROUP],
                     vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
-                    PackedA::default(),
                 )
             },
-            |(colt, dyg, image, dy_packed), chunk| {
+            |(col, dyg, image), chunk| {
                 let mut partial = vec![0.0f32; s.out_c * k];
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let end = s.batch.min((chunk + 1) * FILTER_CHUNK);
@@ -303,8 +271,8 @@ pub(super) fn backward_filter<T: Precision>(
                     let npq = imgs * pq;
                     for m in 0..imgs {
                         let n = first + m;
-                        T::widen_slice(&x[n * image_in..(n + 1) * image_in], image);
-                        im2col_t(s, image, colt, m * pq);
+                        let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
+                        im2col(s, x_n, col, npq, m * pq);
                     }
                     gather_dy(
                         &dy[first * s.out_c * pq..(first + imgs) * s.out_c * pq],
@@ -313,8 +281,18 @@ pub(super) fn backward_filter<T: Precision>(
                         imgs,
                         dyg,
                     );
-                    dy_packed.pack(dyg, s.out_c, npq, npq, 1);
-                    gemm(dy_packed, colt, k, k, &mut partial, k, nth > 0);
+                    gemm_nt(
+                        dyg,
+                        npq,
+                        s.out_c,
+                        col,
+                        npq,
+                        k,
+                        npq,
+                        &mut partial,
+                        k,
+                        nth > 0,
+                    );
                     for (o, b) in partial_bias.iter_mut().enumerate() {
                         *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
                     }

@@ -26,6 +26,36 @@ use super::ops::{check, expect_len, Backend, Precision};
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 
+/// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`.
+fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut [f32]) -> &'a [f32] {
+    match T::as_f32(src) {
+        Some(s) => s,
+        None => {
+            let scratch = &mut scratch[..src.len()];
+            T::widen_slice(src, scratch);
+            scratch
+        }
+    }
+}
+
+/// Runs `f` on an f32 view of `dst`: `dst` itself when `T` is f32, else `scratch`, rounded
+/// into `dst` afterwards. Returns the f32 values written.
+fn write_f32<'a, T: Precision>(
+    dst: &'a mut [T],
+    scratch: &'a mut [f32],
+    f: impl FnOnce(&mut [f32]),
+) -> &'a [f32] {
+    if T::as_f32(dst).is_some() {
+        let d = T::as_f32_mut(dst).expect("T is f32");
+        f(d);
+        return d;
+    }
+    let scratch = &mut scratch[..dst.len()];
+    f(scratch);
+    T::narrow_slice(scratch, dst);
+    scratch
+}
+
 /// The host as a device.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuDevice;

@@ -6,6 +6,8 @@ use rayon::prelude::*;
 use crate::backend::ops::Precision;
 use crate::backend::shapes::Pool2dShape;
 
+use super::{widened, write_f32};
+
 /// Output rows (or columns) whose window covers input row `i`: `ceil((i-k+1)/s) ..= min(i/s, out-1)`.
 fn covering(i: usize, k: usize, stride: usize, out: usize) -> std::ops::RangeInclusive<usize> {
     let first = (i + 1).saturating_sub(k).div_ceil(stride);
@@ -70,6 +72,18 @@ pub(super) fn max_backward<T: Precision>(s: &Pool2dShape, dy: &[T], argmax: &[i3
 pub(super) fn avg_plane(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
     let (oh, ow) = (s.out_h(), s.out_w());
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
+    if s.k_h == 2 && s.k_w == 2 && s.stride == 2 {
+        // LeNet's pools: written out so the compiler vectorizes the pairs (the general loop
+        // below adds in the same order, so both give the same bits).
+        for (p, out_row) in out.chunks_exact_mut(ow).take(oh).enumerate() {
+            let r0 = &wide[2 * p * s.in_w..][..2 * ow];
+            let r1 = &wide[(2 * p + 1) * s.in_w..][..2 * ow];
+            for (q, o) in out_row.iter_mut().enumerate() {
+                *o = (((r0[2 * q] + r0[2 * q + 1]) + r1[2 * q]) + r1[2 * q + 1]) * inv;
+            }
+        }
+        return;
+    }
     if s.stride == s.k_h && s.stride == s.k_w {
         for p in 0..oh {
             let out_row = &mut out[p * ow..(p + 1) * ow];
@@ -120,7 +134,22 @@ fn avg_backward_plane(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) {
         // Windows tile the plane: each input element is covered by at most one window, so
         // the gather reduces to a copy (same bits; rows and columns past the last window
         // get zero).
-        wide.fill(0.0);
+        if s.in_h != oh * s.stride || s.in_w != ow * s.stride {
+            wide.fill(0.0);
+        }
+        if s.k_h == 2 && s.k_w == 2 {
+            // LeNet's pools: each gradient written to its 2x2 window, vectorizable.
+            for (p, g_row) in g.chunks_exact(ow).take(oh).enumerate() {
+                for i in 0..2 {
+                    let row = &mut wide[(2 * p + i) * s.in_w..][..2 * ow];
+                    for (q, v) in g_row.iter().enumerate() {
+                        row[2 * q] = v * inv;
+                        row[2 * q + 1] = v * inv;
+                    }
+                }
+            }
+            return;
+        }
         for p in 0..oh {
             for i in 0..s.k_h {
                 let row = &mut wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
@@ -169,13 +198,14 @@ pub(super) fn avg_relu_backward<T: Precision>(s: &Pool2dShape, dy: &[T], y: &[T]
             )
         },
         |(g, wide, act), (pl, dx)| {
-            T::widen_slice(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
-            avg_backward_plane(s, g, wide);
-            T::widen_slice(&y[pl * plane_in..(pl + 1) * plane_in], act);
-            for (d, a) in wide.iter_mut().zip(act.iter()) {
-                *d = if *a > 0.0 { *d } else { 0.0 };
-            }
-            T::narrow_slice(wide, dx);
+            let g = widened(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
+            let act = widened(&y[pl * plane_in..(pl + 1) * plane_in], act);
+            write_f32(dx, wide, |dx| {
+                avg_backward_plane(s, g, dx);
+                for (d, a) in dx.iter_mut().zip(act) {
+                    *d = if *a > 0.0 { *d } else { 0.0 };
+                }
+            });
         },
     );
 }
