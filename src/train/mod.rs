@@ -600,15 +600,19 @@ where
         )));
     }
     let (tx, rx) = mpsc::channel();
+    let local = ranks.len();
     std::thread::scope(|scope| {
         let handles: Vec<_> = ranks
             .into_iter()
             .map(|rank| {
                 let tx = tx.clone();
                 let start = &start;
-                scope.spawn(move || match cfg.precision {
-                    Storage::Fp32 => run_rank::<C, f32>(rank, start, data, cfg, &tx),
-                    Storage::Fp16 => run_rank::<C, f16>(rank, start, data, cfg, &tx),
+                scope.spawn(move || {
+                    let _pool = rank_thread_pool(local);
+                    match cfg.precision {
+                        Storage::Fp32 => run_rank::<C, f32>(rank, start, data, cfg, &tx),
+                        Storage::Fp16 => run_rank::<C, f16>(rank, start, data, cfg, &tx),
+                    }
                 })
             })
             .collect();
@@ -636,6 +640,24 @@ where
             None => Ok(finals),
         }
     })
+}
+
+/// With several local ranks, gives the calling rank thread its own rayon pool of its share
+/// of the cores, the thread itself being the pool's first worker (`use_current_thread`).
+/// The CPU backend's parallel loops then run on the rank's own thread(s) instead of all
+/// ranks queueing every operation on the one global pool and sleeping until a worker
+/// finishes it: with 4 ranks on 2 cores each rank computes inline and the OS shares the
+/// cores. One rank keeps the global pool (all cores). The pool lives as long as the value.
+fn rank_thread_pool(local_ranks: usize) -> Option<rayon::ThreadPool> {
+    if local_ranks < 2 {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads((cores / local_ranks).max(1))
+        .use_current_thread()
+        .build()
+        .ok()
 }
 
 /// Test accuracy of `weights`, evaluated data-parallel over `devices`.

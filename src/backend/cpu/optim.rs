@@ -21,32 +21,67 @@ pub(super) fn sgd_step<G: Precision>(
     w_half: Option<&mut [f16]>,
     s: SgdStep,
 ) {
-    let update = |w: &mut f32, g: &G, v: Option<&mut f32>, h: Option<&mut f16>| {
-        let mut g = s.weight_decay.mul_add(*w, g.to_f32() * s.inv_scale);
-        if let Some(v) = v {
-            g = s.momentum.mul_add(*v, g);
-            *v = g;
-        }
-        *w = (-s.lr).mul_add(g, *w);
-        if let Some(h) = h {
-            *h = f16::from_f32(*w);
-        }
-    };
     let n = w.len();
     w.par_chunks_mut(CHUNK)
         .zip(grad.par_chunks(CHUNK))
         .zip(split(velocity, n).into_par_iter())
         .zip(split(w_half, n).into_par_iter())
-        .for_each(|(((w, g), mut v), mut h)| {
-            for i in 0..w.len() {
-                update(
-                    &mut w[i],
-                    &g[i],
-                    v.as_deref_mut().map(|v| &mut v[i]),
-                    h.as_deref_mut().map(|h| &mut h[i]),
-                );
-            }
-        });
+        .for_each(|(((w, g), v), h)| update(w, g, v, h, s));
+}
+
+/// One chunk of [`sgd_step`]. The fused multiply-adds must be single instructions (as
+/// `fmaf` is on the GPU): without the `fma` target feature, `f32::mul_add` is a call into
+/// the math library per element, so the loop is compiled twice and picked at run time.
+fn update<G: Precision>(
+    w: &mut [f32],
+    g: &[G],
+    v: Option<&mut [f32]>,
+    h: Option<&mut [f16]>,
+    s: SgdStep,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA.
+        return unsafe { update_fma(w, g, v, h, s) };
+    }
+    update_body(w, g, v, h, s);
+}
+
+/// [`update_body`] compiled with FMA instructions.
+///
+/// # Safety
+/// The CPU must have FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn update_fma<G: Precision>(
+    w: &mut [f32],
+    g: &[G],
+    v: Option<&mut [f32]>,
+    h: Option<&mut [f16]>,
+    s: SgdStep,
+) {
+    update_body(w, g, v, h, s);
+}
+
+#[inline(always)]
+fn update_body<G: Precision>(
+    w: &mut [f32],
+    g: &[G],
+    mut v: Option<&mut [f32]>,
+    mut h: Option<&mut [f16]>,
+    s: SgdStep,
+) {
+    for i in 0..w.len() {
+        let mut grad = s.weight_decay.mul_add(w[i], g[i].to_f32() * s.inv_scale);
+        if let Some(v) = v.as_deref_mut() {
+            grad = s.momentum.mul_add(v[i], grad);
+            v[i] = grad;
+        }
+        w[i] = (-s.lr).mul_add(grad, w[i]);
+        if let Some(h) = h.as_deref_mut() {
+            h[i] = f16::from_f32(w[i]);
+        }
+    }
 }
 
 /// Splits an optional buffer into the same chunks as the weights (all `None` when absent).
