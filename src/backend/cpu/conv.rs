@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use crate::backend::ops::Precision;
 use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 
-use super::microkernel::{add_windows, copy_rows, gemm, gemm_nt, PackedA};
+use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::pool::avg_plane;
 use super::{widened, write_f32};
 
@@ -32,12 +32,23 @@ fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
     for c in 0..s.in_c {
         let plane = &x[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
         for i in 0..s.k_h {
+            if s.stride == 1 && s.pad == 0 {
+                // Every tap is inside the image: each output row is a contiguous run.
+                gather_windows(
+                    &mut col[row * ld + off..],
+                    ld,
+                    &plane[i * s.in_w..],
+                    s.in_w,
+                    s.k_w,
+                    q_n,
+                    p_n,
+                );
+                row += s.k_w;
+                continue;
+            }
             for j in 0..s.k_w {
                 let dst = &mut col[row * ld + off..row * ld + off + p_n * q_n];
-                if s.stride == 1 && s.pad == 0 {
-                    // Every tap is inside the image: each output row is a contiguous run.
-                    copy_rows(dst, &plane[i * s.in_w + j..], s.in_w, q_n);
-                } else {
+                {
                     for p in 0..p_n {
                         let ih = (p * s.stride + i) as isize - s.pad as isize;
                         for q in 0..q_n {

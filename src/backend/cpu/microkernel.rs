@@ -228,18 +228,22 @@ fn gemm_nt_on(
         assert!(k <= ldb && b.len() >= (n - 1) * ldb + k, "B too short");
     }
     let avx512 = avx512 && has_avx512();
-    for j0 in (0..n).step_by(NT_COLS) {
+    // Two tiles of B rows per pass over A: the four rows of A each tile pair loads from L2
+    // serve both tiles from L1 (ten rows of B and four of A fit in L1 for K up to ~1,000).
+    for jb in (0..n).step_by(2 * NT_COLS) {
         for i0 in (0..m).step_by(NT_ROWS) {
-            // Rows past the edge repeat the last row; their sums are dropped.
-            let a_rows: [&[f32]; NT_ROWS] =
-                std::array::from_fn(|r| &a[(i0 + r).min(m - 1) * lda..][..k]);
-            let b_rows: [&[f32]; NT_COLS] =
-                std::array::from_fn(|s| &b[(j0 + s).min(n - 1) * ldb..][..k]);
-            let sums = dot_tile(avx512, &a_rows, &b_rows);
-            for (r, row) in sums.iter().enumerate().take(m - i0) {
-                let c_row = &mut c[(i0 + r) * ldc + j0..];
-                for (s, v) in row.iter().enumerate().take(n - j0) {
-                    c_row[s] = if accumulate { c_row[s] + v } else { *v };
+            for j0 in (jb..n.min(jb + 2 * NT_COLS)).step_by(NT_COLS) {
+                // Rows past the edge repeat the last row; their sums are dropped.
+                let a_rows: [&[f32]; NT_ROWS] =
+                    std::array::from_fn(|r| &a[(i0 + r).min(m - 1) * lda..][..k]);
+                let b_rows: [&[f32]; NT_COLS] =
+                    std::array::from_fn(|s| &b[(j0 + s).min(n - 1) * ldb..][..k]);
+                let sums = dot_tile(avx512, &a_rows, &b_rows);
+                for (r, row) in sums.iter().enumerate().take(m - i0) {
+                    let c_row = &mut c[(i0 + r) * ldc + j0..];
+                    for (s, v) in row.iter().enumerate().take(n - j0) {
+                        c_row[s] = if accumulate { c_row[s] + v } else { *v };
+                    }
                 }
             }
         }
@@ -274,26 +278,44 @@ fn dot_tile(
     sums
 }
 
-/// Gathers short rows: `dst` (packed rows of `len`) gets row r from `src[r·stride..][..len]`.
-/// The convolutions copy many runs of 3 to 26 floats; with AVX-512 each is one masked load
-/// and store per 16 elements instead of a call to `memcpy`.
+/// im2col's inner step for a stride-1, unpadded convolution: for one input channel and
+/// kernel row i, the k_w rows of taps `dst[j·ld + p·q_n + q] = rows[p·in_w + q + j]` for
+/// every kernel column j, output row p < p_n and column q < q_n, where `rows` starts at image
+/// row i; the transpose of [`add_windows`]. One call per kernel row instead of one per tap
+/// keeps the loop overhead off the copies, which move only q_n floats each.
 ///
 /// # Panics
-/// If a row lies outside `src`, or `dst` is not whole rows.
-pub(super) fn copy_rows(dst: &mut [f32], src: &[f32], stride: usize, len: usize) {
-    let rows = dst.len().checked_div(len).unwrap_or(0);
-    assert!(rows * len == dst.len(), "dst is not whole rows");
-    if rows == 0 {
+/// If a tap row lies outside `dst` (or overlaps the next, `ld < p_n·q_n`) or a window
+/// outside `rows`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gather_windows(
+    dst: &mut [f32],
+    ld: usize,
+    rows: &[f32],
+    in_w: usize,
+    k_w: usize,
+    q_n: usize,
+    p_n: usize,
+) {
+    if k_w == 0 || q_n == 0 || p_n == 0 {
         return;
     }
-    assert!((rows - 1) * stride + len <= src.len(), "rows outside src");
+    assert!(ld >= p_n * q_n, "tap rows overlap");
+    assert!(dst.len() >= (k_w - 1) * ld + p_n * q_n, "taps outside dst");
+    assert!(
+        rows.len() >= (p_n - 1) * in_w + k_w - 1 + q_n,
+        "windows outside the plane"
+    );
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512F was detected; bounds asserted above.
-        return unsafe { avx512::copy_rows(dst, src, stride, len) };
+        return unsafe { avx512::gather_windows(dst, ld, rows, in_w, k_w, q_n, p_n) };
     }
-    for (r, d) in dst.chunks_exact_mut(len).enumerate() {
-        d.copy_from_slice(&src[r * stride..r * stride + len]);
+    for j in 0..k_w {
+        for p in 0..p_n {
+            dst[j * ld + p * q_n..j * ld + (p + 1) * q_n]
+                .copy_from_slice(&rows[p * in_w + j..p * in_w + j + q_n]);
+        }
     }
 }
 
@@ -442,31 +464,46 @@ mod avx512 {
         sums
     }
 
-    /// [`super::copy_rows`] in 16-lane moves. Rows are written in order, so a full-width
-    /// store that runs past its row only writes elements a later store overwrites; only
-    /// stores (and loads) that would leave their slice are masked. Masked stores are several
-    /// times slower than plain ones on AMD's cores, and these copies are the bulk of im2col.
+    /// [`super::gather_windows`] in 16-lane moves: a store may run past its output row
+    /// into the next one of the same tap row (written right after); only stores that would
+    /// leave the tap row's p_n·q_n block, and loads that would leave `rows`, are masked
+    /// (masked stores are several times slower than plain ones on AMD's cores).
     ///
     /// # Safety
-    /// AVX-512F, `len > 0`, `dst` whole rows of `len`, and every row inside `src`.
+    /// AVX-512F and the bounds [`super::gather_windows`] asserts.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn copy_rows(dst: &mut [f32], src: &[f32], stride: usize, len: usize) {
-        let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
-        for r in 0..dst.len() / len {
-            for start in (0..len).step_by(16) {
-                let (from, to) = (r * stride + start, r * len + start);
-                // SAFETY: unmasked accesses stay inside their slices (checked); masked ones
-                // keep every lane inside row r of both (caller's bounds).
-                unsafe {
-                    let v = if from + 16 <= src.len() {
-                        _mm512_loadu_ps(s.add(from))
-                    } else {
-                        _mm512_maskz_loadu_ps(lanes((len - start).min(16)), s.add(from))
-                    };
-                    if to + 16 <= dst.len() {
-                        _mm512_storeu_ps(d.add(to), v);
-                    } else {
-                        _mm512_mask_storeu_ps(d.add(to), lanes((len - start).min(16)), v);
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn gather_windows(
+        dst: &mut [f32],
+        ld: usize,
+        rows: &[f32],
+        in_w: usize,
+        k_w: usize,
+        q_n: usize,
+        p_n: usize,
+    ) {
+        let (d, s) = (dst.as_mut_ptr(), rows.as_ptr());
+        let block = p_n * q_n;
+        for j in 0..k_w {
+            for p in 0..p_n {
+                for start in (0..q_n).step_by(16) {
+                    let mask = lanes((q_n - start).min(16));
+                    let (from, to) = (p * in_w + j + start, p * q_n + start);
+                    // SAFETY: unmasked accesses stay inside the plane rows and the tap row's
+                    // block (checked); masked lanes stay inside the window row and the
+                    // output row (caller's bounds).
+                    unsafe {
+                        let v = if from + 16 <= rows.len() {
+                            _mm512_loadu_ps(s.add(from))
+                        } else {
+                            _mm512_maskz_loadu_ps(mask, s.add(from))
+                        };
+                        let at = d.add(j * ld + to);
+                        if to + 16 <= block {
+                            _mm512_storeu_ps(at, v);
+                        } else {
+                            _mm512_mask_storeu_ps(at, mask, v);
+                        }
                     }
                 }
             }
@@ -658,23 +695,32 @@ mod tests {
         }
     }
 
-    /// Row copies of every length from 1 to 40 (one and several masked vectors), 1 to 3
-    /// rows at a stride, against plain indexing; nothing past the rows is written.
+    /// `gather_windows` (the AVX-512 path where the CPU has it) against plain indexing, with
+    /// the gaps between tap rows poisoned: nothing outside the p_n·q_n blocks is written.
     #[test]
-    fn copy_rows_every_length() {
-        for len in 1..=40 {
-            for rows in 1..=3 {
-                let stride = len + 3;
-                let src: Vec<f32> = (0..rows * stride).map(|i| i as f32).collect();
-                let mut dst = vec![f32::NAN; rows * len + 1];
-                copy_rows(&mut dst[..rows * len], &src, stride, len);
-                for r in 0..rows {
-                    assert_eq!(
-                        &dst[r * len..(r + 1) * len],
-                        &src[r * stride..r * stride + len]
-                    );
+    fn gather_windows_matches_plain_indexing() {
+        for &(k_w, q_n, p_n) in &[
+            (5, 9, 9),
+            (3, 26, 26),
+            (1, 1, 1),
+            (4, 14, 3),
+            (7, 17, 2),
+            (2, 15, 4),
+        ] {
+            let in_w = q_n + k_w - 1;
+            let ld = p_n * q_n + 3;
+            let rows: Vec<f32> = (0..p_n * in_w).map(|i| i as f32).collect();
+            let mut got = vec![f32::NAN; k_w * ld];
+            gather_windows(&mut got, ld, &rows, in_w, k_w, q_n, p_n);
+            for j in 0..k_w {
+                for p in 0..p_n {
+                    for q in 0..q_n {
+                        assert_eq!(got[j * ld + p * q_n + q], rows[p * in_w + q + j]);
+                    }
                 }
-                assert!(dst[rows * len].is_nan(), "copy wrote past the end");
+                assert!(got[j * ld + p_n * q_n..(j + 1) * ld]
+                    .iter()
+                    .all(|v| v.is_nan()));
             }
         }
     }
