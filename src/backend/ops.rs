@@ -116,12 +116,10 @@ impl Precision for f16 {
         f16::from_f32(v)
     }
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        src.convert_to_f32_slice(dst);
+        super::cpu::half_convert::widen(src, dst);
     }
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
-        use half::slice::HalfFloatSliceExt;
-        dst.convert_from_f32_slice(src);
+        super::cpu::half_convert::narrow(src, dst);
     }
     fn kernel(op: PrecisionOp) -> &'static KernelSignature {
         match op {

@@ -14,6 +14,7 @@
 
 mod conv;
 mod gemm;
+pub(crate) mod half_convert;
 mod loss;
 mod microkernel;
 mod optim;
