@@ -167,8 +167,8 @@ fn bad_conv_shapes_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
 }
 
 /// The fused calls against the float64 reference of the separate operations:
-/// convolution + ReLU + average pool forward, average pool + ReLU backward, and the filter and
-/// bias gradients together. Pools that tile the plane, that leave its last row and column
+/// convolution + ReLU + average pool forward, average pool + ReLU backward, the filter and
+/// bias gradients together, and the whole backward pass (filter, bias, input). Pools that tile the plane, that leave its last row and column
 /// uncovered (9x9 by 2), and that overlap (3 by 2).
 fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce: Tol) -> Vec<u8> {
     let mut out = Vec::new();
@@ -273,6 +273,44 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
             tol_reduce,
         );
         out.extend(bytes(&got));
+
+        // The whole backward pass in one call: filter, bias and input gradients.
+        let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
+        let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
+        let mut dx = dev.upload(&poison(xs)).unwrap();
+        dev.conv2d_backward(&s, &x_, &w_, &dy_, &mut dw, &mut db, &mut dx)
+            .unwrap();
+        let checks = [
+            (
+                "filter",
+                wide(&dev.download(&dw).unwrap()),
+                r::conv_backward_filter(&s, &wide(&x), &wide(&dy)),
+                tol_reduce,
+            ),
+            (
+                "bias",
+                wide(&dev.download(&db).unwrap()),
+                r::conv_backward_bias(&s, &wide(&dy)),
+                tol_reduce,
+            ),
+            (
+                "input",
+                wide(&dev.download(&dx).unwrap()),
+                r::conv_backward_input(&s, &wide(&dy), &wide(&w)),
+                tol,
+            ),
+        ];
+        for (what, got, want, tol) in checks {
+            let got: Vec<f32> = got.iter().map(|v| *v as f32).collect();
+            assert_close(
+                &format!("whole backward, {what} {s:?}"),
+                &got,
+                &want.value,
+                &want.mag,
+                tol,
+            );
+            out.extend(bytes(&got));
+        }
     }
 
     // A pool that does not match the convolution's output is an error, not a wrong answer.

@@ -331,6 +331,24 @@ pub trait Backend: Memory {
         self.conv2d_backward_bias(shape, dy, db)
     }
 
+    /// A convolution's whole backward pass: filter, bias and input gradients. Backends that
+    /// fuse them gather `dy` once; the default is
+    /// [`Backend::conv2d_backward_filter_bias`] then [`Backend::conv2d_backward_input`].
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_backward<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<Self, T>,
+        w: &Buf<Self, T>,
+        dy: &Buf<Self, T>,
+        dw: &mut Buf<Self, f32>,
+        db: &mut Buf<Self, f32>,
+        dx: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError> {
+        self.conv2d_backward_filter_bias(shape, x, dy, dw, db)?;
+        self.conv2d_backward_input(shape, dy, w, dx)
+    }
+
     /// Per-row softmax cross-entropy loss, optionally its logits' gradient times
     /// `grad_scale`, and `correct[0] +=` the number of rows whose argmax is the label.
     #[allow(clippy::too_many_arguments)]

@@ -575,10 +575,9 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
         )?;
         // pool2, conv2's ReLU, conv2.
         dev.avg_pool_relu_backward(&pool2(n), &a.d_p2, &a.c2, &mut a.d_c2_lin, &mut a.d_c2)?;
-        dev.conv2d_backward_filter_bias(&conv2(n), &a.p1, &a.d_c2, g_w2, g_b2)?;
+        dev.conv2d_backward(&conv2(n), &a.p1, w2, &a.d_c2, g_w2, g_b2, &mut a.d_p1)?;
         ready(2, g_w2);
         ready(3, g_b2);
-        dev.conv2d_backward_input(&conv2(n), &a.d_c2, w2, &mut a.d_p1)?;
         // pool1, conv1's ReLU, conv1 (no gradient for the images).
         dev.avg_pool_relu_backward(&pool1(n), &a.d_p1, &a.c1, &mut a.d_c1_lin, &mut a.d_c1)?;
         dev.conv2d_backward_filter_bias(&conv1(n), &a.x, &a.d_c1, g_w1, g_b1)?;

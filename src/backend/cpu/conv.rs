@@ -249,35 +249,57 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
 }
 
 /// `dw` from x and dy; with `db`, also the bias gradient from the same gathered rows of dy.
+/// The input gradient's operands for [`backward_filter`]: the filter and `dx`.
+pub(super) type InputGrad<'a, T> = (&'a [T], &'a mut [T]);
+
+/// `dw` from x and dy; with `db`, also the bias gradient, and with `input`, also the input
+/// gradient, all from the same gathered rows of dy (each group of images gathers dy once
+/// and uses it while it is in cache).
 pub(super) fn backward_filter<T: Precision>(
     s: &Conv2dShape,
     x: &[T],
     dy: &[T],
     dw: &mut [f32],
     db: Option<&mut [f32]>,
+    input: Option<InputGrad<T>>,
 ) {
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
     let image_in = s.in_c * s.in_h * s.in_w;
+    let chunk_count = s.batch.div_ceil(FILTER_CHUNK);
     // dw = Σ_groups dy_group (O x imgs·PQ) · col_groupᵀ (imgs·PQ x K): both operands hold
     // the pixels contiguously, which is the reduction, so neither is transposed.
+    // dcol_group = wᵀ (K x O) · dy_group, then col2im, for the input gradient.
     let with_bias = db.is_some();
-    let chunks: Vec<(Vec<f32>, Vec<f32>)> = (0..s.batch.div_ceil(FILTER_CHUNK))
+    let (w_t, dx_chunks): (_, Vec<Option<&mut [T]>>) = match input {
+        Some((w, dx)) if image_in > 0 => {
+            let mut w_t = PackedA::default();
+            w_t.pack(&widen(w), k, s.out_c, 1, k);
+            let chunks = dx.chunks_mut(image_in * FILTER_CHUNK).map(Some).collect();
+            (Some(w_t), chunks)
+        }
+        _ => (None, (0..chunk_count).map(|_| None).collect()),
+    };
+    let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
+    let chunks: Vec<(Vec<f32>, Vec<f32>)> = dx_chunks
         .into_par_iter()
+        .enumerate()
         .map_init(
-            // Reused per worker: im2col and gather_dy overwrite what they cover.
+            // Reused per worker: im2col, gather_dy and the GEMMs overwrite what they cover.
             || {
                 (
                     vec![0.0f32; k * pq * GROUP],
                     vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
+                    vec![0.0f32; scratch_dcol],
                 )
             },
-            |(col, dyg, image), chunk| {
+            |(col, dyg, image, dcol), (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
-                let end = s.batch.min((chunk + 1) * FILTER_CHUNK);
-                for (nth, first) in (chunk * FILTER_CHUNK..end).step_by(GROUP).enumerate() {
+                let start = chunk * FILTER_CHUNK;
+                let end = s.batch.min(start + FILTER_CHUNK);
+                for (nth, first) in (start..end).step_by(GROUP).enumerate() {
                     let imgs = GROUP.min(end - first);
                     let npq = imgs * pq;
                     for m in 0..imgs {
@@ -306,6 +328,16 @@ pub(super) fn backward_filter<T: Precision>(
                     );
                     for (o, b) in partial_bias.iter_mut().enumerate() {
                         *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
+                    }
+                    if let (Some(w_t), Some(dx_chunk)) = (&w_t, dx_chunk.as_deref_mut()) {
+                        gemm(w_t, dyg, npq, npq, dcol, npq, false);
+                        for m in 0..imgs {
+                            let at = (first - start + m) * image_in;
+                            write_f32(&mut dx_chunk[at..at + image_in], image, |acc| {
+                                acc.fill(0.0);
+                                col2im(s, dcol, npq, m * pq, acc);
+                            });
+                        }
                     }
                 }
                 (partial, partial_bias)

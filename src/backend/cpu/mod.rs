@@ -348,6 +348,30 @@ impl Backend for CpuDevice {
         Ok(())
     }
 
+    fn conv2d_backward<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &CpuBuffer<T>,
+        w: &CpuBuffer<T>,
+        dy: &CpuBuffer<T>,
+        dw: &mut CpuBuffer<f32>,
+        db: &mut CpuBuffer<f32>,
+        dx: &mut CpuBuffer<T>,
+    ) -> Result<(), BackendError> {
+        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
+        check::conv_backward_bias(shape, dy.len(), db.len())?;
+        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
+        conv::backward_filter(
+            shape,
+            &x.0,
+            &dy.0,
+            &mut dw.0,
+            Some(&mut db.0),
+            Some((&w.0, &mut dx.0)),
+        );
+        Ok(())
+    }
+
     fn conv2d_backward_filter_bias<T: Precision>(
         &self,
         shape: &Conv2dShape,
@@ -358,7 +382,7 @@ impl Backend for CpuDevice {
     ) -> Result<(), BackendError> {
         check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
         check::conv_backward_bias(shape, dy.len(), db.len())?;
-        conv::backward_filter(shape, &x.0, &dy.0, &mut dw.0, Some(&mut db.0));
+        conv::backward_filter(shape, &x.0, &dy.0, &mut dw.0, Some(&mut db.0), None);
         Ok(())
     }
 
@@ -382,7 +406,7 @@ impl Backend for CpuDevice {
         dw: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
         check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
-        conv::backward_filter(shape, &x.0, &dy.0, &mut dw.0, None);
+        conv::backward_filter(shape, &x.0, &dy.0, &mut dw.0, None, None);
         Ok(())
     }
 
