@@ -168,7 +168,8 @@ fn bad_conv_shapes_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
 
 /// The fused calls against the float64 reference of the separate operations:
 /// convolution + ReLU + average pool forward, average pool + ReLU backward, the filter and
-/// bias gradients together, and the whole backward pass (filter, bias, input). Pools that tile the plane, that leave its last row and column
+/// bias gradients together, the whole backward pass (filter, bias, input), and a first
+/// layer's backward from its pool's output gradient. Pools that tile the plane, that leave its last row and column
 /// uncovered (9x9 by 2), and that overlap (3 by 2).
 fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce: Tol) -> Vec<u8> {
     let mut out = Vec::new();
@@ -244,6 +245,50 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
             &want,
             &mag,
             tol,
+        );
+        out.extend(bytes(&got));
+
+        // The first layer's backward from the pool's output gradient: filter and bias
+        // gradients through the pool and the ReLU. The default rounds the convolution's
+        // output gradient to T on the way (one half rounding per term in fp16), a fused
+        // backend keeps it in f32: the looser of the two tolerances.
+        let mut d_y = dev.upload(&poison(ys)).unwrap();
+        let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
+        let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
+        dev.conv2d_relu_avg_pool_backward(
+            &s,
+            &pool,
+            &x_,
+            &act_,
+            &dp_,
+            &mut scratch,
+            &mut d_y,
+            &mut dw,
+            &mut db,
+        )
+        .unwrap();
+        let loose = Tol {
+            atol: tol.atol.max(tol_reduce.atol),
+            rtol: tol.rtol.max(tol_reduce.rtol),
+        };
+        let want_w = r::conv_backward_filter(&s, &wide(&x), &want);
+        let got = dev.download(&dw).unwrap();
+        assert_close(
+            &format!("first-layer backward filter {s:?}"),
+            &got,
+            &want_w.value,
+            &want_w.mag,
+            loose,
+        );
+        out.extend(bytes(&got));
+        let want_b = r::conv_backward_bias(&s, &want);
+        let got = dev.download(&db).unwrap();
+        assert_close(
+            &format!("first-layer backward bias {s:?}"),
+            &got,
+            &want_b.value,
+            &want_b.mag,
+            loose,
         );
         out.extend(bytes(&got));
 

@@ -349,6 +349,30 @@ pub trait Backend: Memory {
         self.conv2d_backward_input(shape, dy, w, dx)
     }
 
+    /// The backward of [`Backend::conv2d_relu_avg_pool_forward`] for a first layer (no
+    /// input gradient): the filter and bias gradients from the gradient at the pool's
+    /// output, through the pool and the ReLU whose output `y` is. Backends that fuse it
+    /// compute the convolution's output gradient a few images at a time where it is used;
+    /// the default writes it to `d_y` with [`Backend::avg_pool_relu_backward`] (`scratch`
+    /// is that call's workspace) and then runs [`Backend::conv2d_backward_filter_bias`].
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_relu_avg_pool_backward<T: Precision>(
+        &self,
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+        x: &Buf<Self, T>,
+        y: &Buf<Self, T>,
+        d_pooled: &Buf<Self, T>,
+        scratch: &mut Buf<Self, T>,
+        d_y: &mut Buf<Self, T>,
+        dw: &mut Buf<Self, f32>,
+        db: &mut Buf<Self, f32>,
+    ) -> Result<(), BackendError> {
+        check::conv_then_pool(conv, pool)?;
+        self.avg_pool_relu_backward(pool, d_pooled, y, scratch, d_y)?;
+        self.conv2d_backward_filter_bias(conv, x, d_y, dw, db)
+    }
+
     /// Per-row softmax cross-entropy loss, optionally its logits' gradient times
     /// `grad_scale`, and `correct[0] +=` the number of rows whose argmax is the label.
     #[allow(clippy::too_many_arguments)]

@@ -579,8 +579,17 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
         ready(2, g_w2);
         ready(3, g_b2);
         // pool1, conv1's ReLU, conv1 (no gradient for the images).
-        dev.avg_pool_relu_backward(&pool1(n), &a.d_p1, &a.c1, &mut a.d_c1_lin, &mut a.d_c1)?;
-        dev.conv2d_backward_filter_bias(&conv1(n), &a.x, &a.d_c1, g_w1, g_b1)?;
+        dev.conv2d_relu_avg_pool_backward(
+            &conv1(n),
+            &pool1(n),
+            &a.x,
+            &a.c1,
+            &a.d_p1,
+            &mut a.d_c1_lin,
+            &mut a.d_c1,
+            g_w1,
+            g_b1,
+        )?;
         ready(0, g_w1);
         ready(1, g_b1);
         Ok(stats)

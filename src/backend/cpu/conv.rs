@@ -12,7 +12,7 @@ use crate::backend::ops::Precision;
 use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
-use super::pool::avg_plane;
+use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::{widened, write_f32};
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
@@ -113,13 +113,47 @@ fn col2im(s: &Conv2dShape, dcol: &[f32], ld: usize, off: usize, acc: &mut [f32])
     }
 }
 
-/// Gathers a group's output gradients (images x O x PQ) into O rows of `imgs·PQ` (f32).
-fn gather_dy<T: Precision>(dy: &[T], out_c: usize, pq: usize, imgs: usize, dst: &mut [f32]) {
+/// Where a convolution's output gradient comes from.
+pub(super) enum OutputGrad<'a, T> {
+    /// The gradient itself (batch x O x P x Q).
+    Tensor(&'a [T]),
+    /// Through the ReLU and average pool that followed the convolution: the gradient is
+    /// `(y > 0) ⊙ avg_pool_backward(d_pooled)`, computed a group at a time where it is used
+    /// instead of written to memory and read back.
+    Pooled {
+        /// The pool after the convolution.
+        pool: &'a Pool2dShape,
+        /// The gradient at the pool's output.
+        d_pooled: &'a [T],
+        /// The ReLU's output (the convolution's output as stored).
+        y: &'a [T],
+    },
+}
+
+/// Gathers a group's output gradients (images `first..first + imgs`, each O x PQ) into O rows
+/// of `imgs·PQ` (f32); `tmp` holds two planes (pooled and full) for the pooled source.
+fn gather_dy<T: Precision>(
+    dy: &OutputGrad<T>,
+    (first, imgs): (usize, usize),
+    (out_c, pq): (usize, usize),
+    dst: &mut [f32],
+    tmp: &mut [f32],
+) {
     let npq = imgs * pq;
     for m in 0..imgs {
         for o in 0..out_c {
-            let src = &dy[(m * out_c + o) * pq..(m * out_c + o + 1) * pq];
-            T::widen_slice(src, &mut dst[o * npq + m * pq..o * npq + (m + 1) * pq]);
+            let plane = (first + m) * out_c + o;
+            let row = &mut dst[o * npq + m * pq..o * npq + (m + 1) * pq];
+            match dy {
+                OutputGrad::Tensor(dy) => T::widen_slice(&dy[plane * pq..(plane + 1) * pq], row),
+                OutputGrad::Pooled { pool, d_pooled, y } => {
+                    let pooled = pool.out_h() * pool.out_w();
+                    let (g, act) = tmp.split_at_mut(pooled);
+                    let g = widened(&d_pooled[plane * pooled..(plane + 1) * pooled], g);
+                    let act = widened(&y[plane * pq..(plane + 1) * pq], &mut act[..pq]);
+                    avg_relu_backward_plane(pool, g, act, row);
+                }
+            }
         }
     }
 }
@@ -229,14 +263,8 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
             |(dcol, dyg, acc), (g, dx_g)| {
                 let imgs = dx_g.len() / image_in;
                 let npq = imgs * pq;
-                let first = g * GROUP * s.out_c * pq;
-                gather_dy(
-                    &dy[first..first + imgs * s.out_c * pq],
-                    s.out_c,
-                    pq,
-                    imgs,
-                    dyg,
-                );
+                let source = OutputGrad::Tensor(dy);
+                gather_dy(&source, (g * GROUP, imgs), (s.out_c, pq), dyg, &mut []);
                 gemm(&w_t, dyg, npq, npq, dcol, npq, false);
                 for (m, dx_n) in dx_g.chunks_mut(image_in).enumerate() {
                     write_f32(dx_n, acc, |acc| {
@@ -248,7 +276,6 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
         );
 }
 
-/// `dw` from x and dy; with `db`, also the bias gradient from the same gathered rows of dy.
 /// The input gradient's operands for [`backward_filter`]: the filter and `dx`.
 pub(super) type InputGrad<'a, T> = (&'a [T], &'a mut [T]);
 
@@ -258,7 +285,7 @@ pub(super) type InputGrad<'a, T> = (&'a [T], &'a mut [T]);
 pub(super) fn backward_filter<T: Precision>(
     s: &Conv2dShape,
     x: &[T],
-    dy: &[T],
+    dy: OutputGrad<T>,
     dw: &mut [f32],
     db: Option<&mut [f32]>,
     input: Option<InputGrad<T>>,
@@ -292,9 +319,10 @@ pub(super) fn backward_filter<T: Precision>(
                     vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
                     vec![0.0f32; scratch_dcol],
+                    vec![0.0f32; 2 * pq],
                 )
             },
-            |(col, dyg, image, dcol), (chunk, mut dx_chunk)| {
+            |(col, dyg, image, dcol, tmp), (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let start = chunk * FILTER_CHUNK;
@@ -307,13 +335,7 @@ pub(super) fn backward_filter<T: Precision>(
                         let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
                         im2col(s, x_n, col, npq, m * pq);
                     }
-                    gather_dy(
-                        &dy[first * s.out_c * pq..(first + imgs) * s.out_c * pq],
-                        s.out_c,
-                        pq,
-                        imgs,
-                        dyg,
-                    );
+                    gather_dy(&dy, (first, imgs), (s.out_c, pq), dyg, tmp);
                     gemm_nt(
                         dyg,
                         npq,

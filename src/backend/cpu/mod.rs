@@ -364,11 +364,36 @@ impl Backend for CpuDevice {
         conv::backward_filter(
             shape,
             &x.0,
-            &dy.0,
+            conv::OutputGrad::Tensor(&dy.0),
             &mut dw.0,
             Some(&mut db.0),
             Some((&w.0, &mut dx.0)),
         );
+        Ok(())
+    }
+
+    fn conv2d_relu_avg_pool_backward<T: Precision>(
+        &self,
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+        x: &CpuBuffer<T>,
+        y: &CpuBuffer<T>,
+        d_pooled: &CpuBuffer<T>,
+        _scratch: &mut CpuBuffer<T>,
+        _d_y: &mut CpuBuffer<T>,
+        dw: &mut CpuBuffer<f32>,
+        db: &mut CpuBuffer<f32>,
+    ) -> Result<(), BackendError> {
+        check::conv_then_pool(conv, pool)?;
+        check::conv_backward_filter(conv, x.len(), y.len(), dw.len())?;
+        check::conv_backward_bias(conv, y.len(), db.len())?;
+        check::pool("avg_pool_backward", pool, y.len(), d_pooled.len(), None)?;
+        let dy = conv::OutputGrad::Pooled {
+            pool,
+            d_pooled: &d_pooled.0,
+            y: &y.0,
+        };
+        conv::backward_filter(conv, &x.0, dy, &mut dw.0, Some(&mut db.0), None);
         Ok(())
     }
 
@@ -382,7 +407,14 @@ impl Backend for CpuDevice {
     ) -> Result<(), BackendError> {
         check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
         check::conv_backward_bias(shape, dy.len(), db.len())?;
-        conv::backward_filter(shape, &x.0, &dy.0, &mut dw.0, Some(&mut db.0), None);
+        conv::backward_filter(
+            shape,
+            &x.0,
+            conv::OutputGrad::Tensor(&dy.0),
+            &mut dw.0,
+            Some(&mut db.0),
+            None,
+        );
         Ok(())
     }
 
@@ -406,7 +438,14 @@ impl Backend for CpuDevice {
         dw: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
         check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
-        conv::backward_filter(shape, &x.0, &dy.0, &mut dw.0, None, None);
+        conv::backward_filter(
+            shape,
+            &x.0,
+            conv::OutputGrad::Tensor(&dy.0),
+            &mut dw.0,
+            None,
+            None,
+        );
         Ok(())
     }
 

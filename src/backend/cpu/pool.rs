@@ -200,12 +200,15 @@ pub(super) fn avg_relu_backward<T: Precision>(s: &Pool2dShape, dy: &[T], y: &[T]
         |(g, wide, act), (pl, dx)| {
             let g = widened(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
             let act = widened(&y[pl * plane_in..(pl + 1) * plane_in], act);
-            write_f32(dx, wide, |dx| {
-                avg_backward_plane(s, g, dx);
-                for (d, a) in dx.iter_mut().zip(act) {
-                    *d = if *a > 0.0 { *d } else { 0.0 };
-                }
-            });
+            write_f32(dx, wide, |dx| avg_relu_backward_plane(s, g, act, dx));
         },
     );
+}
+
+/// One plane of [`avg_relu_backward`]: `dx = (act > 0) ⊙ avg_backward(g)`, all f32.
+pub(super) fn avg_relu_backward_plane(s: &Pool2dShape, g: &[f32], act: &[f32], dx: &mut [f32]) {
+    avg_backward_plane(s, g, dx);
+    for (d, a) in dx.iter_mut().zip(act) {
+        *d = if *a > 0.0 { *d } else { 0.0 };
+    }
 }
