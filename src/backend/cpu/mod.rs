@@ -12,6 +12,33 @@
 //!
 //! The float64 reference the tests compare against is separate (`tests/common/reference.rs`).
 
+/// Defines a function as `$body` compiled twice, for the baseline instruction set and for
+/// AVX-512 (F, VL, BW, DQ), and picks one at run time. For the plain loops the compiler
+/// vectorizes by itself: the crate is built for baseline x86-64, four lanes wide.
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) = $body:ident) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq")]
+                unsafe fn avx512_version($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                {
+                    // SAFETY: the CPU has every feature `avx512_version` is compiled for.
+                    return unsafe { avx512_version($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
 mod conv;
 mod gemm;
 pub(crate) mod half_convert;

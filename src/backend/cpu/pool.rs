@@ -68,8 +68,9 @@ pub(super) fn max_backward<T: Precision>(s: &Pool2dShape, dy: &[T], argmax: &[i3
         });
 }
 
-/// Average-pools one f32 plane (`s.in_h x s.in_w`) into `out` (`out_h x out_w`).
-pub(super) fn avg_plane(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
+/// Body of [`avg_plane`].
+#[inline(always)]
+fn avg_plane_body(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
     let (oh, ow) = (s.out_h(), s.out_w());
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
     if s.k_h == 2 && s.k_w == 2 && s.stride == 2 {
@@ -125,9 +126,9 @@ pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
     );
 }
 
-/// Spreads one f32 plane of output gradients `g` (`out_h x out_w`) over the input plane
-/// `wide` (`in_h x in_w`, overwritten).
-fn avg_backward_plane(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) {
+/// Body of [`avg_backward_plane`].
+#[inline(always)]
+fn avg_backward_plane_body(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) {
     let (oh, ow) = (s.out_h(), s.out_w());
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
     if s.stride == s.k_h && s.stride == s.k_w {
@@ -205,10 +206,33 @@ pub(super) fn avg_relu_backward<T: Precision>(s: &Pool2dShape, dy: &[T], y: &[T]
     );
 }
 
-/// One plane of [`avg_relu_backward`]: `dx = (act > 0) ⊙ avg_backward(g)`, all f32.
-pub(super) fn avg_relu_backward_plane(s: &Pool2dShape, g: &[f32], act: &[f32], dx: &mut [f32]) {
-    avg_backward_plane(s, g, dx);
+/// Body of [`avg_relu_backward_plane`].
+#[inline(always)]
+fn avg_relu_backward_plane_body(s: &Pool2dShape, g: &[f32], act: &[f32], dx: &mut [f32]) {
+    avg_backward_plane_body(s, g, dx);
     for (d, a) in dx.iter_mut().zip(act) {
         *d = if *a > 0.0 { *d } else { 0.0 };
     }
 }
+
+// The plane loops are compiled twice: for the baseline instruction set (SSE2: four lanes)
+// and for AVX-512, picked at run time per plane. Element-wise arithmetic in the same order,
+// so both give the same bits.
+multiversion!(
+    /// Average-pools one f32 plane (`s.in_h x s.in_w`) into `out` (`out_h x out_w`).
+    pub(super) fn avg_plane(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) = avg_plane_body
+);
+multiversion!(
+    /// Spreads one f32 plane of output gradients `g` (`out_h x out_w`) over the input plane
+    /// `wide` (`in_h x in_w`, overwritten).
+    fn avg_backward_plane(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) = avg_backward_plane_body
+);
+multiversion!(
+    /// One plane of [`avg_relu_backward`]: `dx = (act > 0) ⊙ avg_backward(g)`, all f32.
+    pub(super) fn avg_relu_backward_plane(
+        s: &Pool2dShape,
+        g: &[f32],
+        act: &[f32],
+        dx: &mut [f32],
+    ) = avg_relu_backward_plane_body
+);
