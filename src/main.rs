@@ -104,11 +104,19 @@ fn limit_malloc_arenas() {
         fn mallopt(param: c_int, value: c_int) -> c_int;
     }
     const M_ARENA_MAX: c_int = -8;
+    const M_MMAP_THRESHOLD: c_int = -3;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // SAFETY: mallopt is glibc's documented tuning call, M_ARENA_MAX accepts any positive
-    // count, and no other thread exists yet.
+    // count, M_MMAP_THRESHOLD any size up to 32 MiB, and no other thread exists yet.
     unsafe {
         mallopt(M_ARENA_MAX, c_int::try_from(cores).unwrap_or(c_int::MAX));
+        // Activations of 2 MiB and more get their own mappings: zeroed by the kernel and
+        // resident only once touched (the fused CPU operations never touch the workspaces
+        // the GPU path needs), and returned to the system when freed. glibc's default
+        // raises this threshold as big blocks are freed, after which such buffers come from
+        // the heap and are zeroed, so resident, at once. The per-call scratch blocks of the
+        // convolutions (1.3 MB) stay below it and are reused from the heap.
+        mallopt(M_MMAP_THRESHOLD, 2 << 20);
     }
 }
 
