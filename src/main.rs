@@ -105,9 +105,10 @@ fn limit_malloc_arenas() {
     }
     const M_ARENA_MAX: c_int = -8;
     const M_MMAP_THRESHOLD: c_int = -3;
+    const M_TRIM_THRESHOLD: c_int = -1;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // SAFETY: mallopt is glibc's documented tuning call, M_ARENA_MAX accepts any positive
-    // count, M_MMAP_THRESHOLD any size up to 32 MiB, and no other thread exists yet.
+    // count, M_MMAP_THRESHOLD any size up to 32 MiB, M_TRIM_THRESHOLD any size, and no other thread exists yet.
     unsafe {
         mallopt(M_ARENA_MAX, c_int::try_from(cores).unwrap_or(c_int::MAX));
         // Activations of 2 MiB and more get their own mappings: zeroed by the kernel and
@@ -117,6 +118,10 @@ fn limit_malloc_arenas() {
         // the heap and are zeroed, so resident, at once. The per-call scratch blocks of the
         // convolutions (1.3 MB) stay below it and are reused from the heap.
         mallopt(M_MMAP_THRESHOLD, 2 << 20);
+        // Fixing the mmap threshold also fixes the trim threshold at 128 KiB, which would
+        // hand the heap's top back to the system after every call and fault the
+        // convolutions' scratch blocks in again (37% slower training): keep up to 64 MiB.
+        mallopt(M_TRIM_THRESHOLD, 64 << 20);
     }
 }
 
