@@ -136,14 +136,14 @@ fn main() -> ExitCode {
         Command::CheckMpi { late_rank } => check_mpi(late_rank),
         Command::Schedule(args) => {
             if let Err(e) = cli::schedule::run(&mut std::io::stdout().lock(), args) {
-                eprintln!("error: {e}");
+                report_error(&e);
                 return ExitCode::from(2);
             }
             Ok(())
         }
         Command::Eval(args) => {
             if let Err(e) = cli::train::eval(&mut std::io::stdout().lock(), args) {
-                eprintln!("error: {e}");
+                report_error(&e);
                 return ExitCode::from(2);
             }
             Ok(())
@@ -151,7 +151,7 @@ fn main() -> ExitCode {
         Command::Train(args) => {
             // Errors here are the user's to fix (flags, data, checkpoint, no GPU): exit code 2.
             if let Err(e) = cli::train::run(&mut std::io::stdout().lock(), args) {
-                eprintln!("error: {e}");
+                report_error(&e);
                 return ExitCode::from(2);
             }
             Ok(())
@@ -171,8 +171,17 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            report_error(&e);
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints `error: {e}` to stderr in one write: under mpirun every rank may fail at once,
+/// and `eprintln!` writes the pieces of a formatted line separately, so the ranks' messages
+/// interleaved mid-line. One write of a short line to a pipe is atomic.
+fn report_error(e: &dyn std::fmt::Display) {
+    use std::io::Write;
+    let line = format!("error: {e}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
