@@ -45,6 +45,9 @@ fn shapes() -> Vec<Conv2dShape> {
         // register tiles, masked column edges and partial filter-gradient chunks.
         shape(17, 20, (13, 13), 50, (5, 5), 1, 0),
         shape(9, 3, (10, 11), 13, (3, 3), 1, 0), // 13 output channels: a 3-row tile
+        // 72 taps (the CPU reads the images in place from 64): strided and padded windows,
+        // and 70 channels (a full and a 6-channel chunk of its window tile).
+        shape(3, 8, (9, 7), 70, (3, 3), 2, 1),
     ]
 }
 

@@ -3,8 +3,11 @@
 //!
 //! For image n, `col` is the (C·KH·KW) x (P·Q) matrix of input taps, so the forward pass is
 //! `y_n = w · col` (O x P·Q), the input gradient is `col2im(wᵀ · dy_n)`, and the filter
-//! gradient is `Σ_n dy_n · col_nᵀ`. The filter gradient sums images in fixed chunks and then
-//! the chunks in order, so the result does not depend on the thread count.
+//! gradient is `Σ_n dy_n · col_nᵀ`. From [`WINDOW_TAPS`] taps on, the forward and filter
+//! products read col's elements straight from the images ([`window_gemm`]: `col[tap][pixel]`
+//! is `images[tap offset + pixel offset]`) instead of writing col out. The filter gradient
+//! sums images in fixed chunks and then the chunks in order, so the result does not depend
+//! on the thread count.
 
 use rayon::prelude::*;
 
@@ -13,15 +16,87 @@ use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::pool::{avg_plane, avg_relu_backward_plane};
+use super::window_gemm::{window_gemm, PackedW, Windows};
 use super::{widened, write_f32};
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
 const GROUP: usize = 8;
 
+/// Taps from which the forward and filter-gradient products read the images in place
+/// ([`window_gemm`]). Below it the im2col matrix is small (conv1's 9 rows) and a window
+/// tile does too few steps to pay for transposing its sums, so im2col and the GEMM tiles
+/// are faster.
+const WINDOW_TAPS: usize = 64;
+
 /// Images per partial sum of the filter gradient (groups of [`GROUP`] accumulated in order);
 /// the partials are then added in order, so the result does not depend on the thread count.
 const FILTER_CHUNK: usize = 4 * GROUP;
+
+/// The input's dimensions with the padding: the images [`group_images`] gathers.
+fn padded_dims(s: &Conv2dShape) -> (usize, usize) {
+    (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad)
+}
+
+/// Each tap's offset in a (padded) image: (c, i, j) at c·H·W + i·W + j, in the filter's
+/// order. With [`pixel_offsets`], `images[pixel + tap]` is the im2col matrix's element,
+/// which [`window_gemm`] reads in place.
+fn tap_offsets(s: &Conv2dShape) -> Vec<usize> {
+    let (hp, wp) = padded_dims(s);
+    let mut taps = Vec::with_capacity(s.in_c * s.k_h * s.k_w);
+    for c in 0..s.in_c {
+        for i in 0..s.k_h {
+            taps.extend((0..s.k_w).map(|j| c * hp * wp + i * wp + j));
+        }
+    }
+    taps
+}
+
+/// Each output pixel's window offset in a group of `imgs` (padded) images: (m, p, q) at
+/// m·C·H·W + p·stride·W + q·stride. A shorter group uses a prefix.
+fn pixel_offsets(s: &Conv2dShape, imgs: usize) -> Vec<usize> {
+    let (hp, wp) = padded_dims(s);
+    let mut pixels = Vec::with_capacity(imgs * s.out_h() * s.out_w());
+    for m in 0..imgs {
+        for p in 0..s.out_h() {
+            let row = m * s.in_c * hp * wp + p * s.stride * wp;
+            pixels.extend((0..s.out_w()).map(|q| row + q * s.stride));
+        }
+    }
+    pixels
+}
+
+/// Images `first..first + imgs` of x as one f32 slice: x itself for unpadded f32, else
+/// widened (and zero-padded) into `buf`.
+fn group_images<'a, T: Precision>(
+    s: &Conv2dShape,
+    x: &'a [T],
+    (first, imgs): (usize, usize),
+    buf: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    let image_in = s.in_c * s.in_h * s.in_w;
+    let x = &x[first * image_in..(first + imgs) * image_in];
+    if s.pad == 0 {
+        if let Some(x) = T::as_f32(x) {
+            return x;
+        }
+        buf.resize(x.len(), 0.0);
+        T::widen_slice(x, &mut buf[..x.len()]);
+        return &buf[..x.len()];
+    }
+    let (hp, wp) = padded_dims(s);
+    buf.clear();
+    buf.resize(imgs * s.in_c * hp * wp, 0.0);
+    if s.in_h > 0 && s.in_w > 0 {
+        for (plane, src) in x.chunks_exact(s.in_h * s.in_w).enumerate() {
+            for (h, row) in src.chunks_exact(s.in_w).enumerate() {
+                let at = plane * hp * wp + (h + s.pad) * wp + s.pad;
+                T::widen_slice(row, &mut buf[at..at + s.in_w]);
+            }
+        }
+    }
+    buf
+}
 
 /// Writes image `x`'s taps into `col` ((C·KH·KW) rows of stride `ld`), starting at column
 /// `off`: row (c, i, j), column p·Q + q holds x[c][p·stride + i - pad][q·stride + j - pad]
@@ -177,14 +252,19 @@ pub(super) fn forward<T: Precision>(
 ) {
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
-    let image_in = s.in_c * s.in_h * s.in_w;
     let image_out = s.out_c * pq;
     if image_out == 0 {
         return;
     }
-    // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ)
-    let mut w_packed = PackedA::default();
-    w_packed.pack(&widen(w), s.out_c, k, k, 1);
+    // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ), col read from the images.
+    let (mut w_window, mut w_packed) = (PackedW::default(), PackedA::default());
+    let windowed = k >= WINDOW_TAPS;
+    if windowed {
+        w_window.pack_transposed(&widen(w), s.out_c, k, k);
+    } else {
+        w_packed.pack(&widen(w), s.out_c, k, k, 1);
+    }
+    let (taps, pixels) = (tap_offsets(s), pixel_offsets(s, GROUP));
     let groups = s.batch.div_ceil(GROUP);
     let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
     let (pool_shape, pooled_groups): (_, Vec<Option<&mut [T]>>) = match pool {
@@ -203,22 +283,33 @@ pub(super) fn forward<T: Precision>(
         .for_each_init(
             || {
                 (
-                    vec![0.0f32; k * pq * GROUP],
                     vec![0.0f32; s.out_c * pq * GROUP],
-                    vec![0.0f32; image_in],
+                    (Vec::new(), Vec::new()),
                     vec![0.0f32; pq],
                     vec![0.0f32; pooled_plane],
                 )
             },
-            |(col, out, image, row, pooled_row), (g, (y_g, mut pooled_g))| {
+            |(out, (images, col), row, pooled_row), (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let npq = imgs * pq;
-                for m in 0..imgs {
-                    let n = g * GROUP + m;
-                    let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
-                    im2col(s, x_n, col, npq, m * pq);
+                if windowed {
+                    let col = Windows {
+                        src: group_images(s, x, (g * GROUP, imgs), images),
+                        rows: &pixels[..npq],
+                        steps: &taps,
+                    };
+                    window_gemm(&col, &w_window, out, npq, false);
+                } else {
+                    let image_in = s.in_c * s.in_h * s.in_w;
+                    col.resize(k * npq, 0.0);
+                    images.resize(image_in, 0.0);
+                    for m in 0..imgs {
+                        let n = g * GROUP + m;
+                        let x_n = widened(&x[n * image_in..(n + 1) * image_in], images);
+                        im2col(s, x_n, col, npq, m * pq);
+                    }
+                    gemm(&w_packed, col, npq, npq, out, npq, false);
                 }
-                gemm(&w_packed, col, npq, npq, out, npq, false);
                 for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
                     for (o, dst) in y_n.chunks_mut(pq).enumerate() {
                         let b = bias.map_or(0.0, |b| b[o]);
@@ -294,8 +385,8 @@ pub(super) fn backward_filter<T: Precision>(
     let pq = s.out_h() * s.out_w();
     let image_in = s.in_c * s.in_h * s.in_w;
     let chunk_count = s.batch.div_ceil(FILTER_CHUNK);
-    // dw = Σ_groups dy_group (O x imgs·PQ) · col_groupᵀ (imgs·PQ x K): both operands hold
-    // the pixels contiguously, which is the reduction, so neither is transposed.
+    // dw = Σ_groups dy_group (O x imgs·PQ) · col_groupᵀ (imgs·PQ x K), colᵀ read from the
+    // images (taps as rows, pixels as steps) and dy transposed to pixel-major.
     // dcol_group = wᵀ (K x O) · dy_group, then col2im, for the input gradient.
     let with_bias = db.is_some();
     let (w_t, dx_chunks): (_, Vec<Option<&mut [T]>>) = match input {
@@ -308,21 +399,22 @@ pub(super) fn backward_filter<T: Precision>(
         _ => (None, (0..chunk_count).map(|_| None).collect()),
     };
     let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
+    let (taps, pixels) = (tap_offsets(s), pixel_offsets(s, GROUP));
     let chunks: Vec<(Vec<f32>, Vec<f32>)> = dx_chunks
         .into_par_iter()
         .enumerate()
         .map_init(
-            // Reused per worker: im2col, gather_dy and the GEMMs overwrite what they cover.
+            // Reused per worker: gather_dy and the GEMMs overwrite what they cover.
             || {
                 (
-                    vec![0.0f32; k * pq * GROUP],
+                    (PackedW::default(), Vec::new(), Vec::new()),
                     vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
                     vec![0.0f32; scratch_dcol],
                     vec![0.0f32; 2 * pq],
                 )
             },
-            |(col, dyg, image, dcol, tmp), (chunk, mut dx_chunk)| {
+            |((dy_t, images, col), dyg, image, dcol, tmp), (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let start = chunk * FILTER_CHUNK;
@@ -330,24 +422,37 @@ pub(super) fn backward_filter<T: Precision>(
                 for (nth, first) in (start..end).step_by(GROUP).enumerate() {
                     let imgs = GROUP.min(end - first);
                     let npq = imgs * pq;
-                    for m in 0..imgs {
-                        let n = first + m;
-                        let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
-                        im2col(s, x_n, col, npq, m * pq);
-                    }
                     gather_dy(&dy, (first, imgs), (s.out_c, pq), dyg, tmp);
-                    gemm_nt(
-                        dyg,
-                        npq,
-                        s.out_c,
-                        col,
-                        npq,
-                        k,
-                        npq,
-                        &mut partial,
-                        k,
-                        nth > 0,
-                    );
+                    if k >= WINDOW_TAPS {
+                        dy_t.pack_transposed(dyg, s.out_c, npq, npq);
+                        let col_t = Windows {
+                            src: group_images(s, x, (first, imgs), images),
+                            rows: &taps,
+                            steps: &pixels[..npq],
+                        };
+                        window_gemm(&col_t, dy_t, &mut partial, k, nth > 0);
+                    } else {
+                        // Dot products along the pixels, which dy and the columns both hold
+                        // contiguously: nothing transposed.
+                        col.resize(k * npq, 0.0);
+                        for m in 0..imgs {
+                            let n = first + m;
+                            let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
+                            im2col(s, x_n, col, npq, m * pq);
+                        }
+                        gemm_nt(
+                            dyg,
+                            npq,
+                            s.out_c,
+                            col,
+                            npq,
+                            k,
+                            npq,
+                            &mut partial,
+                            k,
+                            nth > 0,
+                        );
+                    }
                     for (o, b) in partial_bias.iter_mut().enumerate() {
                         *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
                     }

@@ -372,7 +372,7 @@ fn run_tile(tile: Tile, avx512: bool) {
 }
 
 /// Whether the AVX-512 paths can run: F for every vector routine here, VL for `gemm_nt`.
-fn has_avx512() -> bool {
+pub(super) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
