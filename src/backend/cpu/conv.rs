@@ -153,21 +153,14 @@ fn col2im(s: &Conv2dShape, dcol: &[f32], ld: usize, off: usize, acc: &mut [f32])
     let mut row = 0;
     for c in 0..s.in_c {
         let plane = &mut acc[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
+        if s.stride == 1 && s.pad == 0 {
+            // The channel's taps summed into each image row at once.
+            let src = &dcol[row * ld + off..];
+            add_windows(plane, s.in_w, src, ld, (s.k_h, s.k_w), (p_n, q_n));
+            row += s.k_h * s.k_w;
+            continue;
+        }
         for i in 0..s.k_h {
-            if s.stride == 1 && s.pad == 0 {
-                // The k_w taps of kernel row i, summed into each image row at once.
-                add_windows(
-                    &mut plane[i * s.in_w..],
-                    s.in_w,
-                    &dcol[row * ld + off..],
-                    ld,
-                    s.k_w,
-                    q_n,
-                    p_n,
-                );
-                row += s.k_w;
-                continue;
-            }
             for j in 0..s.k_w {
                 let src = &dcol[row * ld + off..row * ld + off + p_n * q_n];
                 for p in 0..p_n {

@@ -319,44 +319,51 @@ pub(super) fn gather_windows(
     }
 }
 
-/// col2im's inner step for a stride-1, unpadded convolution: for one input channel and kernel
-/// row i, `rows[p·in_w + q + j] += src[j·ld + p·q_n + q]` for every output row p < p_n,
-/// column q < q_n and kernel column j < k_w, where `rows` starts at image row i. Each image
-/// row is summed in registers over the k_w shifted taps (in order of j) and stored once:
-/// adding the taps one row at a time would reload each element k_w times, every reload
+/// col2im's inner step for a stride-1, unpadded convolution, one input channel:
+/// `plane[(p + i)·in_w + q + j] += src[(i·k_w + j)·ld + p·q_n + q]` for every kernel tap
+/// (i, j) < (k_h, k_w) and output pixel (p, q) < (p_n, q_n). Each image row is loaded once,
+/// gets all its taps (kernel rows i in order, then columns j: the order of the plain loops)
+/// as shifted loads in registers, and is stored once: a kernel row at a time would load and
+/// store each image row k_h times, and a tap at a time k_h·k_w times, every reload
 /// overlapping the store just before it at another offset.
 ///
 /// # Panics
 /// If `in_w < q_n + k_w - 1` or a row lies outside its slice.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn add_windows(
-    rows: &mut [f32],
+    plane: &mut [f32],
     in_w: usize,
     src: &[f32],
     ld: usize,
-    k_w: usize,
-    q_n: usize,
-    p_n: usize,
+    (k_h, k_w): (usize, usize),
+    (p_n, q_n): (usize, usize),
 ) {
-    if k_w == 0 || q_n == 0 || p_n == 0 {
+    if k_h == 0 || k_w == 0 || q_n == 0 || p_n == 0 {
         return;
     }
     assert!(in_w + 1 >= q_n + k_w, "the taps do not fit the image row");
-    assert!(rows.len() >= p_n * in_w, "rows outside the plane");
-    assert!(src.len() >= (k_w - 1) * ld + p_n * q_n, "taps outside src");
+    assert!(
+        plane.len() >= (p_n + k_h - 1) * in_w,
+        "rows outside the plane"
+    );
+    assert!(
+        src.len() >= (k_h * k_w - 1) * ld + p_n * q_n,
+        "taps outside src"
+    );
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512F was detected; bounds asserted above.
-        return unsafe { avx512::add_windows(rows, in_w, src, ld, k_w, q_n, p_n) };
+        return unsafe { avx512::add_windows(plane, in_w, src, ld, (k_h, k_w), (p_n, q_n)) };
     }
-    for p in 0..p_n {
-        let row = &mut rows[p * in_w..(p + 1) * in_w];
-        for j in 0..k_w {
-            let taps = &src[j * ld + p * q_n..j * ld + (p + 1) * q_n];
-            row[j..j + q_n]
-                .iter_mut()
-                .zip(taps)
-                .for_each(|(d, v)| *d += v);
+    for i in 0..k_h {
+        for p in 0..p_n {
+            let row = &mut plane[(p + i) * in_w..(p + i + 1) * in_w];
+            for j in 0..k_w {
+                let at = (i * k_w + j) * ld + p * q_n;
+                row[j..j + q_n]
+                    .iter_mut()
+                    .zip(&src[at..at + q_n])
+                    .for_each(|(d, v)| *d += v);
+            }
         }
     }
 }
@@ -511,40 +518,45 @@ mod avx512 {
     }
 
     /// [`super::add_windows`]: each 16-column piece of an image row is loaded once, gets
-    /// the k_w taps as masked loads shifted by j lanes (lanes whose column has no tap are
-    /// masked off and never read), and is stored once.
+    /// its taps from every kernel row that reaches it as masked loads shifted by j lanes
+    /// (lanes whose column has no tap are masked off and never read), and is stored once.
     ///
     /// # Safety
     /// AVX-512F and the bounds [`super::add_windows`] asserts.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn add_windows(
-        rows: &mut [f32],
+        plane: &mut [f32],
         in_w: usize,
         src: &[f32],
         ld: usize,
-        k_w: usize,
-        q_n: usize,
-        p_n: usize,
+        (k_h, k_w): (usize, usize),
+        (p_n, q_n): (usize, usize),
     ) {
-        let (d, s) = (rows.as_mut_ptr(), src.as_ptr());
-        for p in 0..p_n {
+        let (d, s) = (plane.as_mut_ptr(), src.as_ptr());
+        for h in 0..p_n + k_h - 1 {
+            // Kernel rows i with an output row p = h - i < p_n.
+            let (i0, i1) = ((h + 1).saturating_sub(p_n), h.min(k_h - 1));
             for w0 in (0..in_w).step_by(16) {
                 let width = lanes((in_w - w0).min(16));
-                // SAFETY: lane l touches column w0 + l < in_w of row p (inside rows); a tap
-                // lane reads src row j at p·q_n + (w0 + l - j), inside [p·q_n, (p+1)·q_n)
-                // by its mask, so the shifted base pointer is only formed, never read
-                // outside the slice.
+                // SAFETY: lane l touches column w0 + l < in_w of row h (inside the plane); a
+                // tap lane reads src row (i, j) at p·q_n + (w0 + l - j), inside
+                // [p·q_n, (p+1)·q_n) by its mask, so the shifted base pointer is only
+                // formed, never read outside the slice.
                 unsafe {
-                    let at = d.add(p * in_w + w0);
+                    let at = d.add(h * in_w + w0);
                     let mut acc = _mm512_maskz_loadu_ps(width, at);
-                    for j in 0..k_w {
-                        // Lanes l with 0 <= w0 + l - j < q_n.
-                        let lo = j.saturating_sub(w0).min(16);
-                        let hi = (q_n + j).saturating_sub(w0).min(16);
-                        let mask = lanes(hi) & !lanes(lo) & width;
-                        let base = s.wrapping_add(j * ld + p * q_n + w0).wrapping_sub(j);
-                        acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mask, base));
+                    for i in i0..=i1 {
+                        let p = h - i;
+                        for j in 0..k_w {
+                            // Lanes l with 0 <= w0 + l - j < q_n.
+                            let lo = j.saturating_sub(w0).min(16);
+                            let hi = (q_n + j).saturating_sub(w0).min(16);
+                            let mask = lanes(hi) & !lanes(lo) & width;
+                            let base = s
+                                .wrapping_add((i * k_w + j) * ld + p * q_n + w0)
+                                .wrapping_sub(j);
+                            acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mask, base));
+                        }
                     }
                     _mm512_mask_storeu_ps(at, width, acc);
                 }
@@ -725,33 +737,45 @@ mod tests {
         }
     }
 
-    /// `add_windows` (the AVX-512 path where the CPU has it) against plain loops, for
-    /// LeNet's col2im (13 and 28 columns: one and two vectors) and odd widths.
+    /// `add_windows` (the AVX-512 path where the CPU has it) against plain loops in the
+    /// same order (bit for bit), for LeNet's col2im (13 columns: one vector) and odd shapes
+    /// (28 columns: two vectors, one kernel row, one output row).
     #[test]
     fn add_windows_matches_plain_loops() {
-        for &(k_w, q_n, p_n) in &[
-            (5, 9, 9),
-            (3, 26, 26),
-            (1, 1, 1),
-            (4, 14, 3),
-            (7, 17, 2),
-            (2, 15, 4),
+        for &(k_h, k_w, q_n, p_n) in &[
+            (5, 5, 9, 9),
+            (3, 3, 26, 26),
+            (1, 1, 1, 1),
+            (2, 4, 14, 3),
+            (1, 7, 17, 2),
+            (3, 2, 15, 4),
+            (4, 3, 5, 1),
         ] {
             let in_w = q_n + k_w - 1;
             let ld = p_n * q_n + 3;
-            let src: Vec<f32> = (0..k_w * ld).map(|i| (i % 97) as f32 * 0.25).collect();
-            let start: Vec<f32> = (0..p_n * in_w + 5).map(|i| (i % 13) as f32).collect();
+            let src: Vec<f32> = (0..k_h * k_w * ld)
+                .map(|i| (i % 97) as f32 * 0.37)
+                .collect();
+            let rows = p_n + k_h - 1;
+            let start: Vec<f32> = (0..rows * in_w + 5).map(|i| (i % 13) as f32).collect();
             let mut want = start.clone();
-            for p in 0..p_n {
-                for j in 0..k_w {
-                    for q in 0..q_n {
-                        want[p * in_w + q + j] += src[j * ld + p * q_n + q];
+            for i in 0..k_h {
+                for p in 0..p_n {
+                    for j in 0..k_w {
+                        for q in 0..q_n {
+                            want[(p + i) * in_w + q + j] += src[(i * k_w + j) * ld + p * q_n + q];
+                        }
                     }
                 }
             }
             let mut got = start.clone();
-            add_windows(&mut got, in_w, &src, ld, k_w, q_n, p_n);
-            assert_eq!(got, want, "k_w {k_w} q_n {q_n} p_n {p_n}");
+            add_windows(&mut got, in_w, &src, ld, (k_h, k_w), (p_n, q_n));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{k_h}x{k_w} taps, {p_n}x{q_n} pixels"
+            );
         }
     }
 
