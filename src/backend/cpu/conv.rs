@@ -226,6 +226,21 @@ fn gather_dy<T: Precision>(
     }
 }
 
+/// Body of [`add_bias_relu`].
+#[inline(always)]
+fn add_bias_relu_body(src: &[f32], bias: f32, relu: bool, dst: &mut [f32]) {
+    for (d, v) in dst.iter_mut().zip(src) {
+        let v = v + bias;
+        *d = if relu { v.max(0.0) } else { v };
+    }
+}
+
+multiversion!(
+    /// `dst = src + bias`, through a ReLU if `relu` (the forward's epilogue, which writes
+    /// every output element once: compiled for AVX-512 too).
+    fn add_bias_relu(src: &[f32], bias: f32, relu: bool, dst: &mut [f32]) = add_bias_relu_body
+);
+
 fn widen<T: Precision>(v: &[T]) -> Vec<f32> {
     let mut out = vec![0.0f32; v.len()];
     T::widen_slice(v, &mut out);
@@ -307,12 +322,7 @@ pub(super) fn forward<T: Precision>(
                     for (o, dst) in y_n.chunks_mut(pq).enumerate() {
                         let b = bias.map_or(0.0, |b| b[o]);
                         let src = &out[o * npq + m * pq..o * npq + (m + 1) * pq];
-                        let values = write_f32(dst, row, |r| {
-                            for (r, v) in r.iter_mut().zip(src) {
-                                let v = v + b;
-                                *r = if relu { v.max(0.0) } else { v };
-                            }
-                        });
+                        let values = write_f32(dst, row, |r| add_bias_relu(src, b, relu, r));
                         if let (Some(p), Some(pooled_g)) = (pool_shape, pooled_g.as_deref_mut()) {
                             let plane = (m * s.out_c + o) * pooled_plane;
                             let pooled = &mut pooled_g[plane..plane + pooled_plane];
@@ -346,18 +356,33 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
             },
             |(dcol, dyg, acc), (g, dx_g)| {
                 let imgs = dx_g.len() / image_in;
-                let npq = imgs * pq;
                 let source = OutputGrad::Tensor(dy);
                 gather_dy(&source, (g * GROUP, imgs), (s.out_c, pq), dyg, &mut []);
-                gemm(&w_t, dyg, npq, npq, dcol, npq, false);
-                for (m, dx_n) in dx_g.chunks_mut(image_in).enumerate() {
-                    write_f32(dx_n, acc, |acc| {
-                        acc.fill(0.0);
-                        col2im(s, dcol, npq, m * pq, acc);
-                    });
-                }
+                input_grad_group(s, &w_t, dyg, dcol, dx_g, acc);
             },
         );
+}
+
+/// One group's input gradient from its gathered output gradient `dyg` (O x imgs·PQ):
+/// `dcol = wᵀ · dyg` (w_t packed), then col2im into each image of `dx_group`
+/// (imgs x C x H x W); `scratch` holds one image in f32.
+fn input_grad_group<T: Precision>(
+    s: &Conv2dShape,
+    w_t: &PackedA,
+    dyg: &[f32],
+    dcol: &mut [f32],
+    dx_group: &mut [T],
+    scratch: &mut [f32],
+) {
+    let (pq, image_in) = (s.out_h() * s.out_w(), s.in_c * s.in_h * s.in_w);
+    let npq = dx_group.len() / image_in * pq;
+    gemm(w_t, dyg, npq, npq, dcol, npq, false);
+    for (m, dx_n) in dx_group.chunks_mut(image_in).enumerate() {
+        write_f32(dx_n, scratch, |acc| {
+            acc.fill(0.0);
+            col2im(s, dcol, npq, m * pq, acc);
+        });
+    }
 }
 
 /// The input gradient's operands for [`backward_filter`]: the filter and `dx`.
@@ -450,14 +475,9 @@ pub(super) fn backward_filter<T: Precision>(
                         *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
                     }
                     if let (Some(w_t), Some(dx_chunk)) = (&w_t, dx_chunk.as_deref_mut()) {
-                        gemm(w_t, dyg, npq, npq, dcol, npq, false);
-                        for m in 0..imgs {
-                            let at = (first - start + m) * image_in;
-                            write_f32(&mut dx_chunk[at..at + image_in], image, |acc| {
-                                acc.fill(0.0);
-                                col2im(s, dcol, npq, m * pq, acc);
-                            });
-                        }
+                        let at = (first - start) * image_in;
+                        let dx_group = &mut dx_chunk[at..at + imgs * image_in];
+                        input_grad_group(s, w_t, dyg, dcol, dx_group, image);
                     }
                 }
                 (partial, partial_bias)
