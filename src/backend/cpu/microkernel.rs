@@ -634,6 +634,7 @@ mod avx512 {
 mod tests {
     use rand::{Rng, SeedableRng};
 
+    use super::super::product_check::{assert_product, poisoned};
     use super::*;
 
     /// Both tile paths (the AVX-512 one where the CPU has it) against a float64 product, on
@@ -673,34 +674,13 @@ mod tests {
                         } else {
                             packed.pack(&a, m, k, lda, 1);
                         }
-                        let mut c = c0.clone();
-                        for row in c.chunks_mut(ldc) {
-                            row[n..].fill(f32::NAN);
-                        }
+                        let mut c = poisoned(&c0, n, ldc);
                         gemm_on(avx, &packed, &b, ldb, n, &mut c, ldc, accumulate);
-                        for i in 0..m {
-                            for j in 0..n {
-                                let mut want = if accumulate {
-                                    c0[i * ldc + j] as f64
-                                } else {
-                                    0.0
-                                };
-                                let mut mag = want.abs();
-                                for kk in 0..k {
-                                    let t = a[i * lda + kk] as f64 * b[kk * ldb + j] as f64;
-                                    want += t;
-                                    mag += t.abs();
-                                }
-                                let got = c[i * ldc + j] as f64;
-                                assert!(
-                                    (got - want).abs() <= 1e-6 + 2e-6 * mag,
-                                    "{m}x{k}x{n} avx512 {avx} accumulate {accumulate} \
-                                     at ({i}, {j}): {got} vs {want}"
-                                );
-                            }
-                            let pad = &c[i * ldc + n..(i + 1) * ldc];
-                            assert!(pad.iter().all(|v| v.is_nan()), "wrote past column {n}");
-                        }
+                        let term = |i: usize, j: usize, kk: usize| {
+                            a[i * lda + kk] as f64 * b[kk * ldb + j] as f64
+                        };
+                        let what = format!("{m}x{k}x{n} avx512 {avx}");
+                        assert_product(&c, &c0, (m, n, ldc), k, accumulate, term, &what);
                     }
                 }
             }
@@ -804,32 +784,13 @@ mod tests {
             let c0: Vec<f32> = (0..m * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
             for &avx in paths {
                 for accumulate in [false, true] {
-                    let mut c = c0.clone();
-                    for row in c.chunks_mut(ldc) {
-                        row[n..].fill(f32::NAN);
-                    }
+                    let mut c = poisoned(&c0, n, ldc);
                     gemm_nt_on(avx, &a, lda, m, &b, ldb, n, k, &mut c, ldc, accumulate);
-                    for i in 0..m {
-                        for j in 0..n {
-                            let mut want = if accumulate {
-                                c0[i * ldc + j] as f64
-                            } else {
-                                0.0
-                            };
-                            let mut mag = want.abs();
-                            for kk in 0..k {
-                                let t = a[i * lda + kk] as f64 * b[j * ldb + kk] as f64;
-                                want += t;
-                                mag += t.abs();
-                            }
-                            let got = c[i * ldc + j] as f64;
-                            assert!(
-                                (got - want).abs() <= 1e-6 + 2e-6 * mag,
-                                "{m}x{n}x{k} avx512 {avx} accumulate {accumulate} at ({i}, {j}): {got} vs {want}"
-                            );
-                        }
-                        assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|v| v.is_nan()));
-                    }
+                    let term = |i: usize, j: usize, kk: usize| {
+                        a[i * lda + kk] as f64 * b[j * ldb + kk] as f64
+                    };
+                    let what = format!("{m}x{n}x{k} avx512 {avx}");
+                    assert_product(&c, &c0, (m, n, ldc), k, accumulate, term, &what);
                 }
             }
         }

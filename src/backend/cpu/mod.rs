@@ -48,6 +48,8 @@ mod loss;
 mod microkernel;
 mod optim;
 mod pool;
+#[cfg(test)]
+mod product_check;
 mod window_gemm;
 
 use half::f16;

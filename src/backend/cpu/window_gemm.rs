@@ -240,6 +240,7 @@ mod avx512 {
 mod tests {
     use rand::{Rng, SeedableRng};
 
+    use super::super::product_check::{assert_product, poisoned};
     use super::*;
 
     /// Both paths against a float64 product, for offsets shaped like conv2's forward (runs
@@ -288,33 +289,13 @@ mod tests {
             };
             for &avx in paths {
                 for accumulate in [false, true] {
-                    let mut c = c0.clone();
-                    for row in c.chunks_mut(ldc) {
-                        row[n..].fill(f32::NAN);
-                    }
+                    let mut c = poisoned(&c0, n, ldc);
                     window_gemm_on(avx, &x, &w, &mut c, ldc, accumulate);
-                    for o in 0..cols {
-                        for r in 0..n {
-                            let mut want = if accumulate {
-                                c0[o * ldc + r] as f64
-                            } else {
-                                0.0
-                            };
-                            let mut mag = want.abs();
-                            for (k, s) in steps.iter().enumerate() {
-                                let t = wsrc[o * ld + k] as f64 * src[rows[r] + s] as f64;
-                                want += t;
-                                mag += t.abs();
-                            }
-                            let got = c[o * ldc + r] as f64;
-                            assert!(
-                                (got - want).abs() <= 1e-6 + 2e-6 * mag,
-                                "{cols} x {n} x {depth} avx512 {avx} accumulate {accumulate} \
-                                 at ({o}, {r}): {got} vs {want}"
-                            );
-                        }
-                        assert!(c[o * ldc + n..(o + 1) * ldc].iter().all(|v| v.is_nan()));
-                    }
+                    let term = |o: usize, r: usize, k: usize| {
+                        wsrc[o * ld + k] as f64 * src[rows[r] + steps[k]] as f64
+                    };
+                    let what = format!("{cols} x {n} x {depth} avx512 {avx}");
+                    assert_product(&c, &c0, (cols, n, ldc), depth, accumulate, term, &what);
                 }
             }
         }

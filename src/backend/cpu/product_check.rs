@@ -1,0 +1,50 @@
+//! Test helper shared by the GEMM tiles' unit tests: a float64 check of a product.
+
+/// `c0` with each row's padding (columns `n..ldc`) set to NaN, to catch stray writes.
+pub(super) fn poisoned(c0: &[f32], n: usize, ldc: usize) -> Vec<f32> {
+    let mut c = c0.to_vec();
+    for row in c.chunks_mut(ldc) {
+        row[n..].fill(f32::NAN);
+    }
+    c
+}
+
+/// Asserts that every `c[i·ldc + j]` (i < m, j < n) equals the float64 sum of `c0`'s element
+/// (when `accumulate`) and `term(i, j, k)` over k < depth, within 1e-6 + 2e-6 · Σ|terms|,
+/// and that C's padding (columns n..ldc, poisoned by [`poisoned`]) is still NaN.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn assert_product(
+    c: &[f32],
+    c0: &[f32],
+    (m, n, ldc): (usize, usize, usize),
+    depth: usize,
+    accumulate: bool,
+    term: impl Fn(usize, usize, usize) -> f64,
+    what: &str,
+) {
+    for i in 0..m {
+        for j in 0..n {
+            let mut want = if accumulate {
+                c0[i * ldc + j] as f64
+            } else {
+                0.0
+            };
+            let mut mag = want.abs();
+            for k in 0..depth {
+                let t = term(i, j, k);
+                want += t;
+                mag += t.abs();
+            }
+            let got = c[i * ldc + j] as f64;
+            assert!(
+                (got - want).abs() <= 1e-6 + 2e-6 * mag,
+                "{what} accumulate {accumulate} at ({i}, {j}): {got} vs {want}"
+            );
+        }
+        let pad = &c[i * ldc + n..(i + 1) * ldc];
+        assert!(
+            pad.iter().all(|v| v.is_nan()),
+            "{what}: wrote past column {n}"
+        );
+    }
+}
