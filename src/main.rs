@@ -108,7 +108,8 @@ fn limit_malloc_arenas() {
     const M_TRIM_THRESHOLD: c_int = -1;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // SAFETY: mallopt is glibc's documented tuning call, M_ARENA_MAX accepts any positive
-    // count, M_MMAP_THRESHOLD any size up to 32 MiB, M_TRIM_THRESHOLD any size, and no other thread exists yet.
+    // count, M_MMAP_THRESHOLD any size up to 32 MiB, M_TRIM_THRESHOLD any size, and no
+    // other thread exists yet.
     unsafe {
         mallopt(M_ARENA_MAX, c_int::try_from(cores).unwrap_or(c_int::MAX));
         // Activations of 2 MiB and more get their own mappings: zeroed by the kernel and

@@ -66,6 +66,42 @@ fn pixel_offsets(s: &Conv2dShape, imgs: usize) -> Vec<usize> {
     pixels
 }
 
+/// The offsets that make a group's im2col matrix implicit, when the convolution has
+/// [`WINDOW_TAPS`] taps or more (else None: im2col is written out).
+struct Offsets {
+    taps: Vec<usize>,
+    pixels: Vec<usize>,
+}
+
+impl Offsets {
+    fn for_shape(s: &Conv2dShape) -> Option<Self> {
+        (s.in_c * s.k_h * s.k_w >= WINDOW_TAPS).then(|| Self {
+            taps: tap_offsets(s),
+            pixels: pixel_offsets(s, GROUP),
+        })
+    }
+}
+
+/// Writes the im2col matrix of images `first..first + imgs` of x into `col` (K rows of
+/// imgs·PQ), `image` holding one image in f32.
+fn im2col_group<T: Precision>(
+    s: &Conv2dShape,
+    x: &[T],
+    (first, imgs): (usize, usize),
+    col: &mut Vec<f32>,
+    image: &mut Vec<f32>,
+) {
+    let (pq, image_in) = (s.out_h() * s.out_w(), s.in_c * s.in_h * s.in_w);
+    let npq = imgs * pq;
+    col.resize(s.in_c * s.k_h * s.k_w * npq, 0.0);
+    image.resize(image_in, 0.0);
+    for m in 0..imgs {
+        let n = first + m;
+        let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
+        im2col(s, x_n, col, npq, m * pq);
+    }
+}
+
 /// Images `first..first + imgs` of x as one f32 slice: x itself for unpadded f32, else
 /// widened (and zero-padded) into `buf`.
 fn group_images<'a, T: Precision>(
@@ -264,15 +300,15 @@ pub(super) fn forward<T: Precision>(
     if image_out == 0 {
         return;
     }
-    // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ), col read from the images.
+    // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ), col read from the images
+    // (window tile) or written out (im2col, GEMM tile).
+    let offsets = Offsets::for_shape(s);
     let (mut w_window, mut w_packed) = (PackedW::default(), PackedA::default());
-    let windowed = k >= WINDOW_TAPS;
-    if windowed {
+    if offsets.is_some() {
         w_window.pack_transposed(&widen(w), s.out_c, k, k);
     } else {
         w_packed.pack(&widen(w), s.out_c, k, k, 1);
     }
-    let (taps, pixels) = (tap_offsets(s), pixel_offsets(s, GROUP));
     let groups = s.batch.div_ceil(GROUP);
     let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
     let (pool_shape, pooled_groups): (_, Vec<Option<&mut [T]>>) = match pool {
@@ -300,22 +336,15 @@ pub(super) fn forward<T: Precision>(
             |(out, (images, col), row, pooled_row), (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let npq = imgs * pq;
-                if windowed {
+                if let Some(o) = &offsets {
                     let col = Windows {
                         src: group_images(s, x, (g * GROUP, imgs), images),
-                        rows: &pixels[..npq],
-                        steps: &taps,
+                        rows: &o.pixels[..npq],
+                        steps: &o.taps,
                     };
                     window_gemm(&col, &w_window, out, npq, false);
                 } else {
-                    let image_in = s.in_c * s.in_h * s.in_w;
-                    col.resize(k * npq, 0.0);
-                    images.resize(image_in, 0.0);
-                    for m in 0..imgs {
-                        let n = g * GROUP + m;
-                        let x_n = widened(&x[n * image_in..(n + 1) * image_in], images);
-                        im2col(s, x_n, col, npq, m * pq);
-                    }
+                    im2col_group(s, x, (g * GROUP, imgs), col, images);
                     gemm(&w_packed, col, npq, npq, out, npq, false);
                 }
                 for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
@@ -417,7 +446,7 @@ pub(super) fn backward_filter<T: Precision>(
         _ => (None, (0..chunk_count).map(|_| None).collect()),
     };
     let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
-    let (taps, pixels) = (tap_offsets(s), pixel_offsets(s, GROUP));
+    let offsets = Offsets::for_shape(s);
     let chunks: Vec<(Vec<f32>, Vec<f32>)> = dx_chunks
         .into_par_iter()
         .enumerate()
@@ -441,23 +470,18 @@ pub(super) fn backward_filter<T: Precision>(
                     let imgs = GROUP.min(end - first);
                     let npq = imgs * pq;
                     gather_dy(&dy, (first, imgs), (s.out_c, pq), dyg, tmp);
-                    if k >= WINDOW_TAPS {
+                    if let Some(o) = &offsets {
                         dy_t.pack_transposed(dyg, s.out_c, npq, npq);
                         let col_t = Windows {
                             src: group_images(s, x, (first, imgs), images),
-                            rows: &taps,
-                            steps: &pixels[..npq],
+                            rows: &o.taps,
+                            steps: &o.pixels[..npq],
                         };
                         window_gemm(&col_t, dy_t, &mut partial, k, nth > 0);
                     } else {
                         // Dot products along the pixels, which dy and the columns both hold
                         // contiguously: nothing transposed.
-                        col.resize(k * npq, 0.0);
-                        for m in 0..imgs {
-                            let n = first + m;
-                            let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
-                            im2col(s, x_n, col, npq, m * pq);
-                        }
+                        im2col_group(s, x, (first, imgs), col, images);
                         gemm_nt(
                             dyg,
                             npq,

@@ -378,7 +378,8 @@ fn run_tile(tile: Tile, avx512: bool) {
     portable_tile(tile);
 }
 
-/// Whether the AVX-512 paths can run: F for every vector routine here, VL for `gemm_nt`.
+/// Whether the AVX-512 paths can run: F for every vector routine here and in
+/// `window_gemm`, VL for `gemm_nt`'s and `window_gemm`'s tiles.
 pub(super) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
