@@ -103,9 +103,12 @@ __device__ __forceinline__ void gemm_f16_wmma(const __half* __restrict__ a, cons
                                               int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha,
                                               float beta, int relu) {
     using namespace nvcuda;
-    __shared__ __half as[GEMM_BM * WMMA_LDA];
-    __shared__ __half bs[GEMM_BK * WMMA_LDB];
-    __shared__ float cs[GEMM_BM * WMMA_LDC];
+    // wmma::load/store_matrix_sync need 256-bit (32-byte) aligned tile pointers; __half and
+    // float arrays alone are only 2- and 4-byte aligned. Every tile offset used below is a
+    // multiple of 32 bytes (16 rows of 48 or 272 bytes; 16 columns of 2 or 4 bytes).
+    __shared__ __align__(32) __half as[GEMM_BM * WMMA_LDA];
+    __shared__ __align__(32) __half bs[GEMM_BK * WMMA_LDB];
+    __shared__ __align__(32) float cs[GEMM_BM * WMMA_LDC];
     const int warp = threadIdx.x / 32;
     const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;  // this warp's 32 x 32 corner
     const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;

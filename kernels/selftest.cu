@@ -6,8 +6,9 @@
 //     atomics from many blocks, wmma, and a barrier-heavy launch for timing;
 //   * deliberately WRONG kernels (prefix `broken_`), each with one classic bug: a missing
 //     barrier, divergent or skipped barriers, an off-by-one write, a warp mask naming an
-//     exited lane, lanes disagreeing on a mask, a deadlock, a shared-memory overflow. The
-//     tests demand that the emulator reports each one. Never call them for results.
+//     exited lane, lanes disagreeing on a mask, a deadlock, a shared-memory overflow, a
+//     thread that never finishes. The tests demand that the emulator reports each one.
+//     Never call them for results (and never launch broken_endless on a GPU).
 //
 // Launch shapes are given per kernel. None is performance-critical; each moves O(n) bytes.
 #include "simt.cuh"
@@ -242,4 +243,18 @@ extern "C" __global__ void broken_shared_overflow(float* __restrict__ out) {
     small[threadIdx.x] = 1.0f;
     __syncthreads();
     out[threadIdx.x] = small[threadIdx.x % 32];
+}
+
+// BUG: thread `spin_thread` never finishes: it waits for out[0] to hold -1, which nothing
+// writes (the volatile read keeps the compiler from hoisting the load and deleting the
+// loop); the block's other threads wait for it at __syncthreads. Only a time limit ends
+// this launch. 1-D blocks of more than spin_thread threads; out holds one float per thread.
+extern "C" __global__ void broken_endless(float* out, int spin_thread) {
+    if ((int)threadIdx.x == spin_thread) {
+        const volatile float* flag = out;
+        while (*flag != -1.0f) {
+        }
+    }
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f;
 }

@@ -9,10 +9,11 @@
 //   * threadIdx/blockIdx/blockDim/gridDim read the running thread's state; each CUDA thread
 //     is a fiber, each block runs on one worker OS thread, blocks spread over workers;
 //   * __syncthreads is a counting barrier; warp intrinsics (_sync shuffles, votes,
-//     __syncwarp, wmma::mma_sync) are rendezvous of exactly the lanes in their mask;
+//     __syncwarp, the wmma *_sync operations) are rendezvous of exactly the lanes in
+//     their mask;
 //   * misuse the hardware leaves undefined (divergent barriers, masks naming exited lanes,
-//     lanes disagreeing on a mask) is reported as an error naming the kernel, block,
-//     thread and source line, never a hang;
+//     lanes disagreeing on a mask, misaligned wmma tiles) is reported as an error naming
+//     the kernel, block, thread and source line, never a hang;
 //   * static __shared__ memory is per block and poisoned (0xFF bytes: NaN floats) when a
 //     block first reaches its declaration; dynamic shared memory is poisoned per block.
 // Kernel code needs no #ifdef. Write dynamic shared memory as SIMT_DYNAMIC_SHARED(T, name).
@@ -31,6 +32,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <type_traits>
 
@@ -41,6 +43,9 @@
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
+// CUDA's alignment specifier (wmma tiles in __shared__ need 32 bytes); the host compiler
+// honours it for statics and thread_locals alike, so the emulator sees the same alignment.
+#define __align__(n) __attribute__((aligned(n)))
 // Static shared memory: one copy per worker OS thread, and a worker runs one block at a
 // time, so per block. The ASan flavour (blocks run serially) drops thread_local because
 // ASan cannot see overflows of thread_local arrays. build.rs's host shim follows each
@@ -457,7 +462,8 @@ inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) { return {__hfma(a.x, b.
 // ---- nvcuda::wmma, 16x16x16 with half inputs and float or half accumulators.
 // The element-to-lane mapping is unspecified in CUDA; here lane l holds the 8 elements
 // e = 8l..8l+7 of the fragment's logical 16x16 matrix in row-major order (row e/16,
-// column e%16). load/store are per lane; mma_sync is a rendezvous of the whole warp.
+// column e%16). Each lane loads and stores its own elements, after a rendezvous of the
+// whole warp that checks the operation's preconditions; mma_sync is a rendezvous too.
 namespace nvcuda {
 namespace wmma {
 struct row_major {};
@@ -514,29 +520,88 @@ template <class Use, int M, int N, int K, class T, class L, class V>
 inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, const V& v) {
     for (int i = 0; i < 8; ++i) f.x[i] = T(v);
 }
+
+namespace detail {
+// load_matrix_sync and store_matrix_sync move a tile with the whole warp, and CUDA states
+// their preconditions: every lane passes the same pointer, ldm and layout; the pointer is
+// 256-bit (32-byte) aligned; ldm is a multiple of 16 bytes (8 halves, 4 floats). A GPU may
+// fault or move the wrong elements when one is broken, and a 2-byte-aligned __shared__
+// tile is often 32-byte aligned by luck, so the emulator checks them on every call, in a
+// rendezvous of the warp (which is also how it sees all lanes' arguments).
+struct TilePayload {
+    const void* p;
+    unsigned ldm;
+    int layout;  // 0 row major, 1 column major
+};
+template <class T>
+const char* complete_tile(void* const* payloads, unsigned mask) {
+    // The message outlives this call until the runtime has copied it (on this thread).
+    thread_local char message[192];
+    if (mask != 0xffffffffu) return "needs all 32 lanes of the warp";
+    const auto* first = static_cast<const TilePayload*>(payloads[0]);
+    for (int l = 1; l < 32; ++l) {
+        const auto* me = static_cast<const TilePayload*>(payloads[l]);
+        if (me->p != first->p || me->ldm != first->ldm || me->layout != first->layout) {
+            std::snprintf(message, sizeof message,
+                          "lanes disagree: lane 0 passes (%p, ldm %u) and lane %d (%p, ldm %u); every lane must "
+                          "pass the same pointer, ldm and layout",
+                          first->p, first->ldm, l, me->p, me->ldm);
+            return message;
+        }
+    }
+    if (reinterpret_cast<std::uintptr_t>(first->p) % 32 != 0) {
+        std::snprintf(message, sizeof message,
+                      "pointer %p is not 256-bit (32-byte) aligned (declare shared-memory tiles __align__(32))", first->p);
+        return message;
+    }
+    constexpr unsigned multiple = 16 / sizeof(T);
+    if (first->ldm % multiple != 0) {
+        std::snprintf(message, sizeof message, "ldm %u is not a multiple of %u (16 bytes of %s)", first->ldm, multiple,
+                      sizeof(T) == 2 ? "__half" : "float");
+        return message;
+    }
+    return nullptr;
+}
+// The call site comes from the caller's default arguments, so an error names the kernel's
+// line rather than this header's.
+template <class T>
+inline void check_tile(const T* p, unsigned ldm, int layout, const char* op, const char* file, int line) {
+    TilePayload payload{p, ldm, layout};
+    ::simt::warp_sync(0xffffffffu, &payload, complete_tile<T>, op, file, line);
+}
+}  // namespace detail
+
 template <class Layout>
-inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, __half, Layout>& f, const __half* p, unsigned ldm) {
+inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, __half, Layout>& f, const __half* p, unsigned ldm,
+                             const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::check_tile(p, ldm, detail::is_row<Layout>() ? 0 : 1, "wmma::load_matrix_sync", file, line);
     for (int i = 0; i < 8; ++i) {
         int e = detail::lane() * 8 + i, r = e / 16, c = e % 16;  // A is M x K
         f.x[i] = detail::is_row<Layout>() ? p[r * ldm + c] : p[c * ldm + r];
     }
 }
 template <class Layout>
-inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, __half, Layout>& f, const __half* p, unsigned ldm) {
+inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, __half, Layout>& f, const __half* p, unsigned ldm,
+                             const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::check_tile(p, ldm, detail::is_row<Layout>() ? 0 : 1, "wmma::load_matrix_sync", file, line);
     for (int i = 0; i < 8; ++i) {
         int e = detail::lane() * 8 + i, r = e / 16, c = e % 16;  // B is K x N
         f.x[i] = detail::is_row<Layout>() ? p[r * ldm + c] : p[c * ldm + r];
     }
 }
 template <class T>
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& f, const T* p, unsigned ldm, layout_t layout) {
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& f, const T* p, unsigned ldm, layout_t layout,
+                             const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::check_tile(p, ldm, layout == mem_row_major ? 0 : 1, "wmma::load_matrix_sync", file, line);
     for (int i = 0; i < 8; ++i) {
         int e = detail::lane() * 8 + i, r = e / 16, c = e % 16;
         f.x[i] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
     }
 }
 template <class T>
-inline void store_matrix_sync(T* p, const fragment<accumulator, 16, 16, 16, T>& f, unsigned ldm, layout_t layout) {
+inline void store_matrix_sync(T* p, const fragment<accumulator, 16, 16, 16, T>& f, unsigned ldm, layout_t layout,
+                              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    detail::check_tile<T>(p, ldm, layout == mem_row_major ? 0 : 1, "wmma::store_matrix_sync", file, line);
     for (int i = 0; i < 8; ++i) {
         int e = detail::lane() * 8 + i, r = e / 16, c = e % 16;
         (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[i];

@@ -13,18 +13,38 @@
 //
 // Device memory comes from simt_alloc: each allocation ends exactly at a PROT_NONE page,
 // so the first byte past its end faults. The SIGSEGV handler turns faults inside a launch
-// into an error naming the kernel, block, thread and the allocation overrun.
+// into an error naming the kernel, block, thread and the allocation overrun (or the
+// message of a fault explainer a driver stand-in installed); faults that are not ours go
+// on to the handler installed before, so several copies of this runtime can share a process.
+//
+// A launch with a time limit is watched by one shared watchdog thread: at the deadline it
+// stops handing out blocks and sends SIGURG to each worker that is running kernel code; the
+// handler jumps back to the worker's scheduler as a fault does, and the launch fails with
+// SIMT_TIMEOUT saying where every running block's threads were (the interrupted thread's
+// function, the barriers and warp operations the others wait at). Runtime code (the part
+// that allocates and locks) and C-library code are never interrupted: the signal is sent
+// again every few milliseconds until it lands in kernel code or the worker returns.
 //
 // The switch is a dozen instructions of x86-64 assembly (callee-saved registers, MXCSR and
 // the x87 control word); a context is never moved after it is created.
 
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <csetjmp>
 #include <cstdarg>
 #include <cstdint>
@@ -33,8 +53,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <sched.h>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -200,16 +220,40 @@ struct BlockError {
     const ThreadState* thread = nullptr;
     const char* file = nullptr;
     int line = 0;
-    std::string message;
+    // A fixed buffer, not a std::string: the fault handler writes it, and must not allocate.
+    char message[sizeof(simt_error::message)] = {};
+};
+
+// Where one block stood when the watchdog stopped it (see describe_stopped_block).
+struct StoppedBlock {
+    unsigned long long linear;
+    uint3 block;
+    bool has_thread;  // a thread was interrupted while running kernel code
+    uint3 thread;
+    std::string where;  // its threads' positions, in words, without the block index
+    // `where` without the interrupted instruction's offset: blocks stopped in the same
+    // state, one thread at another instruction of the same loop, are described once.
+    std::string alike;
 };
 
 struct Launch {
     const simt_launch_desc* desc;
     unsigned threads_per_block;
     std::atomic<unsigned long long> next_block{0};
-    std::atomic<bool> failed{false};
+    std::atomic<unsigned long long> blocks_done{0};
+    std::atomic<bool> failed{false};  // stop taking blocks (an error, or the time limit)
+    std::atomic<bool> timed_out{false};
     std::mutex error_lock;
     simt_error* error;
+    // Workers that may be running this launch's kernel code, for the watchdog to signal.
+    // A worker registers before its first block and leaves before its thread can exit, so
+    // every thread in `live` is alive while workers_lock is held.
+    std::mutex workers_lock;
+    std::vector<std::pair<pthread_t, Worker*>> live;
+    // Reports of the blocks the time limit stopped (under error_lock).
+    std::vector<StoppedBlock> stopped;
+    // The watchdog's next look at this launch: the deadline, then every poke interval.
+    std::chrono::steady_clock::time_point next_check;
 };
 
 struct Worker : BlockView {
@@ -234,6 +278,18 @@ struct Worker : BlockView {
     std::uint64_t block_epoch = 0;
     std::uint64_t rng = 0;
     sigjmp_buf fault_jump;
+    // A finished thread's stack, handed straight to the next thread to start. Kept here, not
+    // in run_block, so that a block left by siglongjmp still returns it to the pool.
+    Fiber* spare = nullptr;
+    // 1 while a fiber runs kernel code, 0 in the runtime and the scheduler: the watchdog's
+    // signal may abandon kernel code, never the runtime, which allocates and locks.
+    // Written only by this worker's thread; read by its signal handlers (with signal
+    // fences) and, as a hint, by the watchdog thread.
+    std::atomic<int> in_kernel{0};
+    // Set by the watchdog's signal handler: the thread it interrupted and where.
+    const ThreadState* interrupted = nullptr;
+    std::uintptr_t interrupted_pc = 0;
+    bool stopped = false;  // this block was abandoned at the watchdog's request
 #if SIMT_ASAN
     const void* main_stack_lo = nullptr;
     std::size_t main_stack_size = 0;
@@ -241,6 +297,31 @@ struct Worker : BlockView {
 };
 
 thread_local Worker* tls_worker = nullptr;
+
+// Kernel code vs runtime code on a fiber, for the watchdog (Worker::in_kernel). Every runtime
+// entry point that kernel code calls and that allocates, locks or switches fibers opens a
+// RuntimeSection; the kernel is "back" when it closes. A fiber only ever resumes inside a
+// section (or at its start, which marks itself), so the flag is per worker, not per fiber.
+// Relaxed stores plus signal fences: only this thread's signal handlers need to see them.
+inline void enter_kernel_code(Worker* w) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    w->in_kernel.store(1, std::memory_order_relaxed);
+}
+inline void leave_kernel_code(Worker* w) {
+    w->in_kernel.store(0, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+struct RuntimeSection {
+    Worker* w;  // null outside a launch (a __device__ function called as plain C++)
+    explicit RuntimeSection(Worker* worker) : w(worker) {
+        if (w) leave_kernel_code(w);
+    }
+    ~RuntimeSection() {  // not run when a fiber is abandoned: the flag stays 0
+        if (w) enter_kernel_code(w);
+    }
+    RuntimeSection(const RuntimeSection&) = delete;
+    RuntimeSection& operator=(const RuntimeSection&) = delete;
+};
 
 struct SharedRecord {
     void* ptr;
@@ -279,7 +360,9 @@ extern "C" void simt_fiber_main(Fiber* f) {
 #if SIMT_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &w->main_stack_lo, &w->main_stack_size);
 #endif
+    enter_kernel_code(w);
     w->launch->desc->entry(w->launch->desc->params);
+    leave_kernel_code(w);
     on_thread_exit(w, f->thread);
     leave_fiber(w, f);
     std::abort();  // never resumed: a reused stack is reset to start here afresh
@@ -311,16 +394,14 @@ void set_error(Worker* w, int kind, const ThreadState* t, const char* file, int 
     __attribute__((format(printf, 6, 7)));
 void set_error(Worker* w, int kind, const ThreadState* t, const char* file, int line, const char* fmt, ...) {
     if (w->error.kind != SIMT_OK) return;
-    char buf[512];
     va_list ap;
     va_start(ap, fmt);
-    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    std::vsnprintf(w->error.message, sizeof w->error.message, fmt, ap);
     va_end(ap);
     w->error.kind = kind;
     w->error.thread = t;
     w->error.file = file;
     w->error.line = line;
-    w->error.message = buf;
 }
 
 // Called on a fiber after an error: hand control back for good.
@@ -376,6 +457,7 @@ void wake_lanes(Worker* w, unsigned base, unsigned mask) {
 
 void syncthreads(const char* file, int line) {
     Worker* w = tls_worker;
+    RuntimeSection section(w);
     ThreadState* t = w->current;
     if (w->exited > 0) {
         const ThreadState* x = w->first_exited;
@@ -410,6 +492,7 @@ void syncthreads(const char* file, int line) {
 // ------------------------------------------------------------------------------ warp rendezvous
 void warp_sync(unsigned mask, void* payload, WarpComplete complete, const char* op, const char* file, int line) {
     Worker* w = tls_worker;
+    RuntimeSection section(w);
     ThreadState* t = w->current;
     Warp& warp = w->warps[t->linear / 32];
     unsigned lane = t->linear % 32;
@@ -524,6 +607,7 @@ void* dynamic_shared() {
 }
 
 void register_shared(void* p, std::size_t bytes) {
+    RuntimeSection section(tls_worker);  // tls_shared may grow (allocate)
     for (SharedRecord& r : tls_shared) {
         if (r.ptr == p) {
             if (r.epoch != tls_epoch_counter) {
@@ -544,6 +628,10 @@ void release_fibers(Worker* w) {
             stack_pool.give(t.fiber);
             t.fiber = nullptr;
         }
+    }
+    if (w->spare) {
+        stack_pool.give(w->spare);
+        w->spare = nullptr;
     }
 }
 
@@ -601,12 +689,18 @@ void run_block(Worker* w, unsigned long long block_linear) {
     w->run_queue.assign(w->order.begin(), w->order.end());
     w->run_head = 0;
 
-    Fiber* spare = nullptr;  // a finished thread's stack, handed to the next thread
+    w->stopped = false;
+    w->interrupted = nullptr;
+    w->interrupted_pc = 0;
     while (w->run_head < w->run_queue.size() && w->error.kind == SIMT_OK) {
+        if (w->launch->timed_out.load(std::memory_order_relaxed)) {
+            w->stopped = true;  // past the launch's time limit: leave the rest of the block undone
+            break;
+        }
         ThreadState* t = &w->threads[w->run_queue[w->run_head++]];
         if (t->status == Status::NotStarted) {
-            Fiber* f = spare ? spare : stack_pool.take();
-            spare = nullptr;
+            Fiber* f = w->spare ? w->spare : stack_pool.take();
+            w->spare = nullptr;
             f->worker = w;
             f->thread = t;
             reset_fiber(f);
@@ -617,8 +711,8 @@ void run_block(Worker* w, unsigned long long block_linear) {
         tls_thread = t;
         enter_fiber(w, t->fiber);
         if (t->status == Status::Exited && w->error.kind == SIMT_OK) {
-            if (spare) stack_pool.give(spare);
-            spare = t->fiber;
+            if (w->spare) stack_pool.give(w->spare);
+            w->spare = t->fiber;
             t->fiber = nullptr;
         }
         // The run queue only grows from the back; compact it now and then.
@@ -627,8 +721,7 @@ void run_block(Worker* w, unsigned long long block_linear) {
             w->run_head = 0;
         }
     }
-    if (spare) stack_pool.give(spare);
-    if (w->error.kind == SIMT_OK && w->exited != n) describe_deadlock(w);
+    if (w->error.kind == SIMT_OK && !w->stopped && w->exited != n) describe_deadlock(w);
     release_fibers(w);
 }
 
@@ -692,18 +785,94 @@ void guarded_free(void* p) {
 }
 
 // ------------------------------------------------------------------------------ faults
+// The handlers installed before ours, for the signals that are not ours.
 struct sigaction previous_segv;
 struct sigaction previous_bus;
+struct sigaction previous_urg;
 std::once_flag handler_once;
+std::atomic<simt_fault_explainer> fault_explainer{nullptr};
+
+// Its address tags the SIGURGs this copy of the runtime's watchdog sends (the value passed to
+// pthread_sigqueue), so the handler tells them from anyone else's, another copy's included,
+// before it touches any state of its own.
+const char watchdog_token = 0;
+
+void fault_handler(int sig, siginfo_t* info, void* ctx);
+void watchdog_handler(int sig, siginfo_t* info, void* ctx);
+
+// Hands a signal that is not ours to the handler installed before ours: another copy of this
+// runtime (a shared library that links it too), Rust's stack-overflow reporter, or the
+// default action. Runs inside a signal handler.
+struct ChainFrame {
+    const siginfo_t* info = nullptr;
+    std::uintptr_t sp = 0;
+};
+thread_local ChainFrame tls_chain;
+
+void chain_previous(int sig, siginfo_t* info, void* ctx, const struct sigaction& prev, bool fatal_default) {
+    auto sp = reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
+    bool default_action =
+        !(prev.sa_flags & SA_SIGINFO) && (prev.sa_handler == SIG_DFL || prev.sa_handler == SIG_IGN);
+    bool ours = (prev.sa_flags & SA_SIGINFO) &&
+                (prev.sa_sigaction == fault_handler || prev.sa_sigaction == watchdog_handler);
+    // Handlers that chain in a circle would pass this same siginfo round, deeper on the stack
+    // each time, until the alternate stack overflows. The frame a handler leaves behind when
+    // it jumps out (another copy's siglongjmp) can share its siginfo address with a later
+    // signal, but that signal's handler then runs at the same depth, never deeper: no false
+    // alarm.
+    bool circle = tls_chain.info == info && sp < tls_chain.sp;
+    if (default_action || ours || circle) {
+        if (fatal_default) {
+            // A fault nobody handles: restore the default action and return, so that the
+            // faulting instruction runs again and kills the process, as without us.
+            struct sigaction dfl;
+            std::memset(&dfl, 0, sizeof dfl);
+            dfl.sa_handler = SIG_DFL;
+            sigemptyset(&dfl.sa_mask);
+            sigaction(sig, &dfl, nullptr);
+        }
+        return;  // SIGURG's default action is to ignore it
+    }
+    ChainFrame saved = tls_chain;
+    tls_chain.info = info;
+    tls_chain.sp = sp;
+    if (prev.sa_flags & SA_SIGINFO)
+        prev.sa_sigaction(sig, info, ctx);
+    else
+        prev.sa_handler(sig);
+    tls_chain = saved;
+}
+
+// Asks the installed explainer (simt_set_fault_explainer) about a fault; true if it explained
+// it, its message now the block's error.
+bool explain_fault(Worker* w, const ThreadState* t, std::uintptr_t addr, void* ctx) {
+    simt_fault_explainer explain = fault_explainer.load(std::memory_order_acquire);
+    if (!explain || w->error.kind != SIMT_OK) return false;
+    // Bit 1 of the x86-64 page-fault error code: the access was a write.
+    const auto* uc = static_cast<const ucontext_t*>(ctx);
+    int is_write = (uc->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+    // Written straight into the error: no buffer on the (small) alternate signal stack.
+    char* text = w->error.message;
+    text[0] = '\0';
+    if (!explain(addr, is_write, text, sizeof w->error.message)) {
+        text[0] = '\0';
+        return false;
+    }
+    text[sizeof w->error.message - 1] = '\0';
+    w->error.kind = SIMT_MEMORY_FAULT;
+    w->error.thread = t;
+    w->error.file = nullptr;
+    w->error.line = 0;
+    return true;
+}
 
 void fault_handler(int sig, siginfo_t* info, void* ctx) {
     Worker* w = tls_worker;
     if (!w || !w->current) {
-        // Not ours: restore the previous handler and let the fault happen again under it.
-        sigaction(sig, sig == SIGSEGV ? &previous_segv : &previous_bus, nullptr);
-        (void)ctx;
+        chain_previous(sig, info, ctx, sig == SIGSEGV ? previous_segv : previous_bus, true);
         return;
     }
+    leave_kernel_code(w);  // from here on this is the runtime (SIGURG is blocked anyway)
     auto addr = reinterpret_cast<std::uintptr_t>(info->si_addr);
     ThreadState* t = w->current;
     Allocation a;
@@ -713,6 +882,8 @@ void fault_handler(int sig, siginfo_t* info, void* ctx) {
         set_error(w, SIMT_STACK_OVERFLOW, t, nullptr, 0,
                   "stack overflow: the thread used more than its %zu KiB fiber stack (large local arrays?)",
                   f->stack_size >> 10);
+    } else if (explain_fault(w, t, addr, ctx)) {
+        // The explainer knows this memory better than the allocation table below.
     } else if (find_allocation(addr, &a)) {
         if (addr >= a.data_hi) {
             set_error(w, SIMT_MEMORY_FAULT, t, nullptr, 0,
@@ -733,15 +904,92 @@ void fault_handler(int sig, siginfo_t* info, void* ctx) {
     siglongjmp(w->fault_jump, 1);
 }
 
-void install_fault_handler() {
+// Code the watchdog must not cut into: the C library, the dynamic loader, and the C++,
+// unwinder and ASan runtimes, where an abandoned thread could leave a lock held (malloc's,
+// stdio's, the loader's). Kernel code calls into them rarely (memcpy, printf); a thread
+// caught there is signalled again a moment later. Only appended to, by the watchdog thread,
+// before it signals; entries below the published count never change, so the handler reads
+// them without a lock.
+struct CodeRange {
+    std::uintptr_t lo, hi;
+};
+CodeRange library_code[64];
+std::atomic<int> library_code_count{0};
+
+int note_library_code(dl_phdr_info* info, std::size_t, void*) {
+    static const char* const libraries[] = {"libc.so", "ld-linux", "libpthread.so", "libstdc++.so",
+                                            "libgcc_s.so", "libasan.so"};
+    const char* name = info->dlpi_name ? info->dlpi_name : "";
+    const char* slash = std::strrchr(name, '/');
+    const char* base = slash ? slash + 1 : name;
+    bool listed = false;
+    for (const char* lib : libraries) listed = listed || std::strncmp(base, lib, std::strlen(lib)) == 0;
+    if (!listed) return 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+        if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+        CodeRange r{info->dlpi_addr + ph.p_vaddr, info->dlpi_addr + ph.p_vaddr + ph.p_memsz};
+        int n = library_code_count.load(std::memory_order_relaxed);
+        bool known = false;
+        for (int k = 0; k < n; ++k) known = known || (library_code[k].lo == r.lo && library_code[k].hi == r.hi);
+        if (known || n == static_cast<int>(std::size(library_code))) continue;
+        library_code[n] = r;
+        library_code_count.store(n + 1, std::memory_order_release);
+    }
+    return 0;
+}
+
+bool in_library_code(std::uintptr_t pc) {
+    int n = library_code_count.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i)
+        if (pc >= library_code[i].lo && pc < library_code[i].hi) return true;
+    return false;
+}
+
+// SIGURG from the watchdog: if this worker is running kernel code of a launch past its time
+// limit, note where, and jump back to the worker's scheduler as a fault does. Anywhere else
+// (the runtime, the scheduler, between blocks, after the launch) it does nothing: the
+// worker stops at its next turn, or the watchdog asks again.
+void watchdog_handler(int sig, siginfo_t* info, void* ctx) {
+    if (info->si_code != SI_QUEUE || info->si_value.sival_ptr != &watchdog_token) {
+        chain_previous(sig, info, ctx, previous_urg, false);
+        return;
+    }
+    // Sent by our watchdog, so this thread is or was one of our workers and has touched
+    // tls_worker before: reading it cannot allocate.
+    Worker* w = tls_worker;
+    if (!w || !w->current || !w->launch->timed_out.load(std::memory_order_relaxed)) return;
+    if (w->in_kernel.load(std::memory_order_relaxed) == 0) return;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    auto pc = static_cast<std::uintptr_t>(static_cast<const ucontext_t*>(ctx)->uc_mcontext.gregs[REG_RIP]);
+    if (in_library_code(pc)) return;
+    leave_kernel_code(w);
+    w->interrupted = w->current;
+    w->interrupted_pc = pc;
+    siglongjmp(w->fault_jump, 2);
+}
+
+void install_handlers() {
     std::call_once(handler_once, [] {
+        // Read the previous handlers before installing ours, so that ours never runs
+        // without them.
+        sigaction(SIGSEGV, nullptr, &previous_segv);
+        sigaction(SIGBUS, nullptr, &previous_bus);
+        sigaction(SIGURG, nullptr, &previous_urg);
         struct sigaction sa;
         std::memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = fault_handler;
         sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
         sigemptyset(&sa.sa_mask);
-        sigaction(SIGSEGV, &sa, &previous_segv);
-        sigaction(SIGBUS, &sa, &previous_bus);
+        sigaddset(&sa.sa_mask, SIGURG);  // the watchdog must not cut into fault handling
+        sigaction(SIGSEGV, &sa, nullptr);
+        sigaction(SIGBUS, &sa, nullptr);
+        struct sigaction wd;
+        std::memset(&wd, 0, sizeof wd);
+        wd.sa_sigaction = watchdog_handler;
+        wd.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+        sigemptyset(&wd.sa_mask);
+        sigaction(SIGURG, &wd, nullptr);
     });
 }
 
@@ -773,11 +1021,314 @@ void ensure_alt_stack() {
     sigaltstack(&ss, nullptr);
 }
 
+// ------------------------------------------------------------------------------ timeout reports
+// "function+0xoffset" for a code address, or "module+0xoffset" when no symbol covers it.
+// dladdr sees only exported symbols, and kernels linked into an executable are not exported,
+// so the module's own ELF symbol table is searched too. Normal context only (it allocates).
+bool elf_function(const char* path, std::uintptr_t vaddr, std::string* name, std::uintptr_t* offset) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st;
+    void* mem = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size > static_cast<off_t>(sizeof(Elf64_Ehdr)))
+        mem = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (mem == MAP_FAILED) return false;
+    const auto* base = static_cast<const unsigned char*>(mem);
+    auto size = static_cast<std::uint64_t>(st.st_size);
+    auto in_file = [&](std::uint64_t off, std::uint64_t len) { return off <= size && len <= size - off; };
+    const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(base);
+    bool found = false;
+    if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
+        eh->e_shentsize == sizeof(Elf64_Shdr) && in_file(eh->e_shoff, std::uint64_t{eh->e_shnum} * sizeof(Elf64_Shdr))) {
+        const auto* sh = reinterpret_cast<const Elf64_Shdr*>(base + eh->e_shoff);
+        for (Elf64_Word kind : {SHT_SYMTAB, SHT_DYNSYM}) {  // the full table, if not stripped
+            for (unsigned i = 0; i < eh->e_shnum && !found; ++i) {
+                if (sh[i].sh_type != kind || sh[i].sh_link >= eh->e_shnum || sh[i].sh_entsize != sizeof(Elf64_Sym))
+                    continue;
+                const Elf64_Shdr& strtab = sh[sh[i].sh_link];
+                if (!in_file(sh[i].sh_offset, sh[i].sh_size) || !in_file(strtab.sh_offset, strtab.sh_size)) continue;
+                const auto* syms = reinterpret_cast<const Elf64_Sym*>(base + sh[i].sh_offset);
+                const char* strs = reinterpret_cast<const char*>(base + strtab.sh_offset);
+                for (std::size_t k = 0; k < sh[i].sh_size / sizeof(Elf64_Sym); ++k) {
+                    const Elf64_Sym& s = syms[k];
+                    if (ELF64_ST_TYPE(s.st_info) != STT_FUNC || s.st_value == 0 || s.st_name >= strtab.sh_size) continue;
+                    if (vaddr < s.st_value || vaddr - s.st_value >= std::max<std::uint64_t>(s.st_size, 1)) continue;
+                    name->assign(strs + s.st_name, strnlen(strs + s.st_name, strtab.sh_size - s.st_name));
+                    *offset = vaddr - s.st_value;
+                    found = true;
+                    break;
+                }
+            }
+            if (found) break;
+        }
+    }
+    munmap(mem, static_cast<std::size_t>(size));
+    return found;
+}
+
+std::string symbolize(std::uintptr_t pc) {
+    char buf[64];
+    Dl_info info;
+    link_map* map = nullptr;
+    if (dladdr1(reinterpret_cast<void*>(pc), &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 || !map) {
+        std::snprintf(buf, sizeof buf, "code at 0x%lx", static_cast<unsigned long>(pc));
+        return buf;
+    }
+    std::string name;
+    std::uintptr_t offset = 0;
+    // The main program's link map has an empty name; its file is /proc/self/exe.
+    const char* path = map->l_name && map->l_name[0] ? map->l_name : "/proc/self/exe";
+    if (info.dli_sname && info.dli_saddr) {
+        name = info.dli_sname;
+        offset = pc - reinterpret_cast<std::uintptr_t>(info.dli_saddr);
+    } else if (!elf_function(path, pc - map->l_addr, &name, &offset)) {
+        const char* slash = std::strrchr(path, '/');
+        std::snprintf(buf, sizeof buf, "+0x%lx", static_cast<unsigned long>(pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase)));
+        return std::string(slash ? slash + 1 : path) + buf;
+    }
+    if (name.compare(0, 2, "_Z") == 0) {
+        int status = 0;
+        char* plain = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+        if (plain && status == 0) name = plain;
+        std::free(plain);
+    }
+    std::snprintf(buf, sizeof buf, "+0x%lx", static_cast<unsigned long>(offset));
+    return name + buf;
+}
+
+// Where a block's threads stood when the time limit stopped it: the thread that was running
+// kernel code (and in which function), how many wait at each barrier or warp operation, and
+// how many were ready to run, not started (the running thread never yielded) or finished.
+StoppedBlock describe_stopped_block(const Worker* w, unsigned long long linear) {
+    StoppedBlock s{linear, w->block_idx, w->interrupted != nullptr, uint3{0, 0, 0}, {}, {}};
+    char buf[256];
+    if (w->interrupted) {
+        s.thread = w->interrupted->thread_idx;
+        std::string function = symbolize(w->interrupted_pc);
+        std::snprintf(buf, sizeof buf, "thread (%u,%u,%u) was running in ", s.thread.x, s.thread.y, s.thread.z);
+        s.where = buf + function;
+        s.alike = buf + function.substr(0, function.rfind('+'));
+    } else {
+        s.where = "stopped between two threads' turns";
+        s.alike = s.where;
+    }
+    std::string rest;
+    struct Site {
+        const char* op;
+        const char* file;
+        int line;
+        unsigned count;
+    };
+    std::vector<Site> sites;
+    unsigned ready = 0, not_started = 0, finished = 0;
+    for (const ThreadState& t : w->threads) {
+        if (&t == w->interrupted) continue;
+        switch (t.status) {
+            case Status::AtBarrier:
+            case Status::AtWarp: {
+                auto it = std::find_if(sites.begin(), sites.end(), [&](const Site& x) {
+                    return std::strcmp(x.op, t.wait_op) == 0 && same_site(x.file, x.line, t.wait_file, t.wait_line);
+                });
+                if (it != sites.end())
+                    ++it->count;
+                else
+                    sites.push_back({t.wait_op, t.wait_file, t.wait_line, 1});
+                break;
+            }
+            case Status::Runnable: ++ready; break;
+            case Status::NotStarted: ++not_started; break;
+            case Status::Exited: ++finished; break;
+        }
+    }
+    for (std::size_t i = 0; i < sites.size() && i < 3; ++i) {
+        std::snprintf(buf, sizeof buf, ", %u wait in %s at %s:%d", sites[i].count, sites[i].op,
+                      sites[i].file ? sites[i].file : "?", sites[i].line);
+        rest += buf;
+    }
+    if (sites.size() > 3) rest += ", more wait at " + std::to_string(sites.size() - 3) + " other site(s)";
+    if (ready) rest += ", " + std::to_string(ready) + " ready to run";
+    if (not_started) rest += ", " + std::to_string(not_started) + " not started";
+    if (finished) rest += ", " + std::to_string(finished) + " finished";
+    s.where += rest;
+    s.alike += rest;
+    return s;
+}
+
+// The launch's SIMT_TIMEOUT error: the limit, how far the grid got, and where the stopped
+// blocks' threads were (at most four blocks named; blocks stopped in the same state share
+// one description, which is the common case: every block stuck the same way).
+void report_timeout(Launch* l, unsigned long long blocks) {
+    std::lock_guard<std::mutex> g(l->error_lock);
+    std::sort(l->stopped.begin(), l->stopped.end(),
+              [](const StoppedBlock& a, const StoppedBlock& b) { return a.linear < b.linear; });
+    unsigned long long done = l->blocks_done.load(std::memory_order_relaxed);
+    unsigned long long running = l->stopped.size();
+    unsigned long long not_started = blocks > done + running ? blocks - done - running : 0;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "the launch ran past its time limit of %llu ms: %llu of %llu block(s) finished, %llu running, %llu "
+                  "not started",
+                  l->desc->timeout_ms, done, blocks, running, not_started);
+    std::string text = buf;
+    simt_error* e = l->error;
+    const std::size_t room = sizeof e->message - 8;  // keeps space for " ..."
+    const std::vector<StoppedBlock>& stopped = l->stopped;
+    std::vector<bool> listed(stopped.size(), false);
+    int named = 0;
+    bool truncated = false;
+    for (std::size_t i = 0; i < stopped.size() && named < 4 && !truncated; ++i) {
+        if (listed[i]) continue;
+        std::string blocks_text;
+        std::size_t shown = 0, more = 0;
+        for (std::size_t j = i; j < stopped.size(); ++j) {
+            if (listed[j] || stopped[j].alike != stopped[i].alike) continue;
+            listed[j] = true;
+            if (named == 4) {
+                ++more;
+                continue;
+            }
+            const uint3& b = stopped[j].block;
+            std::snprintf(buf, sizeof buf, "%s(%u,%u,%u)", shown ? ", " : " ", b.x, b.y, b.z);
+            blocks_text += buf;
+            ++shown;
+            ++named;
+        }
+        std::string part = shown + more > 1 ? "; blocks" : "; block";
+        part += blocks_text;
+        if (more) part += " and " + std::to_string(more) + " more";
+        part += ": " + stopped[i].where;
+        truncated = text.size() + part.size() > room;
+        text += truncated ? " ..." : part;
+    }
+    std::size_t unnamed = static_cast<std::size_t>(std::count(listed.begin(), listed.end(), false));
+    if (unnamed && !truncated) {
+        std::string part = "; " + std::to_string(unnamed) + " more block(s) stopped elsewhere";
+        if (text.size() + part.size() <= room) text += part;
+    }
+    e->kind = SIMT_TIMEOUT;
+    if (!l->stopped.empty()) {
+        const StoppedBlock& first = l->stopped.front();
+        e->block[0] = first.block.x;
+        e->block[1] = first.block.y;
+        e->block[2] = first.block.z;
+        e->has_thread = first.has_thread;
+        e->thread[0] = first.thread.x;
+        e->thread[1] = first.thread.y;
+        e->thread[2] = first.thread.z;
+    }
+    std::snprintf(e->message, sizeof e->message, "%s", text.c_str());
+}
+
+// ------------------------------------------------------------------------------ watchdog
+// One thread watches every launch that has a time limit (a thread per launch would add a
+// thread creation to every small launch). It sleeps until the earliest deadline. At a
+// launch's deadline it marks the launch timed out (its workers take no more blocks, and a
+// scheduler between two threads' turns stops its block) and sends SIGURG to each worker
+// running kernel code. It repeats the signal every POKE until the launch has returned: one
+// that finds the worker in the runtime or the C library is ignored by the handler.
+constexpr auto POKE = std::chrono::milliseconds(10);
+
+class Watchdog {
+public:
+    // Never destroyed: its detached thread may still be waiting on it at process exit.
+    static Watchdog& instance() {
+        static Watchdog* w = new Watchdog;
+        return *w;
+    }
+
+    // Watches `l` from now on; its deadline is l->next_check. False if no watchdog thread
+    // could be started: the launch then runs without a limit.
+    bool watch(Launch* l) {
+        std::lock_guard<std::mutex> g(lock);
+        if (!started) {
+            try {
+                std::thread(&Watchdog::run, this).detach();
+            } catch (const std::system_error&) {
+                return false;
+            }
+            started = true;
+        }
+        launches.push_back(l);
+        // Wake the thread only if it sleeps past this deadline: with the usual generous
+        // limits it already sleeps toward an earlier one, and a wake-up per launch would
+        // cost more than the rest of the watching.
+        if (l->next_check < wake_at) {
+            wake_at = l->next_check;
+            changed.notify_one();
+        }
+        return true;
+    }
+
+    // Stops watching `l`; once this returns, the watchdog never touches it again.
+    void forget(Launch* l) {
+        std::lock_guard<std::mutex> g(lock);
+        launches.erase(std::remove(launches.begin(), launches.end(), l), launches.end());
+    }
+
+private:
+    std::mutex lock;
+    std::condition_variable changed;
+    std::vector<Launch*> launches;
+    bool started = false;
+    // When the thread wakes next on its own (max: not until notified).
+    std::chrono::steady_clock::time_point wake_at = std::chrono::steady_clock::time_point::max();
+
+    [[noreturn]] void run() {
+        std::unique_lock<std::mutex> g(lock);
+        for (;;) {
+            auto now = std::chrono::steady_clock::now();
+            auto next = std::chrono::steady_clock::time_point::max();
+            for (Launch* l : launches) {
+                if (now >= l->next_check) {
+                    if (!l->timed_out.exchange(true)) {
+                        l->failed.store(true);
+                        // Libraries loaded since the last timeout join the no-interrupt list.
+                        dl_iterate_phdr(note_library_code, nullptr);
+                    }
+                    interrupt(l);
+                    l->next_check = now + POKE;
+                }
+                next = std::min(next, l->next_check);
+            }
+            // Forgotten launches leave their deadlines behind: at worst one idle wake-up.
+            wake_at = next;
+            if (next == std::chrono::steady_clock::time_point::max())
+                changed.wait(g);
+            else
+                changed.wait_until(g, next);
+        }
+    }
+
+    static void interrupt(Launch* l) {
+        std::lock_guard<std::mutex> g(l->workers_lock);  // keeps every listed thread alive
+        for (const auto& [thread, worker] : l->live) {
+            // A worker in the runtime or its scheduler stops at its next turn unasked.
+            if (worker->in_kernel.load(std::memory_order_relaxed) == 0) continue;
+            union sigval value;
+            value.sival_ptr = const_cast<char*>(&watchdog_token);
+            pthread_sigqueue(thread, SIGURG, value);
+        }
+    }
+};
+
+// After a siglongjmp from a fiber back to the worker's own stack ASan still believes the
+// abandoned fiber's stack is current: tell it otherwise (dropping the fiber's fake stack).
+void back_on_worker_stack(Worker* w) {
+#if SIMT_ASAN
+    __sanitizer_start_switch_fiber(nullptr, w->main_stack_lo, w->main_stack_size);
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#else
+    (void)w;
+#endif
+}
+
 // ------------------------------------------------------------------------------ workers
 void record_launch_error(Launch* l, Worker* w) {
     std::lock_guard<std::mutex> g(l->error_lock);
-    if (l->failed.exchange(true)) return;
+    l->failed.store(true);
     simt_error* e = l->error;
+    if (e->kind != SIMT_OK) return;  // the first error wins
     e->kind = w->error.kind;
     e->block[0] = w->block_idx.x;
     e->block[1] = w->block_idx.y;
@@ -790,12 +1341,18 @@ void record_launch_error(Launch* l, Worker* w) {
     }
     e->line = w->error.line;
     std::snprintf(e->file, sizeof e->file, "%s", w->error.file ? w->error.file : "");
-    std::snprintf(e->message, sizeof e->message, "%s", w->error.message.c_str());
+    std::snprintf(e->message, sizeof e->message, "%s", w->error.message);
 }
 
 void worker_main(Launch* l) {
     ensure_alt_stack();
-    install_fault_handler();
+    install_handlers();
+    // The watchdog interrupts workers with SIGURG: this thread must not block it (the
+    // caller's mask is restored at the end).
+    sigset_t urg, old_mask;
+    sigemptyset(&urg);
+    sigaddset(&urg, SIGURG);
+    pthread_sigmask(SIG_UNBLOCK, &urg, &old_mask);
     const simt_launch_desc* d = l->desc;
     Worker w;
     w.launch = l;
@@ -822,15 +1379,23 @@ void worker_main(Launch* l) {
 
     tls_worker = &w;
     tls_block = &w;
+    {
+        std::lock_guard<std::mutex> g(l->workers_lock);
+        l->live.emplace_back(pthread_self(), &w);
+    }
     for (;;) {
         if (l->failed.load(std::memory_order_relaxed)) break;
         unsigned long long b = l->next_block.fetch_add(1, std::memory_order_relaxed);
         if (b >= blocks) break;
-        if (sigsetjmp(w.fault_jump, 1) == 0) {
+        int jumped = sigsetjmp(w.fault_jump, 1);
+        if (jumped == 0) {
             run_block(&w, b);
         } else {
-            // A memory fault inside a kernel thread: the handler recorded it.
-            w.current = nullptr;
+            // Back from a signal handler, the block's fibers abandoned: a memory fault in a
+            // kernel thread (1; the handler recorded it) or the watchdog (2).
+            back_on_worker_stack(&w);
+            leave_kernel_code(&w);
+            w.stopped = jumped == 2;
             release_fibers(&w);
         }
         w.current = nullptr;
@@ -838,12 +1403,26 @@ void worker_main(Launch* l) {
             record_launch_error(l, &w);
             break;
         }
+        if (w.stopped) {
+            StoppedBlock s = describe_stopped_block(&w, b);
+            std::lock_guard<std::mutex> g(l->error_lock);
+            l->stopped.push_back(std::move(s));
+            break;
+        }
+        l->blocks_done.fetch_add(1, std::memory_order_relaxed);
     }
     w.current = nullptr;
-    tls_worker = nullptr;
+    tls_worker = nullptr;  // a watchdog signal still on its way finds no worker
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    {
+        std::lock_guard<std::mutex> g(l->workers_lock);
+        auto me = std::find_if(l->live.begin(), l->live.end(), [&](const auto& e) { return e.second == &w; });
+        if (me != l->live.end()) l->live.erase(me);
+    }
     tls_block = nullptr;
     tls_thread = nullptr;
     guarded_free(w.dynamic_shared);
+    if (sigismember(&old_mask, SIGURG)) pthread_sigmask(SIG_BLOCK, &urg, nullptr);
 }
 
 }  // namespace simt
@@ -863,6 +1442,14 @@ extern "C" int simt_launch(const simt_launch_desc* d, simt_error* err) {
     l.desc = d;
     l.threads_per_block = static_cast<unsigned>(threads);
     l.error = err;
+    // A limit beyond ten years is no limit (and would overflow the clock's arithmetic).
+    constexpr unsigned long long MAX_TIMEOUT_MS = 10ull * 366 * 24 * 3600 * 1000;
+    bool watched = false;
+    if (d->timeout_ms != 0 && d->timeout_ms <= MAX_TIMEOUT_MS) {
+        l.next_check = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(d->timeout_ms));
+        watched = simt::Watchdog::instance().watch(&l);
+    }
 #if defined(SIMT_SERIAL_BLOCKS)
     unsigned workers = 1;  // static __shared__ is plain static here
 #else
@@ -873,11 +1460,18 @@ extern "C" int simt_launch(const simt_launch_desc* d, simt_error* err) {
     for (unsigned i = 1; i < workers; ++i) helpers.emplace_back(simt::worker_main, &l);
     simt::worker_main(&l);
     for (std::thread& h : helpers) h.join();
+    if (watched) simt::Watchdog::instance().forget(&l);
+    // Timed out, unless every block had finished by the time the workers noticed.
+    if (err->kind == SIMT_OK && l.timed_out.load() && l.blocks_done.load() < blocks) simt::report_timeout(&l, blocks);
     return err->kind;
 }
 
 extern "C" void* simt_alloc(size_t bytes, size_t align) { return simt::guarded_alloc(bytes, align); }
 extern "C" void simt_free(void* p) { simt::guarded_free(p); }
+
+extern "C" void simt_set_fault_explainer(simt_fault_explainer fn) {
+    simt::fault_explainer.store(fn, std::memory_order_release);
+}
 
 // The runtime table a separately compiled module (SIMT_MODULE) binds to.
 extern "C" const simt::RuntimeTable* simt_runtime_table() {

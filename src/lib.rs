@@ -33,7 +33,8 @@
 //!   and the typed launchers generated from the `.cu` declarations.
 //! * [`backend`]: [`Memory`](backend::Memory), [`Device`](backend::Device) (runs kernels) and
 //!   [`Backend`](backend::Backend) (the operations LeNet needs); the CUDA backend, with
-//!   run-time compilation by NVRTC; the SIMT backend, which runs the same kernel sources on
+//!   run-time compilation by NVRTC, which also runs without a GPU on the CPU stand-in for the
+//!   driver that `cargo build` puts in [`STANDIN_DIR`](backend::cuda::STANDIN_DIR); the SIMT backend, which runs the same kernel sources on
 //!   the CPU with compute-sanitizer-like checks; the native CPU backend.
 //! * [`comm`]: collectives (allreduce, reduce-scatter, all-gather, broadcast, barrier):
 //!   algorithms as verified data, executed over peer memory with timeouts.

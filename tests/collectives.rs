@@ -1,5 +1,5 @@
-//! Collectives on the backends available here (cpu threads, and the SIMT emulator running
-//! `collective.cu`): every algorithm, in and out of place, rank counts 1..8, counts 0, 1, 7,
+//! Collectives on every backend (cpu threads; the SIMT emulator running `collective.cu`; the
+//! CUDA backend, on the CPU stand-in for the driver when there is no GPU): every algorithm, in and out of place, rank counts 1..8, counts 0, 1, 7,
 //! a prime near 1e5 and 2^20 + 3. Exact inputs (small integers times powers of two: every
 //! summation order is exact) are compared with 0 ulp of error; random inputs against a
 //! float64 sum. Mismatched calls and dead ranks must end in errors on every surviving rank
@@ -166,6 +166,37 @@ fn simt_all_reduce_runs_the_collective_kernel_over_peer_memory() {
         Some(Algorithm::Direct),
         true,
         ReduceOp::Sum,
+    );
+}
+
+#[test]
+fn cuda_all_reduce_over_peer_memory_for_every_algorithm_and_rank_count() {
+    // On GPUs when there are enough, else on the CPU stand-in for the driver, whose lazy
+    // streams, per-GPU address ranges and peer-access checks make a missing synchronization
+    // or a missing grant fail here rather than on the first multi-GPU machine.
+    for n in 1..=common::cuda_gpus().min(8) {
+        for count in [0, 1, 7, 100_003] {
+            for algo in ALGOS {
+                for in_place in [true, false] {
+                    all_reduce_exact::<nanoddp::backend::cuda::CudaDevice, f32>(
+                        common::cuda_device,
+                        n,
+                        count,
+                        algo,
+                        in_place,
+                        ReduceOp::Sum,
+                    );
+                }
+            }
+        }
+    }
+    all_reduce_exact::<nanoddp::backend::cuda::CudaDevice, f16>(
+        common::cuda_device,
+        common::cuda_gpus().min(3),
+        1001,
+        Some(Algorithm::Ring),
+        false,
+        ReduceOp::Avg,
     );
 }
 

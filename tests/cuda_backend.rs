@@ -1,6 +1,7 @@
 //! The CUDA backend on a machine without a driver: every entry point returns a typed error
-//! (cudarc itself would panic). Kernel results on a GPU are checked by the per-kernel test
-//! files, which instantiate each test for the cuda backend when a GPU is present.
+//! (cudarc itself would panic). This test binary never loads the CPU stand-in for the
+//! driver; the per-kernel test files do (or use the GPU when there is one), and
+//! tests/cuda_standin.rs checks the stand-in's rules and the backend against them.
 
 use nanoddp::backend::cuda::{self, CudaDevice};
 use nanoddp::backend::BackendError;

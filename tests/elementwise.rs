@@ -3,6 +3,8 @@
 //! on the CPU backend, on the SIMT emulator under two lane orders, and on the GPU when there
 //! is one.
 
+mod common;
+
 use half::f16;
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
@@ -11,8 +13,10 @@ use nanoddp::backend::{Backend, BackendError, DeviceBuffer};
 use rand::{Rng, SeedableRng};
 
 /// Sizes: 1, primes, around the 256-thread block, and past one full grid of blocks so the
-/// grid-stride loop wraps (65535 blocks * 256 threads = 16,776,960).
-const SIZES: [usize; 8] = [1, 2, 31, 255, 257, 1021, 65_537, 16_776_960 + 3];
+/// grid-stride loop wraps: the kernel instances run with `common::small_flat_grids` (3
+/// blocks, 768 threads), so 769 and 1021 take two passes and 65,537 takes 86. (Under the
+/// GPU's cap of 65,535 blocks the loop would first wrap at 16,776,961 elements.)
+const SIZES: [usize; 8] = [1, 2, 31, 255, 257, 769, 1021, 65_537];
 
 /// `|got - want| <= atol + rtol·|want|`; false for NaN, so poison never passes.
 fn within(got: f64, want: f64, atol: f64, rtol: f64) -> bool {
@@ -219,19 +223,21 @@ fn length_mismatch_is_an_error<D: Backend>(dev: &D) {
 }
 
 fn simt(order: LaneOrder) -> SimtDevice {
+    common::small_flat_grids();
     SimtDevice::with_config(
         0,
         SimtConfig {
             lane_order: order,
             workers: 0,
+            ..Default::default()
         },
     )
 }
 
-fn gpu() -> Option<CudaDevice> {
-    CudaDevice::new(0)
-        .map_err(|e| eprintln!("cuda instance skipped: {e}"))
-        .ok()
+/// The CUDA device: a GPU, or the CPU stand-in for the driver (never skipped).
+fn gpu() -> CudaDevice {
+    common::small_flat_grids();
+    common::cuda_device(0)
 }
 
 #[test]
@@ -241,8 +247,7 @@ fn simt_forward_elementwise_matches_float64() {
 
 #[test]
 fn simt_reverse_elementwise_matches_float64() {
-    // The largest size is slow on one core; the grid-stride wrap is covered by the forward run.
-    elementwise_matches_float64(&simt(LaneOrder::Reverse), &SIZES[..7]);
+    elementwise_matches_float64(&simt(LaneOrder::Reverse), &SIZES);
 }
 
 #[test]
@@ -265,11 +270,10 @@ fn cpu_elementwise_matches_float64() {
 
 #[test]
 fn cuda_elementwise_matches_float64() {
-    if let Some(dev) = gpu() {
-        elementwise_matches_float64(&dev, &SIZES);
-        casts_round_to_nearest_even(&dev);
-        length_mismatch_is_an_error(&dev);
-    }
+    let dev = gpu();
+    elementwise_matches_float64(&dev, &SIZES);
+    casts_round_to_nearest_even(&dev);
+    length_mismatch_is_an_error(&dev);
 }
 
 fn relu_backward_passes_gradient_where_the_output_is_positive<D: Backend>(dev: &D) {
@@ -306,7 +310,5 @@ fn relu_backward_on_every_backend() {
     relu_backward_passes_gradient_where_the_output_is_positive(&CpuDevice::new());
     relu_backward_passes_gradient_where_the_output_is_positive(&simt(LaneOrder::Forward));
     relu_backward_passes_gradient_where_the_output_is_positive(&simt(LaneOrder::Reverse));
-    if let Some(dev) = gpu() {
-        relu_backward_passes_gradient_where_the_output_is_positive(&dev);
-    }
+    relu_backward_passes_gradient_where_the_output_is_positive(&gpu());
 }

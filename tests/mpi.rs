@@ -7,7 +7,13 @@ use std::process::Command;
 use std::time::Instant;
 
 fn mpirun(n: usize) -> Command {
+    mpirun_with(n, &[])
+}
+
+/// mpirun with extra options of its own (they go before the program).
+fn mpirun_with(n: usize, options: &[&str]) -> Command {
     let mut c = Command::new("mpirun");
+    c.args(options);
     c.args([
         "--allow-run-as-root",
         "--oversubscribe",
@@ -65,7 +71,13 @@ fn a_late_rank_is_a_timeout_error_not_a_hang() {
     assert!(start.elapsed().as_secs() < 30, "took {:?}", start.elapsed());
 }
 
-fn checkpoint_after(mut cmd: Command, extra: &[&str], path: &std::path::Path) -> Vec<Vec<f32>> {
+/// Trains on the shipped subset with `extra` and `settings`, saves to `path`, returns the weights.
+fn checkpoint_with(
+    mut cmd: Command,
+    extra: &[&str],
+    settings: &[&str],
+    path: &std::path::Path,
+) -> Vec<Vec<f32>> {
     let subset = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/fashion-mnist-subset"
@@ -73,17 +85,8 @@ fn checkpoint_after(mut cmd: Command, extra: &[&str], path: &std::path::Path) ->
     let out = cmd
         .arg("train")
         .args(extra)
-        .args([
-            "--epochs",
-            "1",
-            "--max-steps",
-            "6",
-            "--batch",
-            "96",
-            "--data",
-            subset,
-            "--save",
-        ])
+        .args(settings)
+        .args(["--data", subset, "--save"])
         .arg(path)
         .output()
         .expect("runs");
@@ -95,6 +98,11 @@ fn checkpoint_after(mut cmd: Command, extra: &[&str], path: &std::path::Path) ->
     nanoddp::train::checkpoint::load(path)
         .expect("checkpoint")
         .weights
+}
+
+fn checkpoint_after(cmd: Command, extra: &[&str], path: &std::path::Path) -> Vec<Vec<f32>> {
+    let settings = ["--epochs", "1", "--max-steps", "6", "--batch", "96"];
+    checkpoint_with(cmd, extra, &settings, path)
 }
 
 #[test]
@@ -136,6 +144,38 @@ fn training_across_processes_equals_training_in_one() {
     );
     for (a, b) in one.iter().flatten().zip(native.iter().flatten()) {
         assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn cuda_ranks_as_processes_each_seeing_only_its_own_gpu() {
+    // `--comm mpi --backend cuda` on the CPU stand-in for the driver, with every process
+    // shown only "its" GPU (CUDA_VISIBLE_DEVICES=0, as under Slurm's GPU binding): 2
+    // processes x 1 GPU must train like 2 CPU devices in one process.
+    let dir = std::env::temp_dir().join(format!("nanoddp-mpi-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let settings = ["--epochs", "1", "--max-steps", "2", "--batch", "32"];
+    let run = |cmd: Command, extra: &[&str], name: &str| {
+        checkpoint_with(cmd, extra, &settings, &dir.join(name))
+    };
+    let cpu = run(
+        Command::new(env!("CARGO_BIN_EXE_nanoddp")),
+        &["--devices", "2"],
+        "cpu.safetensors",
+    );
+    let standin = format!("LD_LIBRARY_PATH={}", nanoddp::backend::cuda::STANDIN_DIR);
+    let cmd = mpirun_with(2, &["-x", &standin, "-x", "CUDA_VISIBLE_DEVICES=0"]);
+    let cuda = run(
+        cmd,
+        &["--comm", "mpi", "--backend", "cuda", "--devices", "1"],
+        "cuda.safetensors",
+    );
+    for (a, b) in cpu.iter().flatten().zip(cuda.iter().flatten()) {
+        assert!(
+            (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+            "cpu {a} vs cuda {b}"
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use half::f16;
 use nanoddp::backend::simt::{
-    same_under_lane_orders, EmulatorError, EmulatorFault, LaneOrder, OrderDependence, SimtConfig,
-    SimtDevice,
+    launch_timeout_from_env_value, same_under_lane_orders, EmulatorError, EmulatorFault, LaneOrder,
+    OrderDependence, SimtConfig, SimtDevice, DEFAULT_LAUNCH_TIMEOUT, LAUNCH_TIMEOUT_ENV,
 };
 use nanoddp::backend::{BackendError, LaunchConfig, Memory};
 use nanoddp::kernels::selftest as k;
@@ -295,6 +295,7 @@ fn atomic_add_from_many_blocks_is_exact() {
             SimtConfig {
                 lane_order: LaneOrder::Random(9),
                 workers,
+                ..Default::default()
             },
         );
         let din = dev.upload(&input).unwrap();
@@ -323,6 +324,7 @@ fn the_other_atomics_are_atomic() {
             SimtConfig {
                 lane_order: LaneOrder::Random(u64::from(workers)),
                 workers,
+                ..Default::default()
             },
         );
         let (di, du, df) = (
@@ -576,6 +578,7 @@ fn a_missing_barrier_is_exposed_by_lane_order_and_poison() {
     let one_worker = SimtConfig {
         lane_order: LaneOrder::Forward,
         workers: 1,
+        ..Default::default()
     };
     let forward = run(&SimtDevice::with_config(0, one_worker)).unwrap();
     assert!(
@@ -613,6 +616,7 @@ fn early_exit_before_a_barrier_is_an_error() {
             SimtConfig {
                 lane_order: LaneOrder::Reverse,
                 workers: 0,
+                ..Default::default()
             },
         );
         let mut out = dev.upload(&[0.0f32; 32]).unwrap();
@@ -680,6 +684,97 @@ fn deadlock_is_reported_with_every_waiting_site() {
         e.message.contains("__syncthreads") && e.message.contains("__shfl_sync"),
         "{e}"
     );
+}
+
+#[test]
+fn an_endless_kernel_times_out_and_the_device_stays_usable() {
+    let ((e, after), _) = finishes_within(Duration::from_secs(10), || {
+        let dev = SimtDevice::with_config(
+            0,
+            SimtConfig {
+                workers: 2,
+                launch_timeout: Some(Duration::from_millis(200)),
+                ..Default::default()
+            },
+        );
+        let (blocks, threads) = (3u32, 64u32);
+        let mut out = dev
+            .upload(&vec![0.0f32; (blocks * threads) as usize])
+            .unwrap();
+        // SAFETY: one output per thread; thread 5 of each block spins until the time limit.
+        let e =
+            emulator_error(unsafe { k::broken_endless(&dev, cfg(blocks, threads), &mut out, 5) });
+        // The same device, right after: a correct kernel runs and gives the right answer.
+        let mut fine = dev.upload(&vec![f32::NAN; 128]).unwrap();
+        // SAFETY: one output per thread.
+        unsafe { k::barrier_rounds(&dev, cfg(2, 64), &mut fine, 3).unwrap() };
+        (e, dev.download(&fine).unwrap())
+    });
+    assert_eq!(e.fault, EmulatorFault::Timeout, "{e}");
+    assert_eq!(e.kernel, "broken_endless");
+    assert_eq!(e.thread, Some([5, 0, 0]), "{e}");
+    let m = &e.message;
+    assert!(m.contains("time limit of 200 ms"), "{e}");
+    assert!(m.contains("of 3 block(s) finished"), "{e}");
+    // The spinning thread, named with the function it was stopped in...
+    assert!(
+        m.contains("thread (5,0,0) was running in") && m.contains("broken_endless"),
+        "{e}"
+    );
+    // ...and the five threads ahead of it in forward order, waiting at the barrier.
+    assert!(
+        m.contains("5 wait in __syncthreads at kernels/selftest.cu:"),
+        "{e}"
+    );
+    assert!(
+        m.contains(LAUNCH_TIMEOUT_ENV),
+        "the message says what to raise: {e}"
+    );
+    for (i, v) in after.iter().enumerate() {
+        let neighbour = (i as u32 % 64 + 1) % 64;
+        let want: f32 = (0..3).map(|r| (neighbour as i32 + r) as f32).sum();
+        assert_eq!(*v, want, "thread {i} of the launch after the timeout");
+    }
+    eprintln!("endless kernel reported: {e}");
+}
+
+#[test]
+fn the_default_launch_time_limit_is_generous() {
+    assert!(DEFAULT_LAUNCH_TIMEOUT >= Duration::from_secs(60));
+    assert_eq!(
+        launch_timeout_from_env_value(None),
+        Ok(Some(DEFAULT_LAUNCH_TIMEOUT))
+    );
+    if std::env::var_os(LAUNCH_TIMEOUT_ENV).is_none() {
+        assert_eq!(
+            SimtConfig::default().effective_launch_timeout(),
+            Ok(Some(DEFAULT_LAUNCH_TIMEOUT))
+        );
+    }
+    // The variable's other readings, and the configuration overriding it.
+    assert_eq!(
+        launch_timeout_from_env_value(Some("2.5")),
+        Ok(Some(Duration::from_millis(2500)))
+    );
+    assert_eq!(launch_timeout_from_env_value(Some("0")), Ok(None));
+    assert_eq!(launch_timeout_from_env_value(Some("1e300")), Ok(None));
+    for bad in ["", "ten", "-1", "NaN"] {
+        let err = launch_timeout_from_env_value(Some(bad)).unwrap_err();
+        assert!(err.contains(LAUNCH_TIMEOUT_ENV), "{bad:?}: {err}");
+    }
+    let limited = SimtConfig {
+        launch_timeout: Some(Duration::from_secs(7)),
+        ..Default::default()
+    };
+    assert_eq!(
+        limited.effective_launch_timeout(),
+        Ok(Some(Duration::from_secs(7)))
+    );
+    let unlimited = SimtConfig {
+        launch_timeout: Some(Duration::ZERO),
+        ..Default::default()
+    };
+    assert_eq!(unlimited.effective_launch_timeout(), Ok(None));
 }
 
 #[test]

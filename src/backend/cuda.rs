@@ -2,30 +2,68 @@
 //!
 //! Nothing here needs CUDA at build time. The driver (`libcuda.so`) is loaded when first
 //! used; cudarc panics when it is missing, so every entry point checks
-//! [`driver_present`] first and returns [`BackendError::NoCudaDriver`] instead.
+//! [`driver_present`] first and returns [`BackendError::NoCudaDriver`] instead. The driver
+//! must support CUDA 13.0 (R580 or newer): that is what the kernels are built with.
 //!
-//! Kernel modules load lazily, once per device, in this order:
+//! Kernel modules load once per GPU, shared by every handle on it, in this order:
 //! 1. the fatbin nvcc built into the crate (SASS for sm_80/sm_90, compute_75 PTX otherwise);
 //! 2. NVRTC → cubin for the device's exact `sm_XY` (no driver PTX-version check);
 //! 3. NVRTC → PTX for `compute_XY`, JIT-compiled by the driver.
 //!
-//! Each device gets one stream, and all of its work (copies and launches) is ordered on it.
-//! That makes cudarc's per-buffer event tracking redundant, so it is turned off: kernels get
-//! raw device addresses, exactly as CUDA C++ code would.
+//! ## Queues
+//! A [`CudaDevice`] handle owns a queue (a CUDA stream): its copies and launches run in order
+//! on it. `clone()` gives another handle on the same queue; [`Memory::fork`] one with its own
+//! queue, whose work runs concurrently with the first's (the trainer computes on one and
+//! reduces gradients on another). Work on different queues is ordered only by the host:
+//! [`Memory::synchronize`] or a [`Fence`] recorded on one queue and waited for
+//! before the other uses the data. With that discipline cudarc's per-buffer event tracking
+//! is redundant, so it is turned off: kernels get raw device addresses, as CUDA C++ does.
+//!
+//! ## Memory for peers
+//! cudarc allocates from the device's memory pool (`cuMemAllocAsync`) on every GPU that has
+//! pools (all since Volta's drivers; every A100 and H100). A peer may dereference pool memory
+//! only after `cuMemPoolSetAccess`; `cuCtxEnablePeerAccess` covers `cuMemAlloc` memory alone.
+//! [`Device::enable_peer_access`] grants both.
+//!
+//! ## Errors
+//! A kernel's fault surfaces at the next call that waits for it. Errors from such calls name
+//! the kernels queued since the last synchronization, and `CUDA_LAUNCH_BLOCKING=1` makes
+//! every launch wait, pinning the fault to its launch. On the CPU stand-in for the driver
+//! (`target/<profile>/cuda-standin`, see the README) the error also carries the stand-in's
+//! diagnostic: which kernel touched which address, and why it may not.
 
 use std::collections::HashMap;
+use std::ffi::{c_char, CStr};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
+    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
 use super::ops::check;
-use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
+use super::{
+    BackendError, Device, DeviceBuffer, DeviceScalar, Fence, KernelArg, LaunchConfig, Memory,
+};
 use crate::kernels::{KernelModule, KernelSignature};
+
+/// Where `cargo build` put the CPU stand-in for the CUDA driver (`libcuda.so.1`); point
+/// `LD_LIBRARY_PATH` at it to run any CUDA path of this crate, or any cudarc program, on the
+/// CPU.
+pub const STANDIN_DIR: &str = env!("NANODDP_STANDIN_DIR");
+
+/// The oldest driver the kernels run on: CUDA 13.0 (R580). nvcc 13.0's PTX is ISA 9.0 and its
+/// cubins need a 13.x driver.
+pub const MIN_DRIVER: (i32, i32) = (13, 0);
+
+/// Dynamic shared memory a launch may use without raising the kernel's limit.
+const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
+
+/// Kernel names listed in an error about asynchronous work.
+const IN_FLIGHT_NAMED: usize = 8;
 
 /// True when the CUDA driver library can be loaded. Never panics.
 pub fn driver_present() -> bool {
@@ -41,11 +79,58 @@ fn require_driver() -> Result<(), BackendError> {
     }
 }
 
-fn driver_err(
+/// The CPU stand-in's explanation of an error, when the driver is the stand-in: GPU
+/// `ordinal`'s sticky error if it has one, else the last error reported.
+fn standin_diagnostic(ordinal: Option<usize>) -> Option<String> {
+    // SAFETY: the driver library is loaded (only called after a driver call failed); the
+    // stand-in's functions return a NUL-terminated string that stays valid until this
+    // thread calls them again; the real driver has no such symbols.
+    unsafe {
+        let lib = sys::culib();
+        let text = match ordinal {
+            Some(o) => lib
+                .get::<unsafe extern "C" fn(i32) -> *const c_char>(b"nanoddpStandinDeviceError\0")
+                .ok()?(o as i32),
+            None => lib
+                .get::<unsafe extern "C" fn() -> *const c_char>(b"nanoddpStandinLastError\0")
+                .ok()?(),
+        };
+        if text.is_null() {
+            return None;
+        }
+        let text = CStr::from_ptr(text).to_string_lossy().into_owned();
+        (!text.is_empty()).then_some(text)
+    }
+}
+
+/// True when the loaded driver is nanoddp's CPU stand-in.
+pub fn is_standin() -> bool {
+    // SAFETY: as in `standin_diagnostic`; only looks the symbol up.
+    driver_present()
+        && unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn() -> *const c_char>(b"nanoddpStandinLastError\0")
+                .is_ok()
+        }
+}
+
+fn driver_err(during: impl Into<String>) -> impl FnOnce(DriverError) -> BackendError {
+    driver_err_on(None, during)
+}
+
+/// As [`driver_err`], for an error of GPU `ordinal`.
+fn driver_err_on(
+    ordinal: Option<usize>,
     during: impl Into<String>,
-) -> impl FnOnce(cudarc::driver::DriverError) -> BackendError {
+) -> impl FnOnce(DriverError) -> BackendError {
     let during = during.into();
-    move |source| BackendError::Driver { during, source }
+    move |source| {
+        let during = match standin_diagnostic(ordinal) {
+            Some(why) => format!("{during} [stand-in: {why}]"),
+            None => during,
+        };
+        BackendError::Driver { during, source }
+    }
 }
 
 /// The driver's CUDA version, e.g. `(13, 0)`.
@@ -103,25 +188,91 @@ struct LoadedModule {
     origin: ModuleOrigin,
 }
 
-/// One GPU: its context, its stream, and the kernel modules loaded on it.
-pub struct CudaDevice {
+/// What every handle on one GPU shares: the context and the loaded kernels (loading a
+/// module can take seconds when it is JIT-compiled; it happens once per GPU, not per handle).
+struct Gpu {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
     info: DeviceInfo,
     modules: Mutex<HashMap<&'static str, LoadedModule>>,
     functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
 }
 
+/// A handle's queue: its stream, and the kernels queued on it since it was last waited for
+/// (named in errors, since a kernel's fault surfaces only at the next wait).
+struct Queue {
+    ordinal: usize,
+    stream: Arc<CudaStream>,
+    in_flight: Mutex<Vec<&'static str>>,
+}
+
+impl Queue {
+    fn new(ordinal: usize, stream: Arc<CudaStream>) -> Arc<Queue> {
+        Arc::new(Queue {
+            ordinal,
+            stream,
+            in_flight: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn launched(&self, kernel: &'static str) {
+        let mut in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !in_flight.contains(&kernel) {
+            in_flight.push(kernel);
+        }
+    }
+
+    fn drained(&self) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// An error from a call that waited for this queue: it may come from any kernel queued
+    /// since the last wait, so name them.
+    fn waited_err(&self, during: String) -> impl FnOnce(DriverError) -> BackendError {
+        let in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let during = if in_flight.is_empty() {
+            during
+        } else {
+            let mut names: Vec<String> = in_flight
+                .iter()
+                .take(IN_FLIGHT_NAMED)
+                .map(|k| format!("`{k}`"))
+                .collect();
+            if in_flight.len() > IN_FLIGHT_NAMED {
+                names.push(format!("{} more", in_flight.len() - IN_FLIGHT_NAMED));
+            }
+            format!(
+                "{during} (the error may come from any kernel queued since the last wait: {}; \
+                 CUDA_LAUNCH_BLOCKING=1 makes each launch wait, to pin it to one)",
+                names.join(", ")
+            )
+        };
+        driver_err_on(Some(self.ordinal), during)
+    }
+}
+
+/// A handle on one GPU: its context and kernels (shared with every other handle on the GPU)
+/// and a queue of work (shared with its clones; see the module docs).
+pub struct CudaDevice {
+    gpu: Arc<Gpu>,
+    queue: Arc<Queue>,
+}
+
 impl Clone for CudaDevice {
-    /// Another handle on the same GPU, context and stream (it loads kernel modules again on
-    /// first use: module handles are cached per handle).
+    /// Another handle on the same GPU and the same queue: work on either is ordered.
     fn clone(&self) -> Self {
         CudaDevice {
-            ctx: self.ctx.clone(),
-            stream: self.stream.clone(),
-            info: self.info.clone(),
-            modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
+            gpu: self.gpu.clone(),
+            queue: self.queue.clone(),
         }
     }
 }
@@ -129,22 +280,52 @@ impl Clone for CudaDevice {
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDevice")
-            .field("info", &self.info)
+            .field("info", &self.gpu.info)
             .finish_non_exhaustive()
     }
 }
 
 impl CudaDevice {
-    /// Opens GPU `ordinal`.
+    /// Opens GPU `ordinal`: a handle with its own queue. Handles opened on the same GPU share
+    /// its context and loaded kernels.
     pub fn new(ordinal: usize) -> Result<Self, BackendError> {
         let count = device_count()?;
         if ordinal >= count {
             return Err(BackendError::NoSuchDevice { ordinal, count });
         }
+        let found = driver_version()?;
+        if found < MIN_DRIVER {
+            return Err(BackendError::DriverTooOld {
+                found,
+                required: MIN_DRIVER,
+            });
+        }
+        // One `Gpu` per ordinal while any handle on it lives: opening a GPU twice shares its
+        // loaded modules.
+        static OPEN: Mutex<Vec<(usize, std::sync::Weak<Gpu>)>> = Mutex::new(Vec::new());
+        let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|(_, gpu)| gpu.strong_count() > 0);
+        if let Some(gpu) = open
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .and_then(|(_, gpu)| gpu.upgrade())
+        {
+            gpu.ctx
+                .bind_to_thread()
+                .map_err(driver_err("binding the context"))?;
+            let stream = gpu
+                .ctx
+                .new_stream()
+                .map_err(driver_err("creating a stream"))?;
+            return Ok(CudaDevice {
+                gpu,
+                queue: Queue::new(ordinal, stream),
+            });
+        }
         let ctx =
             CudaContext::new(ordinal).map_err(driver_err(format!("opening GPU {ordinal}")))?;
-        // SAFETY: called before any allocation on this context; we order all of a device's
-        // work on its single stream, which is what the event tracking would otherwise enforce.
+        // SAFETY: called before any allocation on this context; work is ordered per queue and
+        // across queues by the host (module docs), which is what the tracking would enforce.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
         let info = DeviceInfo {
@@ -157,34 +338,50 @@ impl CudaDevice {
                 .total_mem()
                 .map_err(driver_err("reading the memory size"))?,
         };
-        Ok(CudaDevice {
+        let gpu = Arc::new(Gpu {
             ctx,
-            stream,
             info,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+        });
+        open.push((ordinal, Arc::downgrade(&gpu)));
+        Ok(CudaDevice {
+            gpu,
+            queue: Queue::new(ordinal, stream),
         })
     }
 
     /// Describes this GPU.
     pub fn info(&self) -> &DeviceInfo {
-        &self.info
+        &self.gpu.info
     }
 
     /// Describes every GPU the driver sees.
     pub fn all_infos() -> Result<Vec<DeviceInfo>, BackendError> {
         (0..device_count()?)
-            .map(|i| Ok(CudaDevice::new(i)?.info))
+            .map(|i| Ok(CudaDevice::new(i)?.gpu.info.clone()))
             .collect()
     }
 
+    fn bind(&self) -> Result<(), BackendError> {
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))
+    }
+
     /// Loads a kernel module now (normally it loads at its first launch) and says which
-    /// variant loaded.
+    /// variant loaded. Every handle on this GPU shares the loaded module.
     pub fn load(&self, module: &'static KernelModule) -> Result<ModuleOrigin, BackendError> {
-        let mut modules = self.modules.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut modules = self
+            .gpu
+            .modules
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(loaded) = modules.get(module.name) {
             return Ok(loaded.origin.clone());
         }
+        self.bind()?;
         let loaded = self.load_uncached(module)?;
         let origin = loaded.origin.clone();
         modules.insert(module.name, loaded);
@@ -192,10 +389,11 @@ impl CudaDevice {
     }
 
     fn load_uncached(&self, module: &'static KernelModule) -> Result<LoadedModule, BackendError> {
-        let cc = self.info.compute_capability;
+        let info = &self.gpu.info;
+        let cc = info.compute_capability;
         let mut attempts = Vec::new();
         if let Some(fatbin) = module.fatbin {
-            match self.ctx.load_module(Ptx::from_binary(fatbin.to_vec())) {
+            match self.gpu.ctx.load_module(Ptx::from_binary(fatbin.to_vec())) {
                 Ok(m) => {
                     return Ok(LoadedModule {
                         module: m,
@@ -220,7 +418,7 @@ impl CudaDevice {
                     continue;
                 }
             };
-            match self.ctx.load_module(Ptx::from_binary(image)) {
+            match self.gpu.ctx.load_module(Ptx::from_binary(image)) {
                 Ok(m) => {
                     let origin = match output {
                         Output::Cubin => ModuleOrigin::NvrtcCubin(arch),
@@ -233,10 +431,7 @@ impl CudaDevice {
         }
         Err(BackendError::ModuleLoad {
             module: module.name.to_string(),
-            device: format!(
-                "GPU {} ({}, sm_{}{})",
-                self.info.ordinal, self.info.name, cc.0, cc.1
-            ),
+            device: format!("GPU {} ({}, sm_{}{})", info.ordinal, info.name, cc.0, cc.1),
             attempts: attempts.join("; "),
         })
     }
@@ -244,6 +439,7 @@ impl CudaDevice {
     fn function(&self, kernel: &'static KernelSignature) -> Result<CudaFunction, BackendError> {
         let key = (kernel.module, kernel.name);
         if let Some(f) = self
+            .gpu
             .functions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -258,7 +454,11 @@ impl CudaDevice {
             })?;
         self.load(module)?;
         let f = {
-            let modules = self.modules.lock().unwrap_or_else(PoisonError::into_inner);
+            let modules = self
+                .gpu
+                .modules
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let loaded = modules
                 .get(kernel.module)
                 .ok_or_else(|| BackendError::NoSuchKernel {
@@ -270,11 +470,39 @@ impl CudaDevice {
                 .load_function(kernel.name)
                 .map_err(driver_err(format!("looking up kernel `{}`", kernel.name)))?
         };
-        self.functions
+        self.gpu
+            .functions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(key, f.clone());
         Ok(f)
+    }
+
+    /// Lets kernels on this GPU read and write `peer`'s pool memory (`cuMemAllocAsync`, what
+    /// cudarc allocates wherever pools exist): granted on the peer's default pool.
+    fn grant_pool_access(&self, peer: &CudaDevice) -> Result<(), BackendError> {
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the peer's device handle is valid; `pool` is a valid out-pointer.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, peer.gpu.ctx.cu_device()) }
+            .result()
+            .map_err(driver_err(format!(
+                "finding GPU {}'s memory pool",
+                peer.gpu.info.ordinal
+            )))?;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.gpu.info.ordinal as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: `pool` came from the driver above; one valid descriptor.
+        unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }
+            .result()
+            .map_err(driver_err(format!(
+                "granting GPU {} access to GPU {}'s memory pool",
+                self.gpu.info.ordinal, peer.gpu.info.ordinal
+            )))
     }
 }
 
@@ -300,21 +528,26 @@ impl Memory for CudaDevice {
 
     fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<CudaBuffer<T>, BackendError> {
         let slice = self
+            .queue
             .stream
             .alloc_zeros::<T>(len)
             .map_err(driver_err(format!(
                 "allocating {len} elements on GPU {}",
-                self.info.ordinal
+                self.gpu.info.ordinal
             )))?;
         Ok(CudaBuffer { slice })
     }
 
     fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<CudaBuffer<T>, BackendError> {
-        let slice = self.stream.clone_htod(host).map_err(driver_err(format!(
-            "copying {} elements to GPU {}",
-            host.len(),
-            self.info.ordinal
-        )))?;
+        let slice = self
+            .queue
+            .stream
+            .clone_htod(host)
+            .map_err(driver_err(format!(
+                "copying {} elements to GPU {}",
+                host.len(),
+                self.gpu.info.ordinal
+            )))?;
         Ok(CudaBuffer { slice })
     }
 
@@ -324,60 +557,111 @@ impl Memory for CudaDevice {
         buf: &mut CudaBuffer<T>,
     ) -> Result<(), BackendError> {
         check::same_len("host-to-device copy", host.len(), buf.len())?;
-        self.stream
+        self.queue
+            .stream
             .memcpy_htod(host, &mut buf.slice)
             .map_err(driver_err("copying to the device"))
     }
 
     fn download<T: DeviceScalar>(&self, buf: &CudaBuffer<T>) -> Result<Vec<T>, BackendError> {
-        self.stream
-            .clone_dtoh(&buf.slice)
-            .map_err(driver_err(format!(
+        let during = || {
+            format!(
                 "copying {} elements from GPU {}",
                 buf.len(),
-                self.info.ordinal
-            )))
+                self.gpu.info.ordinal
+            )
+        };
+        let host = self
+            .queue
+            .stream
+            .clone_dtoh(&buf.slice)
+            .map_err(self.queue.waited_err(during()))?;
+        // An asynchronous copy into pageable memory may return before the data is there (no
+        // driver promises otherwise): wait for it.
+        self.synchronize()?;
+        Ok(host)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
-        self.stream
+        self.queue
+            .stream
             .synchronize()
-            .map_err(driver_err("synchronizing the stream"))
+            .map_err(self.queue.waited_err("synchronizing the stream".into()))?;
+        self.queue.drained();
+        Ok(())
+    }
+
+    fn fence(&self) -> Result<Fence, BackendError> {
+        let event = self
+            .queue
+            .stream
+            .record_event(None)
+            .map_err(driver_err("recording an event"))?;
+        let queue = self.queue.clone();
+        Ok(Fence::new(move || {
+            event
+                .synchronize()
+                .map_err(queue.waited_err("waiting for an event".into()))
+        }))
+    }
+
+    fn fork(&self) -> Result<Self, BackendError> {
+        self.bind()?;
+        let stream = self
+            .gpu
+            .ctx
+            .new_stream()
+            .map_err(driver_err("creating a stream"))?;
+        Ok(CudaDevice {
+            gpu: self.gpu.clone(),
+            queue: Queue::new(self.gpu.info.ordinal, stream),
+        })
     }
 }
 
 impl Device for CudaDevice {
     fn enable_peer_access(&self, peer: &CudaDevice) -> Result<(), BackendError> {
-        if self.info.ordinal == peer.info.ordinal {
+        let (me, them) = (self.gpu.info.ordinal, peer.gpu.info.ordinal);
+        if me == them {
             return Ok(());
         }
         let mut can = 0i32;
         // SAFETY: both devices come from live contexts; `can` is a valid out-pointer.
-        unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), peer.ctx.cu_device()) }
-            .result()
-            .map_err(driver_err("asking whether peer access is possible"))?;
+        unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, self.gpu.ctx.cu_device(), peer.gpu.ctx.cu_device())
+        }
+        .result()
+        .map_err(driver_err("asking whether peer access is possible"))?;
         if can == 0 {
-            return Err(BackendError::NoPeerAccess {
-                from: self.info.ordinal,
-                to: peer.info.ordinal,
-            });
+            return Err(BackendError::NoPeerAccess { from: me, to: them });
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("binding the context"))?;
+        self.bind()?;
         // SAFETY: enables access from the current (this device's) context to the peer's.
-        match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) } {
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.gpu.ctx.cu_ctx(), 0) } {
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
-                Ok(())
             }
-            err => Err(BackendError::Driver {
-                during: format!(
-                    "enabling peer access from GPU {} to GPU {}",
-                    self.info.ordinal, peer.info.ordinal
-                ),
-                source: cudarc::driver::DriverError(err),
-            }),
+            err => {
+                return Err(driver_err(format!(
+                    "enabling peer access from GPU {me} to GPU {them}"
+                ))(DriverError(err)))
+            }
         }
+        // The context's peer access covers cuMemAlloc memory only; pool memory needs its own
+        // grant (without it the first peer read is CUDA_ERROR_ILLEGAL_ADDRESS).
+        self.grant_pool_access(peer)
+    }
+
+    fn slowdown(&self) -> u32 {
+        // The CPU stand-in runs kernels under the SIMT emulator.
+        if is_standin() {
+            super::simt::SLOWDOWN
+        } else {
+            1
+        }
+    }
+
+    fn preload(&self, module: &'static KernelModule) -> Result<(), BackendError> {
+        self.load(module).map(|_| ())
     }
 
     unsafe fn launch(
@@ -388,11 +672,21 @@ impl Device for CudaDevice {
     ) -> Result<(), BackendError> {
         check_launch(kernel, &cfg, args)?;
         // Each rank drives its GPU from its own thread: make this device's context current.
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("binding the context"))?;
+        self.bind()?;
         let function = self.function(kernel)?;
-        let mut builder = self.stream.launch_builder(&function);
+        if cfg.shared_bytes > DEFAULT_DYNAMIC_SHARED {
+            // Above 48 KiB a kernel must opt in, or the launch fails.
+            function
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    cfg.shared_bytes as i32,
+                )
+                .map_err(driver_err(format!(
+                    "allowing `{}` {} bytes of dynamic shared memory",
+                    kernel.name, cfg.shared_bytes
+                )))?;
+        }
+        let mut builder = self.queue.stream.launch_builder(&function);
         for arg in args {
             match arg {
                 KernelArg::Ptr { addr: v, .. } | KernelArg::U64(v) => builder.arg(v),
@@ -410,8 +704,11 @@ impl Device for CudaDevice {
         };
         // SAFETY: argument count and kinds match the kernel's declared parameters (checked
         // above); the caller guarantees pointers and bounds per `Device::launch`'s contract.
-        unsafe { builder.launch(config) }
-            .map_err(driver_err(format!("launching `{}`", kernel.name)))?;
+        unsafe { builder.launch(config) }.map_err(
+            self.queue
+                .waited_err(format!("launching `{}`", kernel.name)),
+        )?;
+        self.queue.launched(kernel.name);
         Ok(())
     }
 }

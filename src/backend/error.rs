@@ -34,6 +34,19 @@ pub enum BackendError {
         #[source]
         source: cudarc::driver::DriverError,
     },
+    /// The driver is older than the CUDA release the kernels are built with.
+    #[error(
+        "the CUDA driver supports CUDA {}.{}, but nanoddp's kernels are built with CUDA {}.{} \
+         (PTX ISA 9.0, cubins needing an R580 or newer driver): update the NVIDIA driver to \
+         580 or newer, or run on the CPU (--backend cpu)",
+        found.0, found.1, required.0, required.1
+    )]
+    DriverTooOld {
+        /// The driver's CUDA version.
+        found: (i32, i32),
+        /// The oldest that works.
+        required: (i32, i32),
+    },
     /// Kernels must be compiled at run time but `libnvrtc.so` is missing.
     #[error(
         "kernel module `{module}` has no binary for this GPU and NVRTC (libnvrtc.so.13) was not \

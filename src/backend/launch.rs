@@ -1,7 +1,12 @@
 //! The launch interface shared by every backend.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use super::BackendError;
 use crate::kernels::{KernelSignature, ParamKind, Scalar};
+
+/// The grid cap [`LaunchConfig::flat`] applies now; see [`LaunchConfig::set_flat_max_blocks`].
+static FLAT_MAX_BLOCKS_NOW: AtomicU32 = AtomicU32::new(LaunchConfig::FLAT_MAX_BLOCKS);
 
 /// Grid and block shape of one launch, as in CUDA's `<<<grid, block, shared>>>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,16 +23,39 @@ impl LaunchConfig {
     /// Threads per block the flat (1-D) kernels use: a multiple of the warp size that keeps
     /// enough warps per SM in flight to hide DRAM latency.
     pub const FLAT_BLOCK: u32 = 256;
-    /// Most blocks a flat launch asks for; grid-stride loops cover the rest. 65535 blocks of
-    /// 256 threads is far past the point where every SM of any current GPU is full.
+    /// Most blocks a flat launch asks for by default; grid-stride loops cover the rest. 65535
+    /// blocks of 256 threads is far past the point where every SM of any current GPU is full.
     pub const FLAT_MAX_BLOCKS: u32 = 65_535;
 
-    /// A 1-D launch over `n` elements for a kernel with a grid-stride loop.
+    /// A 1-D launch over `n` elements for a kernel with a grid-stride loop: one thread per
+    /// element up to the cap ([`FLAT_MAX_BLOCKS`](Self::FLAT_MAX_BLOCKS) blocks unless
+    /// [`set_flat_max_blocks`](Self::set_flat_max_blocks) changed it), the loop covers the rest.
     pub fn flat(n: usize) -> Self {
+        Self::flat_capped(n, Self::flat_max_blocks())
+    }
+
+    /// The most blocks [`flat`](Self::flat) asks for now.
+    pub fn flat_max_blocks() -> u32 {
+        FLAT_MAX_BLOCKS_NOW.load(Ordering::Relaxed)
+    }
+
+    /// Sets the most blocks [`flat`](Self::flat) asks for, for every launch of this process
+    /// from now on, and returns the previous cap. `blocks` is clamped to `1..=2^31 - 1`
+    /// (CUDA's grid limit in x).
+    ///
+    /// This exists for tests: no buffer in a test suite is big enough to need a second pass
+    /// of a grid-stride loop under the real cap (65,535 blocks of 256 threads is 16.8 M
+    /// elements), so a loop that strides wrongly would pass every test. With a cap of a few
+    /// blocks every loop runs many passes. Any cap is correct, only slower, so test threads
+    /// running in parallel may share one process-wide value.
+    pub fn set_flat_max_blocks(blocks: u32) -> u32 {
+        let blocks = blocks.clamp(1, i32::MAX as u32);
+        FLAT_MAX_BLOCKS_NOW.swap(blocks, Ordering::Relaxed)
+    }
+
+    fn flat_capped(n: usize, max_blocks: u32) -> Self {
         let block = Self::FLAT_BLOCK;
-        let blocks = n
-            .div_ceil(block as usize)
-            .clamp(1, Self::FLAT_MAX_BLOCKS as usize);
+        let blocks = n.div_ceil(block as usize).clamp(1, max_blocks as usize);
         LaunchConfig {
             grid: (blocks as u32, 1, 1),
             block: (block, 1, 1),
@@ -161,6 +189,17 @@ pub(crate) fn check_launch(
     args: &[KernelArg],
 ) -> Result<(), BackendError> {
     cfg.validate(kernel.name)?;
+    if let Some(max) = kernel.max_threads {
+        if cfg.threads_per_block() > u64::from(max) {
+            return Err(BackendError::BadLaunch {
+                kernel: kernel.name.to_string(),
+                detail: format!(
+                    "{} threads per block, but the kernel is compiled with __launch_bounds__({max})",
+                    cfg.threads_per_block()
+                ),
+            });
+        }
+    }
     if args.len() != kernel.params.len() {
         return Err(BackendError::BadArguments {
             kernel: kernel.name.to_string(),
@@ -243,6 +282,56 @@ pub trait Memory {
 
     /// Waits until the device's queued work has finished.
     fn synchronize(&self) -> Result<(), BackendError>;
+
+    /// Marks the work queued on this handle so far, for another thread (or another handle's
+    /// queue) to wait for with [`Fence::wait`]. Backends whose operations complete before
+    /// they return (the CPU, the SIMT emulator) keep this default: nothing to wait for.
+    fn fence(&self) -> Result<Fence, BackendError> {
+        Ok(Fence::done())
+    }
+
+    /// Another handle on the same device with its own queue of work: what it does is not
+    /// ordered with this handle's work except through [`Memory::synchronize`] or a
+    /// [`Fence`]. (The trainer computes on one queue and reduces gradients on another, so
+    /// that the two overlap on a GPU.) Backends without queues hand out a plain clone.
+    fn fork(&self) -> Result<Self, BackendError>
+    where
+        Self: Sized + Clone,
+    {
+        Ok(self.clone())
+    }
+}
+
+/// A point in one device handle's queue: [`Fence::wait`] returns once everything queued on
+/// that handle before [`Memory::fence`] was called has finished.
+#[must_use = "a fence does nothing until it is waited for"]
+pub struct Fence(Option<Box<dyn FnOnce() -> Result<(), BackendError> + Send>>);
+
+impl Fence {
+    /// A fence with nothing to wait for.
+    pub fn done() -> Self {
+        Fence(None)
+    }
+
+    /// A fence that waits by calling `wait`.
+    pub fn new(wait: impl FnOnce() -> Result<(), BackendError> + Send + 'static) -> Self {
+        Fence(Some(Box::new(wait)))
+    }
+
+    /// Blocks until the marked work has finished.
+    pub fn wait(self) -> Result<(), BackendError> {
+        self.0.map_or(Ok(()), |wait| wait())
+    }
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Fence(pending)"
+        } else {
+            "Fence(done)"
+        })
+    }
 }
 
 /// A device that runs the embedded kernels on its [`Memory`].
@@ -251,6 +340,19 @@ pub trait Device: Memory {
     /// that share one address space (the SIMT emulator's) need nothing.
     fn enable_peer_access(&self, peer: &Self) -> Result<(), BackendError> {
         let _ = peer;
+        Ok(())
+    }
+
+    /// How many times slower than the GPU it models this device runs its kernels: 1 on real
+    /// hardware. Timeouts that wait for kernels (a collective waiting for a peer) scale by it.
+    fn slowdown(&self) -> u32 {
+        1
+    }
+
+    /// Makes `module`'s kernels ready to launch now rather than at their first launch (a GPU
+    /// may JIT-compile a module for seconds: not something to do inside a timed collective).
+    fn preload(&self, module: &'static crate::kernels::KernelModule) -> Result<(), BackendError> {
+        let _ = module;
         Ok(())
     }
 
@@ -277,28 +379,41 @@ mod tests {
 
     #[test]
     fn flat_launches_cover_every_element_or_stride_over_it() {
-        for n in [
-            0usize,
-            1,
-            255,
-            256,
-            257,
-            65_535 * 256,
-            65_535 * 256 + 1,
-            1 << 33,
-        ] {
-            let cfg = LaunchConfig::flat(n);
-            cfg.validate("flat").expect("flat shapes are valid");
-            let threads = u64::from(cfg.grid.0) * cfg.threads_per_block();
-            // Either one thread per element, or the maximal grid that grid-stride loops rely on.
-            assert!(
-                threads >= n as u64 || cfg.grid.0 == LaunchConfig::FLAT_MAX_BLOCKS,
-                "n={n} cfg={cfg:?}"
-            );
-            assert!(
-                threads < n as u64 + 256 || n == 0 || cfg.grid.0 == LaunchConfig::FLAT_MAX_BLOCKS
-            );
+        // Through `flat_capped`: the process-wide cap is not touched here, since other unit
+        // tests of this binary launch flat kernels at the same time.
+        for cap in [1, 3, LaunchConfig::FLAT_MAX_BLOCKS] {
+            for n in [
+                0usize,
+                1,
+                255,
+                256,
+                257,
+                3 * 256 + 1,
+                65_535 * 256,
+                65_535 * 256 + 1,
+                1 << 33,
+            ] {
+                let cfg = LaunchConfig::flat_capped(n, cap);
+                cfg.validate("flat").expect("flat shapes are valid");
+                let threads = u64::from(cfg.grid.0) * cfg.threads_per_block();
+                assert!(cfg.grid.0 <= cap, "cap={cap} n={n} cfg={cfg:?}");
+                // Either one thread per element, or the capped grid the grid-stride loop covers.
+                assert!(
+                    threads >= n as u64 || cfg.grid.0 == cap,
+                    "cap={cap} n={n} cfg={cfg:?}"
+                );
+                assert!(threads < n as u64 + 256 || n == 0 || cfg.grid.0 == cap);
+            }
         }
+        // No unit test of the library lowers the cap, so here it is the GPU default.
+        assert_eq!(
+            LaunchConfig::flat_max_blocks(),
+            LaunchConfig::FLAT_MAX_BLOCKS
+        );
+        assert_eq!(
+            LaunchConfig::flat(1 << 33).grid.0,
+            LaunchConfig::FLAT_MAX_BLOCKS
+        );
     }
 
     #[test]

@@ -27,6 +27,6 @@ mod kernel_ops;
 mod launch;
 
 pub use error::BackendError;
-pub use launch::{Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
+pub use launch::{Device, DeviceBuffer, DeviceScalar, Fence, KernelArg, LaunchConfig, Memory};
 pub use ops::{Backend, Precision};
 pub use shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};

@@ -41,10 +41,20 @@ pub fn version() -> Option<(i32, i32)> {
     (status == sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
 
-/// Folders holding `cuda_fp16.h`, which the kernels include: `NANODDP_CUDA_INCLUDE`,
-/// `$CUDA_HOME/include`, `$CUDA_PATH/include`, `../include` beside the loaded libnvrtc (the
-/// layout of both a toolkit and NVIDIA's PyPI wheels), the headers of the nvcc the crate
-/// was built with, then `/usr/local/cuda/include`.
+/// CUDA's headers the kernels need from outside NVRTC, with the PyPI package that ships
+/// each: `simt.cuh` includes `cuda_fp16.h` and `mma.h` (both from nvidia-cuda-runtime), and
+/// `mma.h` includes `crt/mma.h`, which comes from another package, nvidia-cuda-crt. A
+/// folder with only the first passes a search for it and then fails the compile.
+pub const REQUIRED_HEADERS: [(&str, &str); 2] = [
+    ("cuda_fp16.h", "nvidia-cuda-runtime"),
+    ("crt/mma.h", "nvidia-cuda-crt"),
+];
+
+/// Folders holding CUDA's headers ([`REQUIRED_HEADERS`]), searched in this order:
+/// `NANODDP_CUDA_INCLUDE`, `$CUDA_HOME/include`, `$CUDA_PATH/include`, `../include` beside
+/// the loaded libnvrtc (the layout of both a toolkit and NVIDIA's PyPI wheels), the headers
+/// of the nvcc the crate was built with, then `/usr/local/cuda/include`. See
+/// [`header_dirs`] for which folders are kept.
 pub fn include_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("NANODDP_CUDA_INCLUDE") {
@@ -62,9 +72,65 @@ pub fn include_dirs() -> Vec<PathBuf> {
         dirs.push(dir.into());
     }
     dirs.push("/usr/local/cuda/include".into());
-    dirs.retain(|d| d.join("cuda_fp16.h").is_file());
+    header_dirs(dirs)
+}
+
+/// The `candidates` worth passing to NVRTC, in order: the first folder that holds every
+/// required header, else the folders that hold any of them (so headers split across two
+/// installs are still found together). Whether anything is still missing is for
+/// [`missing_headers`] to say.
+pub fn header_dirs(candidates: Vec<PathBuf>) -> Vec<PathBuf> {
+    let holds = |d: &PathBuf, header: &str| d.join(header).is_file();
+    // One complete folder beats a mix: headers of one install agree with each other, and a
+    // stale partial folder earlier in the list must not shadow part of a complete one.
+    if let Some(whole) = candidates
+        .iter()
+        .find(|d| REQUIRED_HEADERS.iter().all(|(h, _)| holds(d, h)))
+    {
+        return vec![whole.clone()];
+    }
+    let mut dirs: Vec<PathBuf> = candidates
+        .into_iter()
+        .filter(|d| REQUIRED_HEADERS.iter().any(|(h, _)| holds(d, h)))
+        .collect();
     dirs.dedup();
     dirs
+}
+
+/// The headers of [`REQUIRED_HEADERS`] that none of `dirs` holds.
+pub fn missing_headers(dirs: &[PathBuf]) -> Vec<&'static str> {
+    REQUIRED_HEADERS
+        .iter()
+        .map(|(h, _)| *h)
+        .filter(|h| !dirs.iter().any(|d| d.join(h).is_file()))
+        .collect()
+}
+
+/// What to do when NVRTC cannot open a header: which headers it needs, which of them the
+/// search found nowhere, and how to provide them (the variable and both packages).
+fn header_hint(dirs: &[PathBuf]) -> String {
+    let headers: Vec<&str> = REQUIRED_HEADERS.iter().map(|(h, _)| *h).collect();
+    let packages: Vec<&str> = REQUIRED_HEADERS.iter().map(|(_, p)| *p).collect();
+    let listed = || {
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let missing = missing_headers(dirs);
+    let found = if dirs.is_empty() {
+        "no include folder holds any of them".to_string()
+    } else if missing.is_empty() {
+        format!("searched {}", listed())
+    } else {
+        format!("{} not in {}", missing.join(" or "), listed())
+    };
+    format!(
+        "NVRTC needs CUDA's headers {} ({found}): set NANODDP_CUDA_INCLUDE to a folder holding \
+         them, or `pip install {}` beside nvidia-cuda-nvrtc",
+        headers.join(" and "),
+        packages.join(" "),
+    )
 }
 
 /// The folder of a shared library this process has mapped, read from `/proc/self/maps`.
@@ -125,9 +191,9 @@ pub fn compile_source(
         "--std=c++17".to_string(),
         "--generate-line-info".to_string(),
     ];
+    let dirs = include_dirs();
     options.extend(
-        include_dirs()
-            .iter()
+        dirs.iter()
             .map(|d| format!("--include-path={}", d.display())),
     );
 
@@ -139,10 +205,9 @@ pub fn compile_source(
         .map(|raw| c_chars_to_string(&raw))
         .unwrap_or_default();
     let bytes = match compiled {
-        Err(_) if log.contains("could not open source file") => Err(compile_error(format!(
-            "{log}\nNVRTC needs CUDA's headers (cuda_fp16.h): set NANODDP_CUDA_INCLUDE to a folder \
-             holding them, or `pip install nvidia-cuda-runtime` beside nvidia-cuda-nvrtc"
-        ))),
+        Err(_) if log.contains("could not open source file") => {
+            Err(compile_error(format!("{log}\n{}", header_hint(&dirs))))
+        }
         Err(_) => Err(compile_error(log)),
         // SAFETY: as above; the program compiled.
         Ok(()) => unsafe { take_output(program, output) }
@@ -186,4 +251,76 @@ fn c_chars_to_string(raw: &[c_char]) -> String {
         .map(|&c| c as u8)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh folder under the system's temporary one holding `headers` (empty files).
+    fn folder(name: &str, headers: &[&str]) -> PathBuf {
+        let dir = std::env::temp_dir()
+            .join(format!("nanoddp-nvrtc-{}", std::process::id()))
+            .join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        for h in headers {
+            let path = dir.join(h);
+            std::fs::create_dir_all(path.parent().expect("a header path has a folder"))
+                .expect("temporary folder");
+            std::fs::write(&path, "").expect("temporary header");
+        }
+        std::fs::create_dir_all(&dir).expect("temporary folder");
+        dir
+    }
+
+    #[test]
+    fn the_search_wants_cuda_fp16_h_and_crt_mma_h() {
+        let runtime_only = folder("runtime", &["cuda_fp16.h", "mma.h"]);
+        let crt_only = folder("crt", &["crt/mma.h"]);
+        let both = folder("both", &["cuda_fp16.h", "mma.h", "crt/mma.h"]);
+        let neither = folder("neither", &["cuda.h"]);
+
+        // A folder without crt/mma.h is no longer enough on its own...
+        let dirs = header_dirs(vec![neither.clone(), runtime_only.clone()]);
+        assert_eq!(dirs, std::slice::from_ref(&runtime_only));
+        assert_eq!(missing_headers(&dirs), ["crt/mma.h"]);
+        // ...a complete folder is taken alone, wherever it is in the order...
+        let dirs = header_dirs(vec![runtime_only.clone(), both.clone(), crt_only.clone()]);
+        assert_eq!(dirs, std::slice::from_ref(&both));
+        assert!(missing_headers(&dirs).is_empty());
+        // ...and headers split over two installs are found together.
+        let dirs = header_dirs(vec![
+            crt_only.clone(),
+            neither.clone(),
+            runtime_only.clone(),
+        ]);
+        assert_eq!(dirs, [crt_only.clone(), runtime_only.clone()]);
+        assert!(missing_headers(&dirs).is_empty());
+        assert!(header_dirs(vec![neither.clone()]).is_empty());
+        for d in [runtime_only, crt_only, both, neither] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    #[test]
+    fn the_hint_names_both_packages_the_variable_and_what_is_missing() {
+        let runtime_only = folder("hint", &["cuda_fp16.h"]);
+        for (dirs, says) in [
+            (vec![runtime_only.clone()], "crt/mma.h not in"),
+            (vec![], "no include folder holds any"),
+        ] {
+            let hint = header_hint(&dirs);
+            for needed in [
+                "cuda_fp16.h",
+                "crt/mma.h",
+                "NANODDP_CUDA_INCLUDE",
+                "nvidia-cuda-runtime",
+                "nvidia-cuda-crt",
+                says,
+            ] {
+                assert!(hint.contains(needed), "{needed} missing from: {hint}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(runtime_only);
+    }
 }

@@ -12,6 +12,11 @@
 //! * Lane order is a launch option ([`LaneOrder`]); shared memory is poisoned (0xFF bytes,
 //!   NaN as float) at the start of every block, so a missing barrier or an unwritten shared
 //!   element changes the output. [`same_under_lane_orders`] turns that into a test.
+//! * A launch that never finishes (an endless loop, a spin-wait on memory nothing writes) is
+//!   stopped by a watchdog at its time limit ([`SimtConfig::launch_timeout`], by default
+//!   [`LAUNCH_TIMEOUT_ENV`] or [`DEFAULT_LAUNCH_TIMEOUT`]) and fails with
+//!   [`EmulatorFault::Timeout`], saying where each running block's threads were; the device
+//!   stays usable.
 //!
 //! Any number of emulated devices can exist; their memory is host memory, so a kernel can
 //! read another emulated device's buffer through its address, as CUDA peer access allows.
@@ -21,6 +26,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -49,6 +55,65 @@ pub struct SimtConfig {
     pub lane_order: LaneOrder,
     /// Worker OS threads per launch; 0 means one per available core.
     pub workers: u32,
+    /// Wall-clock limit of one launch; past it the launch stops and fails with
+    /// [`EmulatorFault::Timeout`]. `None`: [`LAUNCH_TIMEOUT_ENV`] if set, else
+    /// [`DEFAULT_LAUNCH_TIMEOUT`]. `Some(Duration::ZERO)`: no limit.
+    pub launch_timeout: Option<Duration>,
+}
+
+/// The environment variable that sets the launch time limit when
+/// [`SimtConfig::launch_timeout`] is `None`: seconds (a decimal number, such as `2.5`), `0`
+/// for no limit.
+pub const LAUNCH_TIMEOUT_ENV: &str = "NANODDP_KERNEL_TIMEOUT_S";
+
+/// The launch time limit when neither the configuration nor the environment sets one: far
+/// beyond what a kernel of this crate needs on a CPU, yet short enough that a hung kernel
+/// fails with a report instead of at a CI job's own limit.
+pub const DEFAULT_LAUNCH_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Reads a value of [`LAUNCH_TIMEOUT_ENV`]: `None` (unset) gives [`DEFAULT_LAUNCH_TIMEOUT`],
+/// `"0"` no limit (`Ok(None)`), a number of seconds that limit. A limit too large to
+/// represent is no limit. Anything else (negative, not a number) is an error naming the
+/// variable, so that a typo does not go unnoticed.
+pub fn launch_timeout_from_env_value(value: Option<&str>) -> Result<Option<Duration>, String> {
+    let Some(text) = value else {
+        return Ok(Some(DEFAULT_LAUNCH_TIMEOUT));
+    };
+    let bad = || {
+        format!(
+            "{LAUNCH_TIMEOUT_ENV}={text:?} is not a time limit: give seconds, such as 2.5, or 0 for none"
+        )
+    };
+    let seconds: f64 = text.trim().parse().map_err(|_| bad())?;
+    if seconds.is_nan() || seconds < 0.0 {
+        return Err(bad());
+    }
+    if seconds == 0.0 {
+        return Ok(None);
+    }
+    Ok(Duration::try_from_secs_f64(seconds).ok())
+}
+
+impl SimtConfig {
+    /// The time limit launches run under (`Ok(None)`: none): [`SimtConfig::launch_timeout`]
+    /// if set, else [`LAUNCH_TIMEOUT_ENV`], else [`DEFAULT_LAUNCH_TIMEOUT`]. An unreadable
+    /// environment value is an error (see [`launch_timeout_from_env_value`]).
+    pub fn effective_launch_timeout(&self) -> Result<Option<Duration>, String> {
+        match self.launch_timeout {
+            Some(limit) if limit.is_zero() => Ok(None),
+            Some(limit) => Ok(Some(limit)),
+            None => {
+                let value = std::env::var_os(LAUNCH_TIMEOUT_ENV);
+                match value.as_deref().map(|v| v.to_str()) {
+                    None => launch_timeout_from_env_value(None),
+                    Some(Some(text)) => launch_timeout_from_env_value(Some(text)),
+                    Some(None) => Err(format!(
+                        "{LAUNCH_TIMEOUT_ENV} is not valid UTF-8: give seconds, such as 2.5, or 0 for none"
+                    )),
+                }
+            }
+        }
+    }
 }
 
 /// What went wrong inside an emulated launch.
@@ -66,6 +131,9 @@ pub enum EmulatorFault {
     StackOverflow,
     /// A launch shape the emulator rejects.
     BadLaunch,
+    /// The launch ran past its time limit ([`SimtConfig::launch_timeout`]): a thread that
+    /// never finishes, such as an endless loop or a spin-wait on memory nothing writes.
+    Timeout,
 }
 
 /// A kernel failure caught by the emulator.
@@ -100,6 +168,8 @@ struct LaunchDesc {
     lane_order: c_int,
     seed: c_ulonglong,
     workers: c_uint,
+    /// Milliseconds; 0: no limit. The last field, as in `simt_launch_desc`.
+    timeout_ms: c_ulonglong,
 }
 
 #[repr(C)]
@@ -286,7 +356,15 @@ impl Memory for SimtDevice {
     }
 }
 
+/// How many times slower than a GPU the emulator runs a kernel, roughly (a fiber per CUDA
+/// thread on a few cores): what timeouts that wait for kernels are scaled by.
+pub const SLOWDOWN: u32 = 50;
+
 impl Device for SimtDevice {
+    fn slowdown(&self) -> u32 {
+        SLOWDOWN
+    }
+
     unsafe fn launch(
         &self,
         kernel: &'static KernelSignature,
@@ -329,6 +407,18 @@ impl SimtDevice {
         let params: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
         let name = std::ffi::CString::new(kernel.name).unwrap_or_default();
         let config = self.config();
+        let timeout =
+            config
+                .effective_launch_timeout()
+                .map_err(|detail| BackendError::BadLaunch {
+                    kernel: kernel.name.to_string(),
+                    detail,
+                })?;
+        // Rounded up to whole milliseconds (a limit never becomes 0, which means none); one
+        // beyond u64 milliseconds is none in practice, and the emulator treats it so.
+        let timeout_ms = timeout.map_or(0, |limit| {
+            u64::try_from(limit.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+        });
         let (lane_order, seed) = match config.lane_order {
             LaneOrder::Forward => (0, 0),
             LaneOrder::Reverse => (1, 0),
@@ -344,6 +434,7 @@ impl SimtDevice {
             lane_order,
             seed,
             workers: config.workers,
+            timeout_ms,
         };
         let mut raw = RawError {
             kind: 0,
@@ -367,16 +458,23 @@ impl SimtDevice {
             3 => EmulatorFault::WarpMisuse,
             4 => EmulatorFault::MemoryFault,
             5 => EmulatorFault::StackOverflow,
+            7 => EmulatorFault::Timeout,
             _ => EmulatorFault::BadLaunch,
         };
         let file = c_text(&raw.file);
+        let mut message = c_text(&raw.message);
+        if fault == EmulatorFault::Timeout {
+            message.push_str(&format!(
+                " (if the kernel is only slow, raise SimtConfig::launch_timeout or {LAUNCH_TIMEOUT_ENV})"
+            ));
+        }
         Err(BackendError::Emulator(Box::new(EmulatorError {
             fault,
             kernel: kernel.name.to_string(),
             block: raw.block,
             thread: (raw.has_thread != 0).then_some(raw.thread),
             site: (!file.is_empty()).then(|| format!("{file}:{}", raw.line)),
-            message: c_text(&raw.message),
+            message,
         })))
     }
 }
@@ -418,6 +516,7 @@ pub fn same_under_lane_orders<T: bytemuck::Pod>(
             SimtConfig {
                 lane_order: order,
                 workers: 0,
+                ..Default::default()
             },
         );
         let out = run(&dev)?;

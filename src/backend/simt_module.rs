@@ -444,6 +444,9 @@ fn build_and_load(
             name: leak(name.clone()),
             line,
             params: Box::leak(params.into_boxed_slice()),
+            // User modules' __launch_bounds__ are not parsed; their launches get the
+            // 1024-thread limit every kernel has.
+            max_threads: None,
         }));
         kernels.push(ModuleKernel { signature, entry });
     }

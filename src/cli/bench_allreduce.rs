@@ -6,6 +6,7 @@ use std::thread;
 use std::time::Instant;
 
 use nanoddp::backend::cpu::CpuDevice;
+use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::comm::communicator::{communicator, CommConfig, Rank, ReduceOp};
 use nanoddp::comm::schedule::Algorithm;
@@ -19,6 +20,8 @@ pub enum Target {
     Cpu,
     /// Emulated devices running `collective.cu` (slow; for studying the kernel path).
     Simt,
+    /// GPUs through the CUDA driver (or its CPU stand-in, where timings mean nothing).
+    Cuda,
 }
 
 /// Algorithm choice on the command line.
@@ -314,6 +317,15 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
             sizes.clone(),
             algo.algorithm(),
         )?,
+        Target::Cuda => {
+            if nanoddp::backend::cuda::is_standin() {
+                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under the SIMT emulator); timings mean nothing")?;
+            }
+            let devices = (0..ranks)
+                .map(CudaDevice::new)
+                .collect::<Result<Vec<_>, _>>()?;
+            sweep_on(devices, sizes.clone(), algo.algorithm())?
+        }
     };
     header(out, &["out-of-place", "in-place"], &[("bound", "")])?;
     for (i, &bytes) in sizes.iter().enumerate() {

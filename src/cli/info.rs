@@ -102,12 +102,21 @@ fn gpus(out: &mut impl Write) -> io::Result<()> {
         writeln!(
             out,
             "no CUDA driver found (libcuda.so / libcuda.so.1 is not on the library path).\n  \
-             GPU backends are unavailable; everything runs on the CPU."
+             GPU backends are unavailable; everything runs on the CPU. To run the CUDA backend \
+             on the CPU stand-in for the driver instead:\n  LD_LIBRARY_PATH={} nanoddp ...",
+            cuda::STANDIN_DIR
         )?;
     } else {
         match cuda::driver_version() {
             Ok((major, minor)) => writeln!(out, "driver supports CUDA {major}.{minor}")?,
             Err(e) => writeln!(out, "driver present but unusable: {e}")?,
+        }
+        if cuda::is_standin() {
+            writeln!(
+                out,
+                "  this driver is nanoddp's CPU stand-in (cuda-standin/): the GPUs below are \
+                 emulated, kernels run under the SIMT emulator, timings mean nothing"
+            )?;
         }
         match cuda::CudaDevice::all_infos() {
             Ok(devices) => {

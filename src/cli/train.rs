@@ -359,9 +359,10 @@ fn run_with(
         BackendArg::Cpu => run.go(vec![CpuDevice::new(); n], start, &mut on_event)?,
         BackendArg::Simt => run.go((0..n).map(SimtDevice::new).collect(), start, &mut on_event)?,
         BackendArg::Cuda => {
-            // The p-th process on a node takes that node's GPUs p·n .. p·n + n - 1.
-            let first = mpi_node_rank(mpi) * n;
-            let devices = (first..first + n)
+            let (node_rank, node_size) = mpi_node_slot(mpi);
+            let visible = nanoddp::backend::cuda::device_count()?;
+            let devices = mpi_gpu_ordinals(node_rank, node_size, n, visible)?
+                .into_iter()
                 .map(CudaDevice::new)
                 .collect::<Result<Vec<_>, _>>()?;
             run.go(devices, start, &mut on_event)?
@@ -381,14 +382,71 @@ fn mpi_rank(_: MpiHandle<'_>) -> usize {
     0
 }
 
+/// This process's rank among the processes on its node, and how many there are (0 of 1
+/// without MPI).
 #[cfg(feature = "mpi")]
-fn mpi_node_rank(mpi: MpiHandle<'_>) -> usize {
-    mpi.map_or(0, |m| m.node_rank())
+fn mpi_node_slot(mpi: MpiHandle<'_>) -> (usize, usize) {
+    use ::mpi::traits::Communicator;
+    match mpi {
+        None => (0, 1),
+        Some(_) => {
+            // The node's processes as `Mpi::node_rank` finds them (MPI_Comm_split_type with
+            // MPI_COMM_TYPE_SHARED, ranked by world rank), here for the count as well.
+            let world = ::mpi::topology::SimpleCommunicator::world();
+            let node = world.split_shared(world.rank());
+            (node.rank() as usize, node.size() as usize)
+        }
+    }
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_node_rank(_: MpiHandle<'_>) -> usize {
-    0
+fn mpi_node_slot(_: MpiHandle<'_>) -> (usize, usize) {
+    (0, 1)
+}
+
+/// The GPU ordinals for the process of node rank `local_rank` among `local_size` processes
+/// on its node, each driving `per_process` GPUs, when it sees `visible` GPUs.
+///
+/// Launchers show a process its GPUs in one of two ways. A plain `mpirun` shows every
+/// process all the node's GPUs: then process p takes p·n .. p·n + n - 1, so that the node's
+/// processes do not share a GPU. Slurm's GPU binding, or a CUDA_VISIBLE_DEVICES set per
+/// rank, shows each process only its own, numbered from 0: then every process takes
+/// 0 .. n - 1 (by node rank, all but the first would ask for GPUs they cannot see). Seeing
+/// enough GPUs for the whole node is taken as the first view, else enough for one process
+/// as the second.
+fn mpi_gpu_ordinals(
+    local_rank: usize,
+    local_size: usize,
+    per_process: usize,
+    visible: usize,
+) -> Result<Vec<usize>, String> {
+    if local_rank >= local_size {
+        return Err(format!(
+            "node rank {local_rank} is not below the node's {local_size} process(es)"
+        ));
+    }
+    let node_wide = local_size.saturating_mul(per_process);
+    if visible >= node_wide {
+        let first = local_rank * per_process; // < node_wide <= visible
+        return Ok((first..first + per_process).collect());
+    }
+    if visible >= per_process {
+        return Ok((0..per_process).collect());
+    }
+    Err(if local_size == 1 {
+        format!(
+            "this process sees {visible} GPU(s) but --devices asks for {per_process}; \
+             CUDA_VISIBLE_DEVICES, when set, hides every GPU it does not list"
+        )
+    } else {
+        format!(
+            "process {local_rank} of the {local_size} on this node sees {visible} GPU(s), but \
+             --devices {per_process} needs either {node_wide} (every GPU of the node visible to \
+             every process, split by node rank) or {per_process} of its own (as Slurm's GPU \
+             binding or a per-rank CUDA_VISIBLE_DEVICES gives); check CUDA_VISIBLE_DEVICES and \
+             the launcher's GPU options"
+        )
+    })
 }
 
 /// What every backend's training run shares.
@@ -422,15 +480,70 @@ impl Run<'_> {
                 use nanoddp::comm::communicator::CommConfig;
                 use nanoddp::comm::mpi::MpiAlgorithm;
                 let across = (self.algo == AlgoArg::Mpi).then_some(MpiAlgorithm::Native);
-                let ranks = nanoddp::train::mpi::Hierarchical::connect(
-                    devices,
-                    mpi.world(CommConfig::default()),
-                    across,
-                )?;
+                // Across processes too, emulated devices need the time their kernels take.
+                let mut config = CommConfig::default();
+                config.timeout *= devices.iter().map(|d| d.slowdown()).max().unwrap_or(1);
+                let ranks =
+                    nanoddp::train::mpi::Hierarchical::connect(devices, mpi.world(config), across)?;
                 nanoddp::train::train_ranks(ranks, self.data, start, self.cfg, on_event)
             }
             #[cfg(not(feature = "mpi"))]
             Some(never) => match *never {},
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mpi_gpu_ordinals;
+
+    #[test]
+    fn node_wide_and_per_process_views_both_give_each_process_its_own_gpus() {
+        // (node rank, processes on the node, GPUs per process, GPUs visible) -> ordinals
+        let cases = [
+            ((0, 1, 1, 1), vec![0]),    // one process, one GPU
+            ((0, 1, 2, 8), vec![0, 1]), // one process takes the first GPUs it sees
+            ((0, 4, 1, 4), vec![0]),    // mpirun: all four GPUs visible to all four processes
+            ((3, 4, 1, 4), vec![3]),    // ... the last takes the last
+            ((1, 2, 2, 4), vec![2, 3]), // two GPUs each out of the node's four
+            ((1, 2, 2, 8), vec![2, 3]), // more GPUs than needed: still split by node rank
+            ((3, 4, 1, 1), vec![0]),    // Slurm binding: each process sees only its own GPU
+            ((1, 2, 2, 2), vec![0, 1]), // ... or its own two
+            ((1, 2, 2, 3), vec![0, 1]), // too few for the node, enough for one: its own
+            ((0, 8, 1, 1), vec![0]),    // the first of eight bound processes
+            ((7, 8, 1, 7), vec![0]),    // 7 of the 8 needed: taken as a per-process view
+        ];
+        for ((rank, size, per, visible), want) in cases {
+            assert_eq!(
+                mpi_gpu_ordinals(rank, size, per, visible),
+                Ok(want),
+                "rank {rank} of {size}, {per} per process, {visible} visible"
+            );
+        }
+    }
+
+    #[test]
+    fn too_few_gpus_is_an_error_that_says_what_was_seen_and_needed() {
+        let cases = [
+            (
+                (0, 1, 2, 1),
+                ["sees 1 GPU", "asks for 2", "CUDA_VISIBLE_DEVICES"],
+            ),
+            (
+                (1, 2, 2, 1),
+                ["sees 1 GPU", "needs either 4", "CUDA_VISIBLE_DEVICES"],
+            ),
+            (
+                (1, 4, 4, 3),
+                ["process 1 of the 4", "or 4 of its own", "Slurm"],
+            ),
+            ((2, 2, 1, 8), ["node rank 2", "2 process", "not below"]),
+        ];
+        for ((rank, size, per, visible), says) in cases {
+            let e = mpi_gpu_ordinals(rank, size, per, visible).expect_err("not enough GPUs");
+            for s in says {
+                assert!(e.contains(s), "{s:?} missing from: {e}");
+            }
         }
     }
 }

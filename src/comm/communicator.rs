@@ -255,7 +255,7 @@ pub fn communicator<D: CommDevice>(
             detail: format!("a communicator needs 1 to {MAX_RANKS} devices, got {n}"),
         });
     }
-    let shared = Arc::new(Shared {
+    let mut shared = Arc::new(Shared {
         n,
         config,
         flags: (0..n).map(|_| Padded(AtomicU64::new(0))).collect(),
@@ -275,6 +275,17 @@ pub fn communicator<D: CommDevice>(
                 .map_err(|source| CommError::Device { me: rank, source })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // Emulated devices run kernels orders of magnitude slower than GPUs: give them time.
+    let slowdown = devices
+        .iter()
+        .map(|d| d.slowdown())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    Arc::get_mut(&mut shared)
+        .expect("not shared yet")
+        .config
+        .timeout *= slowdown;
     let oversubscribed = n > std::thread::available_parallelism().map_or(1, |c| c.get());
     Ok(devices
         .into_iter()
@@ -357,6 +368,12 @@ impl<D: CommDevice> Rank<D> {
     }
 
     /// Sums (or averages) `buf` across ranks, in place. `algorithm: None` picks by size.
+    ///
+    /// Every collective first waits for the work queued on this rank's device handle (so
+    /// peers never read a buffer before its producer finished), and returns once its own
+    /// reductions have finished. A buffer produced through another handle with its own
+    /// queue ([`Memory::fork`](crate::backend::Memory::fork)) must be finished by the caller
+    /// first: `synchronize` that handle, or wait for a [`Fence`](crate::backend::Fence).
     pub fn all_reduce<T: CommScalar>(
         &mut self,
         buf: &mut D::Buffer<T>,
@@ -536,6 +553,12 @@ impl<D: CommDevice> Rank<D> {
         } else {
             0
         };
+        // Peers read and write this rank's buffers as soon as it announces them: whatever this
+        // handle has queued on them must be finished first. (Work queued on other handles of
+        // the device is the caller's to finish: see `all_reduce`.)
+        self.device
+            .synchronize()
+            .map_err(|source| CommError::Device { me, source })?;
         self.seq += 1;
         let seq = self.seq;
         let ours = Announce {

@@ -39,6 +39,14 @@ pub trait CommDevice: Memory + Send {
     where
         Self: Sized;
 
+    /// How many times slower than the hardware it stands for this device runs (1 for real
+    /// devices; an emulator's kernels run far slower than a GPU's). A communicator scales its
+    /// timeout by the largest factor among its devices, so waiting for a slow peer's backward
+    /// pass is not mistaken for a dead peer, while a truly stuck one still ends in an error.
+    fn slowdown(&self) -> u32 {
+        1
+    }
+
     /// `d[0..len] = scale · (src[0] + src[1] + ...)[0..len]` for every `d` in `dsts`: summed in
     /// f32, left to right; per element all sources are read before any destination is written.
     ///
@@ -141,9 +149,19 @@ pub struct KernelState<D: Device> {
 impl<D: Device + Send> CommDevice for D {
     type State = KernelState<D>;
 
+    fn slowdown(&self) -> u32 {
+        Device::slowdown(self)
+    }
+
     fn comm_state(&self, all: &[D]) -> Result<KernelState<D>, BackendError> {
         for peer in all {
             self.enable_peer_access(peer)?;
+        }
+        // Loaded now, not at the first collective: a GPU may JIT a module for seconds, and a
+        // collective's waits time out.
+        if let Some(module) = crate::kernels::KernelModule::find(collective::REDUCE_SUM_F32.module)
+        {
+            self.preload(module)?;
         }
         Ok(KernelState {
             addresses: self.alloc_zeros::<u64>(2 * MAX_RANKS)?,

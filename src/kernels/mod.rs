@@ -58,6 +58,9 @@ pub struct KernelSignature {
     pub line: u32,
     /// Parameters in order.
     pub params: &'static [Param],
+    /// The kernel's `__launch_bounds__` (most threads per block it is compiled for), if any:
+    /// a larger block fails on a GPU, so every backend's launch check rejects it.
+    pub max_threads: Option<u32>,
 }
 
 /// One kernel parameter.

@@ -13,7 +13,7 @@ use std::time::Instant;
 use thiserror::Error;
 
 use crate::backend::SgdStep;
-use crate::backend::{Backend, BackendError, Memory};
+use crate::backend::{Backend, BackendError, Fence, Memory};
 use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
 use crate::comm::schedule::Algorithm;
 use crate::comm::transport::CommDevice;
@@ -320,12 +320,10 @@ impl<D: CommDevice + Backend + Clone + 'static> Collective for Rank<D> {
     }
 }
 
-/// Sums `stats` over all ranks.
-fn reduce_stats<C: Collective>(
-    rank: &mut C,
-    dev: &C::Device,
-    s: ShardStats,
-) -> Result<ShardStats, TrainError> {
+/// Sums `stats` over all ranks. The buffer lives on the rank's own queue, which the
+/// collective waits for before peers read it.
+fn reduce_stats<C: Collective>(rank: &mut C, s: ShardStats) -> Result<ShardStats, TrainError> {
+    let dev = rank.device().clone();
     let mut buf = dev.upload(&[s.loss_sum as f32, s.correct as f32, s.count as f32])?;
     rank.sum(&mut buf, Some(Algorithm::OneShot))?;
     let v = dev.download(&buf)?;
@@ -357,8 +355,7 @@ fn evaluate<C: Collective, T: Activation>(
         mine.count += s.count;
         start = end;
     }
-    let dev = replica.dev.clone();
-    let all = reduce_stats(rank, &dev, mine)?;
+    let all = reduce_stats(rank, mine)?;
     Ok(all.correct as f64 / all.count.max(1) as f64)
 }
 
@@ -379,10 +376,19 @@ where
     <C::Device as Memory>::Buffer<f32>: Send,
     T: Activation,
 {
+    // The replica computes on its own queue (a fork of the rank's device handle): each bucket
+    // travels with a fence marking the backward work that produced it, and the communication
+    // thread waits for that fence, not for the whole queue, before the peers may read it.
+    let compute = replica.dev.clone();
+    type Bucket<'b, D> = (
+        Vec<&'b mut <D as Memory>::Buffer<f32>>,
+        Result<Fence, BackendError>,
+    );
     std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel::<Vec<&mut <C::Device as Memory>::Buffer<f32>>>();
+        let (tx, rx) = mpsc::channel::<Bucket<'_, C::Device>>();
         let comm = scope.spawn(move || -> Result<(), TrainError> {
-            for bucket in rx {
+            for (bucket, fence) in rx {
+                fence?.wait()?;
                 for g in bucket {
                     rank.sum(g, algorithm)?;
                 }
@@ -401,10 +407,13 @@ where
             if filled[bucket_of[i]] == sizes[bucket_of[i]] {
                 // A failed send means the communication thread already stopped on an
                 // error, which its join below reports.
-                let _ = tx.send(std::mem::take(&mut open));
+                let _ = tx.send((std::mem::take(&mut open), compute.fence()));
             }
         });
         drop(tx);
+        // What follows backward on the device is communication left exposed: finish the
+        // compute queue first, so that its tail is not counted as waiting for the reduction.
+        let finished = compute.synchronize();
         let t = Instant::now();
         let reduced = comm
             .join()
@@ -412,6 +421,7 @@ where
         let exposed = t.elapsed().as_secs_f64();
         let stats = computed?;
         reduced?;
+        finished?;
         Ok((stats, exposed))
     })
 }
@@ -428,7 +438,8 @@ where
     <C::Device as Memory>::Buffer<f32>: Send,
 {
     let (n, me) = (rank.size(), rank.rank());
-    let mut replica = Replica::<C::Device, T>::new(rank.device().clone(), &start.weights)?;
+    // Its own queue, so that the gradients' reduction (on the rank's queue) overlaps backward.
+    let mut replica = Replica::<C::Device, T>::new(rank.device().fork()?, &start.weights)?;
     let mut scaler = match start.loss_scale {
         Some((scale, clean)) if T::HALF => LossScaler::restored(scale, clean),
         _ => LossScaler::new(T::HALF),
@@ -500,8 +511,7 @@ where
             } else {
                 replica.update(sgd, None)?;
             }
-            let dev = replica.dev.clone();
-            let s = reduce_stats(&mut rank, &dev, local)?;
+            let s = reduce_stats(&mut rank, local)?;
             epoch_stats.loss_sum += s.loss_sum;
             epoch_stats.correct += s.correct;
             epoch_stats.count += s.count;

@@ -92,6 +92,8 @@ impl<D: CommDevice + Backend + Clone + 'static> Collective for Hierarchical<D> {
                 .unwrap_or_else(|p| p.into_inner())
                 .all_reduce(&mut host, ReduceOp::Sum, across)?;
             dev.write(&host, buf)?;
+            // A collective returns with its result in place: the replica's queue reads it next.
+            dev.synchronize()?;
         }
         if self.local.size() > 1 {
             self.local.broadcast(buf, 0)?;

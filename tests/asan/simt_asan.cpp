@@ -29,6 +29,7 @@ namespace {
 
 int failures = 0;
 int lane_order = 0;
+unsigned long long timeout_ms = 0;  // the launch time limit; 0: none
 
 void check(bool ok, const char* what) {
     std::printf("%s %s\n", ok ? "ok  " : "FAIL", what);
@@ -52,7 +53,7 @@ void entry(void* const* p) {
 template <auto K, class... A>
 int launch(const char* name, unsigned grid, unsigned block, unsigned shared, simt_error* err, A... args) {
     void* params[] = {static_cast<void*>(&args)...};
-    simt_launch_desc d{entry<K>, name, {grid, 1, 1}, {block, 1, 1}, shared, params, lane_order, 7, 1};
+    simt_launch_desc d{entry<K>, name, {grid, 1, 1}, {block, 1, 1}, shared, params, lane_order, 7, 1, timeout_ms};
     return simt_launch(&d, err);
 }
 
@@ -184,6 +185,14 @@ void misuse_kernels() {
     check(launch<broken_off_by_one>("broken_off_by_one", 1, 256, 0, &err, f, 1024u) == 4 &&
               std::strstr(err.message, "past the end") != nullptr,
           "write past the end of an allocation is reported");
+    // The watchdog abandons the spinning fiber by siglongjmp; the next launch must run clean.
+    timeout_ms = 100;
+    check(launch<broken_endless>("broken_endless", 2, 64, 0, &err, f, 3) == 7 &&
+              std::strstr(err.message, "__syncthreads at") != nullptr,
+          "a thread that never finishes is stopped at the time limit");
+    check(launch<barrier_rounds>("barrier_rounds", 1, 64, 0, &err, f, 2) == 0,
+          "a launch after the timed-out one runs normally");
+    timeout_ms = 0;
     simt_free(f), simt_free(i);
 }
 

@@ -76,6 +76,71 @@ pub fn assert_close<T: Precision>(what: &str, got: &[T], want: &[f64], mag: &[f6
     );
 }
 
+/// Blocks a flat launch may use in the tests. Under the real cap (65,535 blocks) no test
+/// buffer needs a second pass of a grid-stride loop, so a loop that strides wrongly would
+/// pass; 3 blocks of 256 threads make every loop past 768 elements wrap many times, and an
+/// odd count of more than one block makes a wrong start (one that ignores `blockIdx`) or a
+/// wrong stride show.
+pub const FLAT_MAX_BLOCKS: u32 = 3;
+
+/// Lowers the process-wide flat-launch cap to [`FLAT_MAX_BLOCKS`]. Every test that launches
+/// flat kernels calls it first: they all set the same value, so the order in which parallel
+/// tests of one binary run changes nothing (and any cap gives correct results).
+pub fn small_flat_grids() {
+    nanoddp::backend::LaunchConfig::set_flat_max_blocks(FLAT_MAX_BLOCKS);
+}
+
+/// GPUs the CUDA stand-in shows the tests: enough for every collective test (up to 8 ranks).
+pub const STANDIN_GPUS: &str = "8";
+
+/// Makes the CUDA driver loadable: a real driver if the machine has one, else the CPU
+/// stand-in `cargo build` put in `target/<profile>/cuda-standin` (loaded by its full path;
+/// cudarc's later `dlopen("libcuda.so.1")` then finds it by its soname). Returns what runs.
+pub fn cuda_driver() -> &'static str {
+    static WHICH: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    WHICH.get_or_init(|| {
+        // SAFETY: loading a shared library runs its initializers; both candidates are
+        // CUDA drivers (the machine's, or the stand-in this crate built).
+        unsafe {
+            if libloading::Library::new("libcuda.so.1").is_ok() {
+                return if nanoddp::backend::cuda::is_standin() {
+                    "the CPU stand-in (LD_LIBRARY_PATH)"
+                } else {
+                    "a real GPU"
+                };
+            }
+            if std::env::var_os("NANODDP_STANDIN_GPUS").is_none() {
+                std::env::set_var("NANODDP_STANDIN_GPUS", STANDIN_GPUS);
+            }
+            let path = format!("{}/libcuda.so.1", nanoddp::backend::cuda::STANDIN_DIR);
+            let lib = libloading::os::unix::Library::open(
+                Some(&path),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+            )
+            .unwrap_or_else(|e| {
+                panic!("no CUDA driver, and the stand-in at {path} does not load: {e}")
+            });
+            std::mem::forget(lib); // stays loaded for the whole process, as a driver does
+        }
+        "the CPU stand-in"
+    })
+}
+
+/// How many CUDA devices the tests have (the stand-in shows [`STANDIN_GPUS`]).
+pub fn cuda_gpus() -> usize {
+    let driver = cuda_driver();
+    nanoddp::backend::cuda::device_count()
+        .unwrap_or_else(|e| panic!("counting CUDA devices on {driver}: {e}"))
+}
+
+/// CUDA device `ordinal`: on the real driver, or on the stand-in (see [`cuda_driver`]).
+/// A CUDA test never skips: if neither works, it fails, saying why.
+pub fn cuda_device(ordinal: usize) -> nanoddp::backend::cuda::CudaDevice {
+    let driver = cuda_driver();
+    nanoddp::backend::cuda::CudaDevice::new(ordinal)
+        .unwrap_or_else(|e| panic!("CUDA device {ordinal} on {driver}: {e}"))
+}
+
 /// Bytes of a result, for the lane-order comparison on the SIMT backend.
 pub fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
     bytemuck::cast_slice(v).to_vec()
@@ -87,8 +152,10 @@ pub fn half_bits(v: &[f16]) -> Vec<u8> {
 
 /// Instantiates a test body `fn body<B: Backend>(dev: &B) -> Vec<u8>` (returning the bytes
 /// of everything it computed) once per backend: the native CPU backend; the SIMT emulator
-/// under forward and reverse lane order, which must also agree bit for bit; and the GPU
-/// when there is one (skipped with the reason otherwise).
+/// under forward and reverse lane order, which must also agree bit for bit; and the CUDA
+/// backend, on a GPU when there is one and on the CPU stand-in for the driver otherwise
+/// (never skipped: see [`cuda_device`]). The kernel instances run with
+/// [`small_flat_grids`], so grid-stride loops take several passes.
 macro_rules! per_backend {
     ($($body:ident),* $(,)?) => {
         $(
@@ -101,18 +168,15 @@ macro_rules! per_backend {
                 #[test]
                 fn simt_forward_and_reverse_lane_order() {
                     use nanoddp::backend::simt::{same_under_lane_orders, LaneOrder};
+                    crate::common::small_flat_grids();
                     same_under_lane_orders(&[LaneOrder::Forward, LaneOrder::Reverse], |dev| Ok(super::$body(dev)))
                         .unwrap_or_else(|e| panic!("{e}"));
                 }
 
                 #[test]
                 fn cuda() {
-                    match nanoddp::backend::cuda::CudaDevice::new(0) {
-                        Ok(dev) => {
-                            super::$body(&dev);
-                        }
-                        Err(e) => eprintln!("skipped: {e}"),
-                    }
+                    crate::common::small_flat_grids();
+                    super::$body(&crate::common::cuda_device(0));
                 }
             }
         )*

@@ -1,0 +1,65 @@
+// executor.h — how the CUDA stand-in runs a kernel: the one interface between the driver
+// model (streams, memory, access rules: standin.cpp) and whatever executes device code.
+//
+// Today one executor exists, the SIMT emulator (simt_executor.cpp): it runs the kernels'
+// CUDA C++ source compiled for the host, looked up by name in the registry build.rs
+// generates. A second executor that runs a module's PTX itself plugs in here.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "cuda_abi.h"
+
+namespace standin {
+
+// One kernel an executor can run, as found in a module image.
+struct KernelInfo {
+    std::string name;
+    // One character per parameter, in order: 'r' read-only pointer, 'w' pointer the kernel
+    // may write, '1' '2' '4' '8' a value of that many bytes.
+    std::string params;
+    // __launch_bounds__ maximum threads per block, or 0 when the kernel declares none.
+    unsigned max_threads = 0;
+    // Executor-private handle.
+    const void* handle = nullptr;
+};
+
+struct LaunchShape {
+    unsigned grid[3];
+    unsigned block[3];
+    unsigned shared_bytes;
+};
+
+struct LaunchOutcome {
+    // CUDA_SUCCESS, or the driver error the launch turns into (sticky ones included).
+    CUresult code = CUDA_SUCCESS;
+    std::string message;
+};
+
+class Executor {
+public:
+    virtual ~Executor() = default;
+    // For diagnostics: "SIMT emulator", "PTX executor".
+    virtual const char* name() const = 0;
+    // The kernels of `image` (a fatbin, cubin or PTX text of `size` bytes) this executor
+    // can run. Kernels the image holds but the executor cannot run are simply absent, and
+    // cuModuleGetFunction then reports CUDA_ERROR_NOT_FOUND for them, naming the executor.
+    virtual std::vector<KernelInfo> kernels_in(const unsigned char* image, std::size_t size) = 0;
+    // Runs one launch to completion on the calling thread. `params` is CUDA's kernelParams
+    // array (one pointer per argument). `timeout_s` bounds the launch (0: none); slow
+    // executors scale it up themselves.
+    virtual LaunchOutcome launch(const KernelInfo& kernel, const LaunchShape& shape, void* const* params,
+                                 double timeout_s) = 0;
+};
+
+// The executor kernels run on.
+Executor& executor();
+
+// Called from a SIGSEGV handler while a kernel runs: explains a fault at `addr` (the
+// driver model knows whose memory it is and what access rule was broken). Returns false
+// when it has nothing to say. Implemented by standin.cpp.
+bool explain_fault(std::uintptr_t addr, bool is_write, char* message, std::size_t capacity);
+
+}  // namespace standin

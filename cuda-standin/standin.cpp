@@ -1,0 +1,1800 @@
+// standin.cpp — a strict stand-in for the CUDA driver (libcuda.so.1) that runs on the CPU.
+//
+// Programs load it exactly as they load the real driver (cudarc dlopens libcuda.so or
+// libcuda.so.1 through LD_LIBRARY_PATH); it shows NANODDP_STANDIN_GPUS (default 4) H100-like
+// GPUs and runs their kernels through an Executor (executor.h). It follows the driver API's
+// documented rules, and where the rules allow several behaviours it picks the one that
+// exposes bugs:
+//
+//   * Streams are asynchronous and lazy. Each stream has its own thread that runs the
+//     stream's launches, copies and memsets in order, but only when something requires
+//     their completion: a synchronize, an event wait or query, a blocking copy, a stream
+//     that waits on them, or a full queue. Until then their results are not there, so a
+//     missing synchronization reads stale data every time, not by luck. A device-to-host
+//     copy into pageable memory is asynchronous too: the destination is poisoned (0xFF
+//     bytes) at once and receives the data only when the stream gets there.
+//   * Every GPU has its own address range (1 TiB apart), and memory access is checked by
+//     the MMU. Execution is serialized; before a kernel runs, every allocation is mapped
+//     with the protection the running GPU may use: its own memory read-write; another GPU's
+//     cuMemAlloc memory only after cuCtxEnablePeerAccess, and its pool (cuMemAllocAsync)
+//     memory only after cuMemPoolSetAccess (peer access through the context does not cover
+//     pools, as the CUDA documentation says). A kernel that touches memory it may not is
+//     CUDA_ERROR_ILLEGAL_ADDRESS, sticky for its context as on real hardware, with a
+//     diagnostic naming the kernel, the address, whose memory it is and the missing grant.
+//     Freed memory is never reused: touching it faults and is reported as a use after free.
+//   * Cross-stream hazards are reported. When an operation is enqueued, every unfinished
+//     operation of another stream that nothing orders it with (no event wait, no
+//     synchronization the host observed) restricts it: memory the other writes may not be
+//     touched, memory the other reads may not be written. Kernels run under that
+//     restriction (the MMU again, so accesses through pointers the kernel reads from memory
+//     count too); copies and memsets are checked by range. A violation is a sticky
+//     CUDA_ERROR_LAUNCH_FAILED naming both operations.
+//   * Launches are checked: 1024 threads and (1024, 1024, 64) per block, grid y and z at
+//     most 65535, the kernel's __launch_bounds__, and dynamic shared memory above 48 KiB
+//     unless CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES was raised (227 KiB at most).
+//     Functions and streams must belong to the current context.
+//   * Every launch runs under a watchdog (NANODDP_KERNEL_TIMEOUT_S, default 300 s): a kernel
+//     that never finishes becomes a sticky CUDA_ERROR_LAUNCH_TIMEOUT naming where its
+//     threads are.
+//   * Driver entry points it does not implement return CUDA_ERROR_NOT_SUPPORTED.
+//
+// nanoddp-specific extensions (absent from the real driver, looked up with dlsym):
+// nanoddpStandinLastError() returns the diagnostic behind the last error,
+// nanoddpStandinCounters() what the stand-in counted (module loads, launches, hazards), and
+// nanoddpStandinSetKernelTimeout() sets one GPU's watchdog limit.
+//
+// Environment: NANODDP_STANDIN_GPUS, CUDA_VISIBLE_DEVICES, NANODDP_STANDIN_DRIVER_VERSION (what cuDriverGetVersion
+// reports, default 13000), NANODDP_STANDIN_JIT_MS (time each module load takes, modelling a
+// driver JIT; default 0), NANODDP_KERNEL_TIMEOUT_S, CUDA_LAUNCH_BLOCKING=1 (every operation
+// completes before its call returns, as on the real driver).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_abi.h"
+#include "executor.h"
+
+#define STANDIN_API extern "C" __attribute__((visibility("default")))
+
+namespace standin {
+
+// ------------------------------------------------------------------------------ the GPUs
+// H100 SXM (sm_90) as the CUDA programming guide's tables give it.
+constexpr int MAX_GPUS = 16;
+constexpr std::size_t GPU_MEMORY = 80ull << 30;
+constexpr int SM_COUNT = 132;
+constexpr unsigned STATIC_SHARED_LIMIT = 48u << 10;      // without opt-in
+constexpr unsigned OPTIN_SHARED_LIMIT = 227u << 10;      // per block, with opt-in
+constexpr std::uintptr_t RANGE_BASE = 0x100000000000ull;  // GPU i: RANGE_BASE + i * RANGE_SIZE
+constexpr std::uintptr_t RANGE_SIZE = 1ull << 40;
+constexpr std::size_t ALLOC_ALIGN = 256;                  // what cuMemAlloc guarantees
+constexpr std::uint64_t QUEUE_LIMIT = 1024;               // operations a stream holds before calls block
+
+const std::size_t PAGE = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+
+enum Prot : int { NONE = 0, READ = 1, RW = 3 };
+
+int to_mprotect(int prot) { return prot == RW ? PROT_READ | PROT_WRITE : prot == READ ? PROT_READ : PROT_NONE; }
+
+// ------------------------------------------------------------------------------ state
+struct Context;
+struct Stream;
+struct Op;
+
+enum class AllocKind { Plain, Pool };
+
+struct Allocation {
+    std::uint64_t id = 0;
+    int owner = 0;  // GPU ordinal
+    AllocKind kind = AllocKind::Plain;
+    std::uintptr_t map_lo = 0;  // device-range mapping: data pages, then one guard page
+    std::size_t data_pages = 0;
+    std::uintptr_t data_lo = 0;
+    std::size_t bytes = 0;
+    char* alias = nullptr;  // the same pages, always read-write, for the stand-in's own copies
+    int prot = RW;          // protection of the device mapping now
+    bool freed = false;
+    const char* freed_by = nullptr;
+    std::uintptr_t data_hi() const { return data_lo + bytes; }
+    std::uintptr_t map_hi() const { return map_lo + (data_pages + 1) * PAGE; }
+};
+
+struct Pool {
+    int device = 0;
+    int access[MAX_GPUS] = {};  // Prot per accessing GPU; own GPU always RW
+};
+
+struct Device {
+    int ordinal = 0;
+    std::uintptr_t next = 0;  // bump pointer in this GPU's range (addresses are never reused)
+    std::uintptr_t end = 0;
+    std::size_t live_bytes = 0;
+    Context* primary = nullptr;
+    int primary_refs = 0;
+    Pool pool;
+    std::uint64_t module_loads = 0;
+    std::uint64_t launches = 0;
+    double kernel_timeout_s = 300.0;  // the watchdog's limit for this GPU's launches
+};
+
+struct Module;
+
+struct Function {
+    Module* module = nullptr;
+    KernelInfo info;
+    unsigned max_dynamic_shared = STATIC_SHARED_LIMIT;
+};
+
+struct Module {
+    Context* ctx = nullptr;
+    std::vector<std::unique_ptr<Function>> functions;
+    std::vector<std::string> names;  // what the image holds that the executor can run
+};
+
+struct Context {
+    Device* dev = nullptr;
+    bool peer[MAX_GPUS] = {};  // cuCtxEnablePeerAccess granted towards GPU i
+    CUresult sticky = CUDA_SUCCESS;
+    std::string sticky_message;
+    Stream* legacy = nullptr;  // the NULL stream
+    std::vector<Stream*> streams;
+};
+
+// One unit of stream work, with what the hazard check needs to know about it.
+struct Touch {
+    std::uint64_t alloc;
+    bool write;
+};
+
+struct Restriction {
+    std::uint64_t alloc;
+    int prot;             // the most this operation may do to the allocation
+    std::string culprit;  // the unordered operation that imposes it
+};
+
+struct Op {
+    Stream* stream = nullptr;
+    std::uint64_t seq = 0;
+    std::string what;
+    std::vector<std::pair<Stream*, std::uint64_t>> deps;  // must have completed first
+    std::vector<std::uint64_t> clock;                     // vector clock at enqueue
+    std::vector<Touch> footprint;
+    bool is_kernel = false;
+    std::vector<Restriction> restrictions;  // kernels: applied through the MMU
+    std::string hazard;                     // copies, memsets: found at enqueue
+    std::function<LaunchOutcome(Op&)> body;
+};
+
+struct Stream {
+    int id = 0;
+    Context* ctx = nullptr;
+    bool blocking = true;  // synchronizes with the legacy NULL stream
+    bool legacy = false;
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<Op>> queue;
+    std::uint64_t enqueued = 0;   // guarded by m
+    std::uint64_t completed = 0;  // guarded by m
+    std::uint64_t demand = 0;     // guarded by m
+    bool closing = false;         // guarded by m
+    std::vector<std::uint64_t> clock;  // for the next operation; guarded by the API lock
+};
+
+struct Event {
+    Context* ctx = nullptr;
+    Stream* stream = nullptr;  // null until recorded
+    std::uint64_t seq = 0;
+    std::vector<std::uint64_t> clock;
+    bool timing = true;
+    std::chrono::steady_clock::time_point when{};
+    std::atomic<bool> happened{false};
+};
+
+struct Config {
+    int gpus = 4;
+    bool launch_blocking = false;
+    double kernel_timeout_s = 300.0;
+    double jit_ms = 0.0;
+};
+
+struct State {
+    Config config;
+    Device devices[MAX_GPUS];
+    std::mutex api;    // every bookkeeping structure below, briefly
+    std::mutex table;  // the allocation table (also read by the fault explainer)
+    std::map<std::uintptr_t, Allocation*> allocations;  // by map_lo, freed ones included
+    std::uint64_t next_alloc_id = 1;
+    std::map<std::uint64_t, Allocation*> by_id;
+    std::vector<Stream*> streams;  // by id
+    std::vector<std::uint64_t> observed;  // per stream: completion the host has seen
+    std::deque<std::shared_ptr<Op>> pending;  // unobserved operations with a footprint
+    std::mutex exec;                         // one operation executes at a time
+    std::mutex last_error_lock;
+    std::string last_error;
+    std::uint64_t hazards = 0;
+    std::uint64_t faults = 0;
+};
+
+State* g = nullptr;
+std::once_flag init_once;
+CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
+
+thread_local Context* tls_current = nullptr;
+
+// The kernel executing now (set under the exec lock), for the fault explainer.
+struct Executing {
+    const Op* op = nullptr;
+    int device = -1;
+    const char* kernel = nullptr;
+    int fault_kind = 0;  // 1: access rule, 2: hazard, 3: freed
+};
+Executing executing;
+
+void set_last_error(const std::string& text) {
+    std::lock_guard<std::mutex> lock(g->last_error_lock);
+    g->last_error = text;
+}
+
+// One write to stderr per diagnostic, so concurrent ranks' messages do not interleave.
+void report(const std::string& text) {
+    std::string line = "nanoddp CUDA stand-in: " + text + "\n";
+    ssize_t ignored = write(2, line.data(), line.size());
+    (void)ignored;
+    set_last_error(text);
+}
+
+std::string hex(std::uintptr_t v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(v));
+    return buf;
+}
+
+double env_double(const char* name, double fallback) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return fallback;
+    char* end = nullptr;
+    double d = std::strtod(v, &end);
+    return end && *end == '\0' && d >= 0 ? d : fallback;
+}
+
+// ------------------------------------------------------------------------------ allocations
+const char* kind_name(AllocKind k) { return k == AllocKind::Pool ? "cuMemAllocAsync (pool)" : "cuMemAlloc"; }
+
+std::string describe(const Allocation& a) {
+    return std::to_string(a.bytes) + "-byte " + kind_name(a.kind) + " allocation of GPU " + std::to_string(a.owner) +
+           " at " + hex(a.data_lo);
+}
+
+// The allocation whose mapping (guard page included) holds addr; caller holds g->table.
+Allocation* allocation_at_locked(std::uintptr_t addr) {
+    auto it = g->allocations.upper_bound(addr);
+    if (it == g->allocations.begin()) return nullptr;
+    --it;
+    return addr < it->second->map_hi() ? it->second : nullptr;
+}
+
+// A live allocation holding [addr, addr + bytes), or null.
+Allocation* live_range(std::uintptr_t addr, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(g->table);
+    Allocation* a = allocation_at_locked(addr);
+    if (!a || a->freed || addr < a->data_lo || addr + bytes > a->data_hi()) return nullptr;
+    return a;
+}
+
+CUresult allocate(Device& dev, std::size_t bytes, AllocKind kind, CUdeviceptr* out) {
+    std::size_t data_pages = (bytes + PAGE - 1) / PAGE;
+    std::size_t span = (data_pages + 1) * PAGE;
+    std::uintptr_t lo;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        if (dev.live_bytes + bytes > GPU_MEMORY || dev.next + span > dev.end) return CUDA_ERROR_OUT_OF_MEMORY;
+        lo = dev.next;
+        dev.next += span;
+        dev.live_bytes += bytes;
+    }
+    char* alias = nullptr;
+    if (data_pages > 0) {
+        int fd = memfd_create("nanoddp-standin", MFD_CLOEXEC);
+        if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+        bool ok = ftruncate(fd, static_cast<off_t>(data_pages * PAGE)) == 0;
+        ok = ok && mmap(reinterpret_cast<void*>(lo), data_pages * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                        fd, 0) != MAP_FAILED;
+        if (ok) {
+            void* a = mmap(nullptr, data_pages * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            ok = a != MAP_FAILED;
+            alias = ok ? static_cast<char*>(a) : nullptr;
+        }
+        close(fd);
+        if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    auto* a = new Allocation;
+    a->owner = dev.ordinal;
+    a->kind = kind;
+    a->map_lo = lo;
+    a->data_pages = data_pages;
+    // The data ends as close to the guard page as 256-byte alignment allows.
+    a->data_lo = (lo + data_pages * PAGE - bytes) & ~(ALLOC_ALIGN - 1);
+    a->bytes = bytes;
+    a->alias = alias;
+    {
+        std::lock_guard<std::mutex> lock(g->table);
+        a->id = g->next_alloc_id++;
+        g->allocations[lo] = a;
+        g->by_id[a->id] = a;
+    }
+    *out = a->data_lo;
+    return CUDA_SUCCESS;
+}
+
+// Unmaps the pages (keeping the addresses reserved, so a later touch faults); called while
+// no operation executes (under g->exec).
+void release(Allocation* a, const char* by) {
+    if (a->data_pages > 0) {
+        munmap(a->alias, a->data_pages * PAGE);
+        mmap(reinterpret_cast<void*>(a->map_lo), a->data_pages * PAGE, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    }
+    {
+        std::lock_guard<std::mutex> lock(g->table);
+        a->freed = true;
+        a->freed_by = by;
+        a->alias = nullptr;
+        a->prot = NONE;
+    }
+    std::lock_guard<std::mutex> api(g->api);  // lock order: api before table, never nested the other way
+    g->devices[a->owner].live_bytes -= a->bytes;
+}
+
+char* alias_of(std::uintptr_t addr) {
+    std::lock_guard<std::mutex> lock(g->table);
+    Allocation* a = allocation_at_locked(addr);
+    if (!a || a->freed || addr < a->data_lo) return nullptr;
+    return a->alias + (addr - a->map_lo);
+}
+
+// ------------------------------------------------------------------------------ access rules
+// What GPU `device` may do to allocation `a` (caller holds g->api).
+int access_right(const Allocation& a, int device) {
+    if (a.owner == device) return RW;
+    Device& owner = g->devices[a.owner];
+    if (a.kind == AllocKind::Pool) return owner.pool.access[device];
+    Context* mine = g->devices[device].primary;
+    return mine && mine->peer[a.owner] ? RW : NONE;
+}
+
+// Maps every live allocation with what the kernel about to run may do to it. Caller holds
+// g->exec (no other operation runs).
+void apply_view(const Op& op, int device) {
+    std::vector<std::pair<Allocation*, int>> wanted;
+    {
+        std::lock_guard<std::mutex> api(g->api);
+        std::lock_guard<std::mutex> table(g->table);
+        for (auto& [lo, a] : g->allocations) {
+            if (a->freed || a->data_pages == 0) continue;
+            int prot = access_right(*a, device);
+            for (const Restriction& r : op.restrictions)
+                if (r.alloc == a->id) prot &= r.prot;
+            if (prot != a->prot) wanted.emplace_back(a, prot);
+        }
+    }
+    for (auto& [a, prot] : wanted) {
+        mprotect(reinterpret_cast<void*>(a->map_lo), a->data_pages * PAGE, to_mprotect(prot));
+        a->prot = prot;
+    }
+}
+
+void copy_out(char* dst, const char* src, std::size_t n) { std::memcpy(dst, src, n); }
+
+// ------------------------------------------------------------------------------ fault explainer
+// Runs in a SIGSEGV handler on the kernel's worker thread: no allocation, no blocking lock.
+bool explain(std::uintptr_t addr, bool is_write, char* msg, std::size_t cap) {
+    const Op* op = executing.op;
+    if (!op) return false;
+    while (!g->table.try_lock()) sched_yield();
+    Allocation* a = allocation_at_locked(addr);
+    Allocation copy;
+    bool found = a != nullptr;
+    if (found) copy = *a;
+    g->table.unlock();
+    const char* verb = is_write ? "writes" : "reads";
+    const char* kernel = executing.kernel ? executing.kernel : "?";
+    int dev = executing.device;
+    if (!found) return false;  // not device memory: the emulator's own message says so
+    if (copy.freed) {
+        executing.fault_kind = 3;
+        std::snprintf(msg, cap,
+                      "kernel `%s` on GPU %d %s 0x%lx, inside a %zu-byte %s allocation of GPU %d at 0x%lx that was "
+                      "freed (%s): a use after free",
+                      kernel, dev, verb, static_cast<unsigned long>(addr), copy.bytes, kind_name(copy.kind), copy.owner,
+                      static_cast<unsigned long>(copy.data_lo), copy.freed_by ? copy.freed_by : "freed");
+        return true;
+    }
+    if (addr >= copy.data_hi() || addr < copy.data_lo) {
+        executing.fault_kind = 1;
+        std::snprintf(msg, cap, "kernel `%s` on GPU %d %s 0x%lx, %s the %zu-byte %s allocation of GPU %d at 0x%lx", kernel,
+                      dev, verb, static_cast<unsigned long>(addr), addr >= copy.data_hi() ? "past the end of" : "before",
+                      copy.bytes, kind_name(copy.kind), copy.owner, static_cast<unsigned long>(copy.data_lo));
+        return true;
+    }
+    for (const Restriction& r : op->restrictions) {
+        if (r.alloc != copy.id) continue;
+        if (r.prot == RW || (r.prot == READ && !is_write)) continue;
+        executing.fault_kind = 2;
+        std::snprintf(msg, cap,
+                      "cross-stream hazard: kernel `%s` on GPU %d (stream %d) %s 0x%lx in the %zu-byte %s allocation of "
+                      "GPU %d at 0x%lx, which %s has unfinished work on, and nothing orders the two (no event wait, no "
+                      "synchronization between them)",
+                      kernel, dev, op->stream->id, verb, static_cast<unsigned long>(addr), copy.bytes,
+                      kind_name(copy.kind), copy.owner, static_cast<unsigned long>(copy.data_lo), r.culprit.c_str());
+        return true;
+    }
+    // Not freed, inside the data, no hazard: the access right is missing.
+    executing.fault_kind = 1;
+    int right = NONE;
+    {
+        // g->api may be held by a host thread for a moment; these fields change only under
+        // it, and a stale read here only changes the wording.
+        right = copy.owner == dev ? RW
+                : copy.kind == AllocKind::Pool
+                    ? g->devices[copy.owner].pool.access[dev]
+                    : (g->devices[dev].primary && g->devices[dev].primary->peer[copy.owner] ? RW : NONE);
+    }
+    const char* remedy =
+        copy.kind == AllocKind::Pool
+            ? (right == READ ? "GPU %d was granted read-only access to it (cuMemPoolSetAccess with PROT_READ)"
+                             : "pool memory needs cuMemPoolSetAccess on GPU %d's memory pool; cuCtxEnablePeerAccess "
+                               "does not cover memory from cuMemAllocAsync")
+            : "cuCtxEnablePeerAccess from this GPU's context to GPU %d's was never called";
+    char why[256];
+    std::snprintf(why, sizeof why, remedy, copy.kind == AllocKind::Pool && right == READ ? dev : copy.owner);
+    std::snprintf(msg, cap, "kernel `%s` on GPU %d %s 0x%lx, inside the %zu-byte %s allocation of GPU %d at 0x%lx, "
+                  "which GPU %d may not %s: %s",
+                  kernel, dev, verb, static_cast<unsigned long>(addr), copy.bytes, kind_name(copy.kind), copy.owner,
+                  static_cast<unsigned long>(copy.data_lo), dev, is_write ? "write" : "read", why);
+    return true;
+}
+
+// ------------------------------------------------------------------------------ streams
+void stream_thread(Stream* s);
+
+Stream* new_stream(Context* ctx, bool blocking, bool legacy) {
+    auto* s = new Stream;
+    s->ctx = ctx;
+    s->blocking = blocking;
+    s->legacy = legacy;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        s->id = static_cast<int>(g->streams.size());
+        g->streams.push_back(s);
+        g->observed.push_back(0);
+        for (Stream* t : g->streams) t->clock.resize(g->streams.size(), 0);
+        ctx->streams.push_back(s);
+    }
+    std::thread(stream_thread, s).detach();
+    return s;
+}
+
+// Makes `s` run everything up to `seq` and waits for it. Never called with g->api held.
+void complete_up_to(Stream* s, std::uint64_t seq) {
+    std::unique_lock<std::mutex> lock(s->m);
+    if (s->completed >= seq) return;
+    if (s->demand < seq) {
+        s->demand = seq;
+        s->cv.notify_all();
+    }
+    s->cv.wait(lock, [&] { return s->completed >= seq; });
+}
+
+// Asks `s` to run up to `seq` without waiting (event and stream queries).
+void nudge(Stream* s, std::uint64_t seq) {
+    std::lock_guard<std::mutex> lock(s->m);
+    if (s->demand < seq) {
+        s->demand = seq;
+        s->cv.notify_all();
+    }
+}
+
+// The host has seen `s` complete up to `seq`: every later operation is ordered after those.
+void observe(Stream* s, std::uint64_t seq) {
+    std::lock_guard<std::mutex> lock(g->api);
+    if (g->observed[static_cast<std::size_t>(s->id)] < seq) g->observed[static_cast<std::size_t>(s->id)] = seq;
+    while (!g->pending.empty()) {
+        const Op& front = *g->pending.front();
+        if (front.seq > g->observed[static_cast<std::size_t>(front.stream->id)]) break;
+        g->pending.pop_front();
+    }
+    auto done = [](const std::shared_ptr<Op>& op) {
+        return op->seq <= g->observed[static_cast<std::size_t>(op->stream->id)];
+    };
+    g->pending.erase(std::remove_if(g->pending.begin(), g->pending.end(), done), g->pending.end());
+}
+
+void set_sticky(Context* ctx, CUresult code, const std::string& message) {
+    std::lock_guard<std::mutex> lock(g->api);
+    if (ctx->sticky == CUDA_SUCCESS) {
+        ctx->sticky = code;
+        ctx->sticky_message = message;
+    }
+}
+
+CUresult sticky_of(Context* ctx) {
+    std::lock_guard<std::mutex> lock(g->api);
+    return ctx->sticky;
+}
+
+void execute(Op& op) {
+    for (auto& [dep, seq] : op.deps) complete_up_to(dep, seq);
+    Context* ctx = op.stream->ctx;
+    if (sticky_of(ctx) != CUDA_SUCCESS) return;  // a dead context runs nothing more
+    std::lock_guard<std::mutex> exec(g->exec);
+    LaunchOutcome out;
+    if (!op.hazard.empty()) {
+        out.code = CUDA_ERROR_LAUNCH_FAILED;
+        out.message = op.hazard;
+        std::lock_guard<std::mutex> api(g->api);
+        ++g->hazards;
+    } else {
+        if (op.is_kernel) apply_view(op, ctx->dev->ordinal);
+        out = op.body(op);
+    }
+    if (out.code != CUDA_SUCCESS) {
+        std::string text = op.what + ": " + out.message;
+        report(text);
+        set_sticky(ctx, out.code, text);
+    }
+}
+
+void stream_thread(Stream* s) {
+    for (;;) {
+        std::shared_ptr<Op> op;
+        {
+            std::unique_lock<std::mutex> lock(s->m);
+            s->cv.wait(lock, [&] {
+                return (!s->queue.empty() && s->demand >= s->queue.front()->seq) || (s->closing && s->queue.empty());
+            });
+            if (s->queue.empty()) return;  // closing, and drained
+            op = s->queue.front();
+        }
+        execute(*op);
+        {
+            std::lock_guard<std::mutex> lock(s->m);
+            s->queue.pop_front();
+            s->completed = op->seq;
+            s->cv.notify_all();
+        }
+    }
+}
+
+// Enqueues `op` on `s`: vector clock, hazard restrictions, queue. Returns the sticky error
+// of the stream's context if it is dead (nothing is enqueued then).
+CUresult enqueue(Stream* s, std::shared_ptr<Op> op, const std::vector<const Event*>& waits = {}) {
+    op->stream = s;
+    std::uint64_t seq;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        if (s->ctx->sticky != CUDA_SUCCESS) return s->ctx->sticky;
+        std::size_t n = g->streams.size();
+        std::vector<std::uint64_t>& clock = s->clock;
+        clock.resize(n, 0);
+        for (std::size_t i = 0; i < n; ++i) clock[i] = std::max(clock[i], g->observed[i]);
+        for (const Event* e : waits) {
+            if (!e->stream) continue;
+            op->deps.emplace_back(e->stream, e->seq);
+            for (std::size_t i = 0; i < e->clock.size() && i < n; ++i) clock[i] = std::max(clock[i], e->clock[i]);
+            clock[static_cast<std::size_t>(e->stream->id)] =
+                std::max(clock[static_cast<std::size_t>(e->stream->id)], e->seq);
+        }
+        // The legacy NULL stream and blocking streams of a context order each other.
+        for (Stream* t : s->ctx->streams) {
+            if (t == s || !(s->legacy ? t->blocking : (s->blocking && t->legacy))) continue;
+            std::uint64_t tail;
+            {
+                std::lock_guard<std::mutex> tl(t->m);
+                tail = t->enqueued;
+            }
+            if (tail > 0) {
+                op->deps.emplace_back(t, tail);
+                clock[static_cast<std::size_t>(t->id)] = std::max(clock[static_cast<std::size_t>(t->id)], tail);
+            }
+        }
+        {
+            std::lock_guard<std::mutex> sl(s->m);
+            seq = ++s->enqueued;
+        }
+        op->seq = seq;
+        op->clock = clock;
+        clock[static_cast<std::size_t>(s->id)] = seq;
+        // Hazards: unfinished operations of other streams that nothing orders with this one.
+        if (!op->footprint.empty()) {
+            for (const auto& other : g->pending) {
+                if (other->stream == s || other->seq <= op->clock[static_cast<std::size_t>(other->stream->id)]) continue;
+                for (const Touch& t : other->footprint) {
+                    int allowed = t.write ? NONE : READ;
+                    if (op->is_kernel) {
+                        op->restrictions.push_back({t.alloc, allowed, other->what + " (stream " +
+                                                                          std::to_string(other->stream->id) + ")"});
+                        continue;
+                    }
+                    for (const Touch& mine : op->footprint) {
+                        if (mine.alloc != t.alloc || !(mine.write || t.write) || !op->hazard.empty()) continue;
+                        std::lock_guard<std::mutex> table(g->table);
+                        Allocation* a = g->by_id[t.alloc];
+                        op->hazard = "cross-stream hazard: " + op->what + " on stream " + std::to_string(s->id) + " " +
+                                     (mine.write ? "writes" : "reads") + " the " + (a ? describe(*a) : "?") +
+                                     ", which " + other->what + " (stream " + std::to_string(other->stream->id) +
+                                     ") " + (t.write ? "writes" : "reads") +
+                                     ", and nothing orders the two (no event wait, no synchronization between them)";
+                    }
+                }
+            }
+            g->pending.push_back(op);
+        }
+        {
+            std::lock_guard<std::mutex> sl(s->m);
+            s->queue.push_back(op);
+            if (g->config.launch_blocking) s->demand = seq;
+            s->cv.notify_all();
+        }
+    }
+    if (g->config.launch_blocking) {
+        complete_up_to(s, seq);
+        observe(s, seq);
+    } else if (seq > QUEUE_LIMIT) {
+        complete_up_to(s, seq - QUEUE_LIMIT);  // a full queue blocks the caller, as on a GPU
+    }
+    return CUDA_SUCCESS;
+}
+
+// Runs everything `s` holds and records that the host has seen it.
+CUresult drain(Stream* s) {
+    std::uint64_t seq;
+    {
+        std::lock_guard<std::mutex> lock(s->m);
+        seq = s->enqueued;
+    }
+    complete_up_to(s, seq);
+    observe(s, seq);
+    return sticky_of(s->ctx);
+}
+
+// ------------------------------------------------------------------------------ init
+void init() {
+    g = new State;  // never freed: stream threads may outlive static destructors
+    Config& c = g->config;
+    c.gpus = static_cast<int>(env_double("NANODDP_STANDIN_GPUS", 4));
+    c.gpus = std::clamp(c.gpus, 0, MAX_GPUS);
+    // CUDA_VISIBLE_DEVICES narrows what a process sees, as with the real driver: the listed
+    // ordinals (up to the first invalid one), renumbered from 0.
+    if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+        int shown = 0;
+        std::stringstream list(visible);
+        std::string item;
+        while (std::getline(list, item, ',')) {
+            char* end = nullptr;
+            long v = std::strtol(item.c_str(), &end, 10);
+            if (item.empty() || *end != '\0' || v < 0 || v >= c.gpus) break;
+            ++shown;
+        }
+        c.gpus = shown;
+    }
+    const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
+    c.launch_blocking = blocking && std::strcmp(blocking, "1") == 0;
+    c.kernel_timeout_s = env_double("NANODDP_KERNEL_TIMEOUT_S", 300.0);
+    c.jit_ms = env_double("NANODDP_STANDIN_JIT_MS", 0.0);
+    for (int i = 0; i < c.gpus; ++i) {
+        Device& d = g->devices[i];
+        d.ordinal = i;
+        d.kernel_timeout_s = c.kernel_timeout_s;
+        d.pool.device = i;
+        d.pool.access[i] = RW;
+        // Reserve this GPU's address range; allocations are mapped inside it.
+        std::uintptr_t want = RANGE_BASE + static_cast<std::uintptr_t>(i) * RANGE_SIZE;
+        void* got = mmap(reinterpret_cast<void*>(want), RANGE_SIZE, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (got == MAP_FAILED) {
+            got = mmap(nullptr, RANGE_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (got == MAP_FAILED) {
+                init_result = CUDA_ERROR_OUT_OF_MEMORY;
+                return;
+            }
+        }
+        d.next = reinterpret_cast<std::uintptr_t>(got);
+        d.end = d.next + RANGE_SIZE;
+        // The primary context and its NULL stream exist from the start, so retaining one
+        // never races with creating it.
+        d.primary = new Context;
+        d.primary->dev = &d;
+        d.primary->legacy = new_stream(d.primary, true, true);
+    }
+    executor();
+    init_result = c.gpus > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+bool ready() { return g && init_result == CUDA_SUCCESS; }
+
+Device* device_of(CUdevice d) {
+    if (!ready() || d < 0 || d >= g->config.gpus) return nullptr;
+    return &g->devices[d];
+}
+
+#define REQUIRE_INIT()                                 \
+    do {                                               \
+        if (!ready()) return CUDA_ERROR_NOT_INITIALIZED; \
+    } while (0)
+
+#define CURRENT_CONTEXT(ctx)                               \
+    REQUIRE_INIT();                                        \
+    Context* ctx = tls_current;                            \
+    if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;           \
+    if (CUresult sticky = sticky_of(ctx)) return sticky
+
+Stream* stream_of(CUstream h, Context* fallback) {
+    if (h == nullptr) return fallback ? fallback->legacy : nullptr;
+    return reinterpret_cast<Stream*>(h);
+}
+
+}  // namespace standin
+
+using namespace standin;
+
+bool standin::explain_fault(std::uintptr_t addr, bool is_write, char* message, std::size_t capacity) {
+    return g && explain(addr, is_write, message, capacity);
+}
+
+// ================================================================================ driver API
+// ---- initialization, version, devices
+STANDIN_API CUresult cuInit(unsigned flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::call_once(init_once, init);
+    return init_result;
+}
+
+STANDIN_API CUresult cuDriverGetVersion(int* version) {
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
+    *version = static_cast<int>(env_double("NANODDP_STANDIN_DRIVER_VERSION", 13000));
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceGetCount(int* count) {
+    REQUIRE_INIT();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = g->config.gpus;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+    REQUIRE_INIT();
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_of(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+    REQUIRE_INIT();
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_of(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::snprintf(name, static_cast<std::size_t>(len), "NVIDIA H100 80GB HBM3 (nanoddp CPU stand-in)");
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice dev) {
+    REQUIRE_INIT();
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_of(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = GPU_MEMORY;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+    REQUIRE_INIT();
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_of(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::memset(uuid->bytes, 0, sizeof uuid->bytes);
+    std::memcpy(uuid->bytes, "nanoddp-standin", 15);
+    uuid->bytes[15] = static_cast<char>(dev);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+
+STANDIN_API CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice dev) {
+    REQUIRE_INIT();
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_of(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    int v;
+    switch (attribute) {
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = static_cast<int>(STATIC_SHARED_LIMIT); break;
+        case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; break;
+        case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; break;
+        case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1980000; break;
+        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = SM_COUNT; break;
+        case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
+        case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; break;
+        case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
+        case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = 2619000; break;
+        case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
+        case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 50 << 20; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; break;
+        case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 3; break;
+        case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = 228 << 10; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; break;
+        case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 0; break;  // not modelled
+        case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = static_cast<int>(OPTIN_SHARED_LIMIT); break;
+        case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = 32; break;
+        case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
+        default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    *value = v;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+    REQUIRE_INIT();
+    if (!can) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_of(dev) || !device_of(peer)) return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer ? 1 : 0;
+    return CUDA_SUCCESS;
+}
+
+// ---- contexts
+STANDIN_API CUresult cuDevicePrimaryCtxRetain(CUcontext* out, CUdevice dev) {
+    REQUIRE_INIT();
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    Device* d = device_of(dev);
+    if (!d) return CUDA_ERROR_INVALID_DEVICE;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        ++d->primary_refs;
+    }
+    *out = reinterpret_cast<CUcontext>(d->primary);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    REQUIRE_INIT();
+    Device* d = device_of(dev);
+    if (!d) return CUDA_ERROR_INVALID_DEVICE;
+    std::lock_guard<std::mutex> lock(g->api);
+    if (d->primary_refs > 0) --d->primary_refs;
+    // The primary context stays: its memory and modules outlive the last release here,
+    // which only matters to programs that release and retain again.
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+    REQUIRE_INIT();
+    tls_current = reinterpret_cast<Context*>(ctx);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
+    REQUIRE_INIT();
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = reinterpret_cast<CUcontext>(tls_current);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuCtxGetDevice(CUdevice* dev) {
+    CURRENT_CONTEXT(ctx);
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    *dev = ctx->dev->ordinal;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuCtxSynchronize() {
+    REQUIRE_INIT();
+    Context* ctx = tls_current;
+    if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    std::vector<Stream*> streams;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        streams = ctx->streams;
+    }
+    for (Stream* s : streams) drain(s);
+    return sticky_of(ctx);
+}
+
+STANDIN_API CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+    REQUIRE_INIT();
+    if (least) *least = 0;
+    if (greatest) *greatest = 0;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+    CURRENT_CONTEXT(ctx);
+    auto* p = reinterpret_cast<Context*>(peer);
+    if (!p || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (p == ctx) return CUDA_ERROR_INVALID_DEVICE;
+    std::lock_guard<std::mutex> lock(g->api);
+    if (ctx->peer[p->dev->ordinal]) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    ctx->peer[p->dev->ordinal] = true;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuCtxDisablePeerAccess(CUcontext peer) {
+    CURRENT_CONTEXT(ctx);
+    auto* p = reinterpret_cast<Context*>(peer);
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lock(g->api);
+    if (!ctx->peer[p->dev->ordinal]) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    ctx->peer[p->dev->ordinal] = false;
+    return CUDA_SUCCESS;
+}
+
+// ---- streams and events
+STANDIN_API CUresult cuStreamCreate(CUstream* out, unsigned flags) {
+    CURRENT_CONTEXT(ctx);
+    if (!out || (flags & ~1u)) return CUDA_ERROR_INVALID_VALUE;
+    *out = reinterpret_cast<CUstream>(new_stream(ctx, (flags & CU_STREAM_NON_BLOCKING) == 0, false));
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuStreamCreateWithPriority(CUstream* out, unsigned flags, int priority) {
+    (void)priority;  // one priority: the stand-in runs one operation at a time anyway
+    return cuStreamCreate(out, flags);
+}
+
+STANDIN_API CUresult cuStreamDestroy_v2(CUstream h) {
+    REQUIRE_INIT();
+    Stream* s = reinterpret_cast<Stream*>(h);
+    if (!s || s->legacy) return CUDA_ERROR_INVALID_HANDLE;
+    // Work still queued completes later, as the documentation allows; the thread then ends.
+    std::lock_guard<std::mutex> lock(s->m);
+    s->closing = true;
+    s->demand = s->enqueued;
+    s->cv.notify_all();
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuStreamSynchronize(CUstream h) {
+    REQUIRE_INIT();
+    Stream* s = stream_of(h, tls_current);
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    return drain(s);
+}
+
+STANDIN_API CUresult cuStreamQuery(CUstream h) {
+    REQUIRE_INIT();
+    Stream* s = stream_of(h, tls_current);
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+    std::uint64_t seq;
+    bool done;
+    {
+        std::lock_guard<std::mutex> lock(s->m);
+        seq = s->enqueued;
+        done = s->completed >= seq;
+    }
+    if (!done) {
+        nudge(s, seq);
+        return CUDA_ERROR_NOT_READY;
+    }
+    observe(s, seq);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuEventCreate(CUevent* out, unsigned flags) {
+    CURRENT_CONTEXT(ctx);
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    auto* e = new Event;
+    e->ctx = ctx;
+    e->timing = (flags & CU_EVENT_DISABLE_TIMING) == 0;
+    *out = reinterpret_cast<CUevent>(e);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuEventDestroy_v2(CUevent h) {
+    REQUIRE_INIT();
+    if (!h) return CUDA_ERROR_INVALID_HANDLE;
+    // Freed lazily: a stream may still wait on it (leaked; events are small).
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuEventRecord(CUevent h, CUstream hs) {
+    REQUIRE_INIT();
+    auto* e = reinterpret_cast<Event*>(h);
+    Stream* s = stream_of(hs, tls_current);
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (s->ctx != e->ctx) return CUDA_ERROR_INVALID_HANDLE;  // recorded only on its own context's streams
+    auto op = std::make_shared<Op>();
+    op->what = "event record";
+    e->happened = false;
+    op->body = [e](Op&) {
+        e->when = std::chrono::steady_clock::now();
+        e->happened = true;
+        return LaunchOutcome{};
+    };
+    if (CUresult r = enqueue(s, op)) return r;
+    std::lock_guard<std::mutex> lock(g->api);
+    e->stream = s;
+    e->seq = op->seq;
+    e->clock = op->clock;
+    e->clock.resize(g->streams.size(), 0);
+    e->clock[static_cast<std::size_t>(s->id)] = op->seq;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuEventSynchronize(CUevent h) {
+    REQUIRE_INIT();
+    auto* e = reinterpret_cast<Event*>(h);
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (!e->stream) return CUDA_SUCCESS;
+    complete_up_to(e->stream, e->seq);
+    observe(e->stream, e->seq);
+    return sticky_of(e->stream->ctx);
+}
+
+STANDIN_API CUresult cuEventQuery(CUevent h) {
+    REQUIRE_INIT();
+    auto* e = reinterpret_cast<Event*>(h);
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (!e->stream) return CUDA_SUCCESS;
+    if (CUresult sticky = sticky_of(e->stream->ctx)) return sticky;
+    bool done;
+    {
+        std::lock_guard<std::mutex> lock(e->stream->m);
+        done = e->stream->completed >= e->seq;
+    }
+    if (!done) {
+        nudge(e->stream, e->seq);
+        return CUDA_ERROR_NOT_READY;
+    }
+    observe(e->stream, e->seq);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+    REQUIRE_INIT();
+    auto* a = reinterpret_cast<Event*>(start);
+    auto* b = reinterpret_cast<Event*>(end);
+    if (!ms || !a || !b) return CUDA_ERROR_INVALID_VALUE;
+    if (!a->timing || !b->timing) return CUDA_ERROR_INVALID_HANDLE;
+    if (!a->happened || !b->happened) return CUDA_ERROR_NOT_READY;
+    *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
+    return cuEventElapsedTime(ms, start, end);
+}
+
+STANDIN_API CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned flags) {
+    REQUIRE_INIT();
+    auto* e = reinterpret_cast<Event*>(h);
+    Stream* s = stream_of(hs, tls_current);
+    if (!e || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    // A marker operation on `s` that depends on the event; everything after it inherits the
+    // order (the stream's clock).
+    Event snapshot;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        snapshot.stream = e->stream;
+        snapshot.seq = e->seq;
+        snapshot.clock = e->clock;
+    }
+    auto op = std::make_shared<Op>();
+    op->what = "stream wait on an event";
+    op->body = [](Op&) { return LaunchOutcome{}; };
+    return enqueue(s, op, {&snapshot});
+}
+
+// ---- memory
+STANDIN_API CUresult cuMemAlloc_v2(CUdeviceptr* out, std::size_t bytes) {
+    CURRENT_CONTEXT(ctx);
+    if (!out || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    return allocate(*ctx->dev, bytes, AllocKind::Plain, out);
+}
+
+STANDIN_API CUresult cuMemFree_v2(CUdeviceptr ptr) {
+    REQUIRE_INIT();
+    if (ptr == 0) return CUDA_SUCCESS;
+    Allocation* a = live_range(ptr, 0);
+    if (!a || a->data_lo != ptr || a->kind != AllocKind::Plain) return CUDA_ERROR_INVALID_VALUE;
+    // cuMemFree waits for the device's work on the memory: complete every stream of the
+    // owner's context first.
+    Context* owner = g->devices[a->owner].primary;
+    if (owner) {
+        std::vector<Stream*> streams;
+        {
+            std::lock_guard<std::mutex> lock(g->api);
+            streams = owner->streams;
+        }
+        for (Stream* s : streams) drain(s);
+    }
+    std::lock_guard<std::mutex> exec(g->exec);
+    release(a, "cuMemFree");
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuMemAllocAsync(CUdeviceptr* out, std::size_t bytes, CUstream hs) {
+    REQUIRE_INIT();
+    Stream* s = stream_of(hs, tls_current);
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+    CUdeviceptr ptr = 0;
+    if (CUresult r = allocate(*s->ctx->dev, bytes, AllocKind::Pool, &ptr)) return r;
+    Allocation* a = live_range(ptr, 0);
+    // The allocation exists in stream order: an operation that "writes" it.
+    auto op = std::make_shared<Op>();
+    op->what = "cuMemAllocAsync of " + std::to_string(bytes) + " bytes";
+    op->footprint.push_back({a->id, true});
+    op->body = [](Op&) { return LaunchOutcome{}; };
+    if (CUresult r = enqueue(s, op)) return r;
+    *out = ptr;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream hs) {
+    REQUIRE_INIT();
+    Stream* s = stream_of(hs, tls_current);
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    Allocation* a = live_range(ptr, 0);
+    if (!a || a->data_lo != ptr || a->kind != AllocKind::Pool) return CUDA_ERROR_INVALID_VALUE;
+    auto op = std::make_shared<Op>();
+    op->what = "cuMemFreeAsync of the " + describe(*a);
+    op->footprint.push_back({a->id, true});
+    op->body = [a](Op&) {
+        release(a, "cuMemFreeAsync");
+        return LaunchOutcome{};
+    };
+    return enqueue(s, op);
+}
+
+STANDIN_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
+    CURRENT_CONTEXT(ctx);
+    std::lock_guard<std::mutex> lock(g->api);
+    if (free_bytes) *free_bytes = GPU_MEMORY - ctx->dev->live_bytes;
+    if (total) *total = GPU_MEMORY;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+    REQUIRE_INIT();
+    Device* d = device_of(dev);
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!d) return CUDA_ERROR_INVALID_DEVICE;
+    *pool = reinterpret_cast<CUmemoryPool>(&d->pool);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
+
+STANDIN_API CUresult cuMemPoolSetAccess(CUmemoryPool hp, const CUmemAccessDesc* map, std::size_t count) {
+    REQUIRE_INIT();
+    auto* pool = reinterpret_cast<Pool*>(hp);
+    if (!pool || (!map && count)) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lock(g->api);
+    for (std::size_t i = 0; i < count; ++i) {
+        const CUmemAccessDesc& d = map[i];
+        if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE || !device_of(d.location.id)) return CUDA_ERROR_INVALID_VALUE;
+        if (d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && d.flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+        // The owning GPU's own access cannot be changed.
+        if (d.location.id == pool->device) {
+            if (d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return CUDA_ERROR_INVALID_DEVICE;
+            continue;
+        }
+        pool->access[d.location.id] = d.flags;
+    }
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuMemPoolGetAccess(int* flags, CUmemoryPool hp, CUmemLocation* location) {
+    REQUIRE_INIT();
+    auto* pool = reinterpret_cast<Pool*>(hp);
+    if (!flags || !pool || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE || !device_of(location->id))
+        return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lock(g->api);
+    *flags = pool->access[location->id];
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value) {
+    (void)attr;
+    (void)value;  // release thresholds and reuse policies do not change what a program sees
+    return pool ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+STANDIN_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, std::size_t keep) {
+    (void)keep;
+    return pool ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+namespace {
+
+// A copy or memset between device memory (checked now, addressed through the alias when it
+// runs, so copies never need the MMU view) and host memory.
+struct Range {
+    std::uintptr_t addr;
+    std::size_t bytes;
+    bool device;
+    bool write;
+};
+
+CUresult check_ranges(const std::vector<Range>& ranges, Op& op) {
+    for (const Range& r : ranges) {
+        if (!r.device) continue;
+        Allocation* a = live_range(r.addr, r.bytes);
+        if (!a) return CUDA_ERROR_INVALID_VALUE;
+        op.footprint.push_back({a->id, r.write});
+    }
+    return CUDA_SUCCESS;
+}
+
+LaunchOutcome freed_outcome(std::uintptr_t addr) {
+    LaunchOutcome out;
+    out.code = CUDA_ERROR_ILLEGAL_ADDRESS;
+    out.message = "device memory at " + hex(addr) + " was freed before this operation ran (a use after free)";
+    return out;
+}
+
+CUresult copy_async(std::uintptr_t dst, bool dst_device, std::uintptr_t src, bool src_device, std::size_t bytes,
+                    Stream* s, const char* name) {
+    if (bytes == 0) return CUDA_SUCCESS;
+    if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+    auto op = std::make_shared<Op>();
+    op->what = std::string(name) + " of " + std::to_string(bytes) + " bytes";
+    if (CUresult r = check_ranges({{dst, bytes, dst_device, true}, {src, bytes, src_device, false}}, *op)) return r;
+    if (!src_device) {
+        // Pageable host source: staged now, so the caller may reuse its buffer at once.
+        auto staged = std::make_shared<std::vector<char>>(reinterpret_cast<const char*>(src),
+                                                          reinterpret_cast<const char*>(src) + bytes);
+        op->body = [dst, bytes, staged](Op&) {
+            char* to = alias_of(dst);
+            if (!to) return freed_outcome(dst);
+            copy_out(to, staged->data(), bytes);
+            return LaunchOutcome{};
+        };
+    } else if (!dst_device) {
+        // Pageable host destination: the data arrives when the stream gets there; until
+        // then the buffer holds 0xFF bytes (NaN as float).
+        std::memset(reinterpret_cast<void*>(dst), 0xff, bytes);
+        op->body = [dst, src, bytes](Op&) {
+            const char* from = alias_of(src);
+            if (!from) return freed_outcome(src);
+            copy_out(reinterpret_cast<char*>(dst), from, bytes);
+            return LaunchOutcome{};
+        };
+    } else {
+        op->body = [dst, src, bytes](Op&) {
+            const char* from = alias_of(src);
+            char* to = alias_of(dst);
+            if (!from) return freed_outcome(src);
+            if (!to) return freed_outcome(dst);
+            std::memmove(to, from, bytes);
+            return LaunchOutcome{};
+        };
+    }
+    return enqueue(s, op);
+}
+
+CUresult memset_async(std::uintptr_t dst, unsigned char value, std::size_t count, Stream* s) {
+    if (count == 0) return CUDA_SUCCESS;
+    if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+    auto op = std::make_shared<Op>();
+    op->what = "cuMemsetD8Async of " + std::to_string(count) + " bytes";
+    if (CUresult r = check_ranges({{dst, count, true, true}}, *op)) return r;
+    op->body = [dst, value, count](Op&) {
+        char* to = alias_of(dst);
+        if (!to) return freed_outcome(dst);
+        std::memset(to, value, count);
+        return LaunchOutcome{};
+    };
+    return enqueue(s, op);
+}
+
+Stream* resolve(CUstream hs) { return stream_of(hs, tls_current); }
+
+}  // namespace
+
+#define STREAM_OR_FAIL(s, hs)                        \
+    REQUIRE_INIT();                                  \
+    Stream* s = resolve(hs);                         \
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT
+
+STANDIN_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, std::size_t bytes, CUstream hs) {
+    STREAM_OR_FAIL(s, hs);
+    return copy_async(dst, true, reinterpret_cast<std::uintptr_t>(src), false, bytes, s, "cuMemcpyHtoDAsync");
+}
+
+STANDIN_API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, std::size_t bytes, CUstream hs) {
+    STREAM_OR_FAIL(s, hs);
+    return copy_async(reinterpret_cast<std::uintptr_t>(dst), false, src, true, bytes, s, "cuMemcpyDtoHAsync");
+}
+
+STANDIN_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream hs) {
+    STREAM_OR_FAIL(s, hs);
+    return copy_async(dst, true, src, true, bytes, s, "cuMemcpyDtoDAsync");
+}
+
+STANDIN_API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
+                                       std::size_t bytes, CUstream hs) {
+    STREAM_OR_FAIL(s, hs);
+    if (!dst_ctx || !src_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    return copy_async(dst, true, src, true, bytes, s, "cuMemcpyPeerAsync");
+}
+
+STANDIN_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, std::size_t count, CUstream hs) {
+    STREAM_OR_FAIL(s, hs);
+    return memset_async(dst, value, count, s);
+}
+
+// The synchronous forms: the legacy NULL stream of the current context, then wait.
+STANDIN_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size_t bytes) {
+    CURRENT_CONTEXT(ctx);
+    if (CUresult r = copy_async(dst, true, reinterpret_cast<std::uintptr_t>(src), false, bytes, ctx->legacy,
+                                "cuMemcpyHtoD"))
+        return r;
+    return drain(ctx->legacy);
+}
+
+STANDIN_API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t bytes) {
+    CURRENT_CONTEXT(ctx);
+    if (CUresult r = copy_async(reinterpret_cast<std::uintptr_t>(dst), false, src, true, bytes, ctx->legacy,
+                                "cuMemcpyDtoH"))
+        return r;
+    return drain(ctx->legacy);
+}
+
+STANDIN_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) {
+    CURRENT_CONTEXT(ctx);
+    if (CUresult r = copy_async(dst, true, src, true, bytes, ctx->legacy, "cuMemcpyDtoD")) return r;
+    return drain(ctx->legacy);
+}
+
+STANDIN_API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, std::size_t count) {
+    CURRENT_CONTEXT(ctx);
+    if (CUresult r = memset_async(dst, value, count, ctx->legacy)) return r;
+    return drain(ctx->legacy);
+}
+
+// ---- modules and functions
+namespace {
+
+// Bytes of a module image: a fatbin (its header gives the size), an ELF cubin (up to the
+// end of its section header table), or NUL-terminated PTX text.
+std::size_t image_size(const unsigned char* p) {
+    std::uint32_t magic;
+    std::memcpy(&magic, p, 4);
+    if (magic == 0xBA55ED50u) {  // fatbin
+        std::uint16_t header;
+        std::uint64_t body;
+        std::memcpy(&header, p + 6, 2);
+        std::memcpy(&body, p + 8, 8);
+        return header + body;
+    }
+    if (std::memcmp(p, "\x7f" "ELF", 4) == 0) {
+        std::uint64_t shoff;
+        std::uint16_t shentsize, shnum;
+        std::memcpy(&shoff, p + 0x28, 8);
+        std::memcpy(&shentsize, p + 0x3a, 2);
+        std::memcpy(&shnum, p + 0x3c, 2);
+        return shoff + static_cast<std::size_t>(shentsize) * shnum;
+    }
+    return std::strlen(reinterpret_cast<const char*>(p));
+}
+
+bool looks_like_ptx(const unsigned char* p, std::size_t n) {
+    std::string head(reinterpret_cast<const char*>(p), std::min<std::size_t>(n, 4096));
+    return head.find(".version") != std::string::npos && head.find(".target") != std::string::npos;
+}
+
+// The PTX ISA a driver of `version` (e.g. 13000) JIT-compiles: 9.0 for 13.0, one minor per
+// minor release; 12.x drivers take 8.x.
+int supported_ptx_isa(int version) {
+    int major = version / 1000, minor = (version % 1000) / 10;
+    if (major >= 13) return 90 + minor;
+    if (major == 12) return 80 + std::min(minor, 8);
+    return 70;
+}
+
+}  // namespace
+
+STANDIN_API CUresult cuModuleLoadData(CUmodule* out, const void* image) {
+    CURRENT_CONTEXT(ctx);
+    if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
+    const auto* p = static_cast<const unsigned char*>(image);
+    std::size_t size = image_size(p);
+    std::uint32_t magic;
+    std::memcpy(&magic, p, 4);
+    bool fatbin = magic == 0xBA55ED50u, elf = std::memcmp(p, "\x7f" "ELF", 4) == 0;
+    if (!fatbin && !elf && !looks_like_ptx(p, size)) return CUDA_ERROR_INVALID_IMAGE;
+    if (!fatbin && !elf) {
+        // PTX must be JIT-compiled by the driver: its ISA version must be one the driver knows.
+        std::string text(reinterpret_cast<const char*>(p), std::min<std::size_t>(size, 4096));
+        std::size_t at = text.find(".version");
+        int maj = 0, min = 0;
+        if (at == std::string::npos || std::sscanf(text.c_str() + at, ".version %d.%d", &maj, &min) != 2)
+            return CUDA_ERROR_INVALID_PTX;
+        int driver = 0;
+        cuDriverGetVersion(&driver);
+        if (maj * 10 + min > supported_ptx_isa(driver)) {
+            report("PTX ISA " + std::to_string(maj) + "." + std::to_string(min) +
+                   " is newer than this driver (CUDA " + std::to_string(driver / 1000) + "." +
+                   std::to_string((driver % 1000) / 10) + ") can JIT-compile");
+            return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+        }
+    }
+    if (g->config.jit_ms > 0)
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g->config.jit_ms));
+    auto* m = new Module;
+    m->ctx = ctx;
+    for (KernelInfo& k : executor().kernels_in(p, size)) {
+        auto f = std::make_unique<Function>();
+        f->module = m;
+        f->info = std::move(k);
+        m->names.push_back(f->info.name);
+        m->functions.push_back(std::move(f));
+    }
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        ++ctx->dev->module_loads;
+    }
+    *out = reinterpret_cast<CUmodule>(m);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuModuleLoad(CUmodule* out, const char* path) {
+    REQUIRE_INIT();
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return CUDA_ERROR_NOT_FOUND;
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes.push_back('\0');
+    return cuModuleLoadData(out, bytes.data());
+}
+
+STANDIN_API CUresult cuModuleUnload(CUmodule h) {
+    REQUIRE_INIT();
+    if (!h) return CUDA_ERROR_INVALID_HANDLE;
+    // Kept alive: queued launches may still name its functions.
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuModuleGetFunction(CUfunction* out, CUmodule h, const char* name) {
+    REQUIRE_INIT();
+    auto* m = reinterpret_cast<Module*>(h);
+    if (!out || !m || !name) return CUDA_ERROR_INVALID_VALUE;
+    for (auto& f : m->functions) {
+        if (f->info.name == name) {
+            *out = reinterpret_cast<CUfunction>(f.get());
+            return CUDA_SUCCESS;
+        }
+    }
+    report(std::string("cuModuleGetFunction: the module has no kernel `") + name + "` the " + executor().name() +
+           " can run");
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+STANDIN_API CUresult cuFuncGetAttribute(int* value, int attribute, CUfunction h) {
+    REQUIRE_INIT();
+    auto* f = reinterpret_cast<Function*>(h);
+    if (!value || !f) return CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+        case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = f->info.max_threads ? static_cast<int>(f->info.max_threads) : 1024; break;
+        case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *value = 0; break;
+        case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *value = 0; break;
+        case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *value = 0; break;
+        case CU_FUNC_ATTRIBUTE_NUM_REGS: *value = 32; break;
+        case CU_FUNC_ATTRIBUTE_PTX_VERSION: *value = 90; break;
+        case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *value = 90; break;
+        case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *value = static_cast<int>(f->max_dynamic_shared); break;
+        default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuFuncSetAttribute(CUfunction h, int attribute, int value) {
+    REQUIRE_INIT();
+    auto* f = reinterpret_cast<Function*>(h);
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (attribute != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_SUCCESS;  // hints only
+    if (value < 0 || static_cast<unsigned>(value) > OPTIN_SHARED_LIMIT) return CUDA_ERROR_INVALID_VALUE;
+    f->max_dynamic_shared = static_cast<unsigned>(value);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuFuncSetCacheConfig(CUfunction h, int config) {
+    (void)config;
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+STANDIN_API CUresult cuLaunchKernel(CUfunction h, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned shared, CUstream hs, void** params, void** extra) {
+    CURRENT_CONTEXT(ctx);
+    auto* f = reinterpret_cast<Function*>(h);
+    Stream* s = stream_of(hs, ctx);
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (extra) return CUDA_ERROR_NOT_SUPPORTED;
+    // A function and a stream belong to one context, which must be the current one.
+    if (f->module->ctx != ctx || s->ctx != ctx) {
+        report("cuLaunchKernel of `" + f->info.name + "`: the " +
+               std::string(f->module->ctx != ctx ? "function's module" : "stream") +
+               " belongs to another GPU's context than the current one (GPU " + std::to_string(ctx->dev->ordinal) + ")");
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    const std::string& name = f->info.name;
+    unsigned long long threads = static_cast<unsigned long long>(bx) * by * bz;
+    auto bad = [&](CUresult code, const std::string& why) {
+        report("cuLaunchKernel of `" + name + "`: " + why);
+        return code;
+    };
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0)
+        return bad(CUDA_ERROR_INVALID_VALUE, "a grid or block dimension is 0");
+    if (bx > 1024 || by > 1024 || bz > 64 || threads > 1024)
+        return bad(CUDA_ERROR_INVALID_VALUE, "block (" + std::to_string(bx) + ", " + std::to_string(by) + ", " +
+                                                 std::to_string(bz) + ") exceeds 1024 threads or (1024, 1024, 64)");
+    if (gx > 2147483647u || gy > 65535 || gz > 65535)
+        return bad(CUDA_ERROR_INVALID_VALUE, "grid (" + std::to_string(gx) + ", " + std::to_string(gy) + ", " +
+                                                 std::to_string(gz) + ") exceeds (2^31-1, 65535, 65535)");
+    if (f->info.max_threads && threads > f->info.max_threads)
+        return bad(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+                   std::to_string(threads) + " threads per block, but the kernel is compiled with __launch_bounds__(" +
+                       std::to_string(f->info.max_threads) + ")");
+    if (shared > f->max_dynamic_shared)
+        return bad(CUDA_ERROR_INVALID_VALUE,
+                   std::to_string(shared) + " bytes of dynamic shared memory, above the kernel's limit of " +
+                       std::to_string(f->max_dynamic_shared) +
+                       (f->max_dynamic_shared == STATIC_SHARED_LIMIT
+                            ? " (48 KiB unless CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is raised)"
+                            : ""));
+    if (!params && !f->info.params.empty()) return bad(CUDA_ERROR_INVALID_VALUE, "kernelParams is null");
+    // Arguments are captured now, as the driver does; the launch runs later.
+    auto values = std::make_shared<std::vector<std::uint64_t>>(f->info.params.size(), 0);
+    auto op = std::make_shared<Op>();
+    op->is_kernel = true;
+    for (std::size_t i = 0; i < f->info.params.size(); ++i) {
+        char kind = f->info.params[i];
+        std::size_t bytes = kind == 'r' || kind == 'w' ? 8 : static_cast<std::size_t>(kind - '0');
+        std::memcpy(&(*values)[i], params[i], bytes);
+        if (kind == 'r' || kind == 'w') {
+            std::uintptr_t ptr = (*values)[i];
+            std::lock_guard<std::mutex> lock(g->table);
+            Allocation* a = ptr ? allocation_at_locked(ptr) : nullptr;
+            if (a && !a->freed) op->footprint.push_back({a->id, kind == 'w'});
+        }
+    }
+    std::uint64_t launch_no;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        launch_no = ++ctx->dev->launches;
+    }
+    op->what = "kernel `" + name + "` on GPU " + std::to_string(ctx->dev->ordinal) + " (launch #" +
+               std::to_string(launch_no) + ")";
+    LaunchShape shape{{gx, gy, gz}, {bx, by, bz}, shared};
+    Function* fn = f;
+    int device = ctx->dev->ordinal;
+    op->body = [fn, shape, values, device](Op& self) {
+        std::vector<void*> ptrs(values->size());
+        for (std::size_t i = 0; i < values->size(); ++i) ptrs[i] = &(*values)[i];
+        executing.op = &self;
+        executing.device = device;
+        executing.kernel = fn->info.name.c_str();
+        executing.fault_kind = 0;
+        double timeout_s;
+        {
+            std::lock_guard<std::mutex> lock(g->api);
+            timeout_s = g->devices[device].kernel_timeout_s;
+        }
+        LaunchOutcome out = executor().launch(fn->info, shape, ptrs.data(), timeout_s);
+        if (out.code != CUDA_SUCCESS) {
+            std::lock_guard<std::mutex> lock(g->api);
+            ++g->faults;
+            if (executing.fault_kind == 2) {
+                ++g->hazards;
+                out.code = CUDA_ERROR_LAUNCH_FAILED;
+            }
+        }
+        executing = Executing{};
+        return out;
+    };
+    return enqueue(s, op);
+}
+
+STANDIN_API CUresult cuGetErrorName(CUresult code, const char** out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    switch (code) {
+#define NAME(c) \
+    case c:     \
+        *out = #c; \
+        return CUDA_SUCCESS;
+        NAME(CUDA_SUCCESS)
+        NAME(CUDA_ERROR_INVALID_VALUE)
+        NAME(CUDA_ERROR_OUT_OF_MEMORY)
+        NAME(CUDA_ERROR_NOT_INITIALIZED)
+        NAME(CUDA_ERROR_NO_DEVICE)
+        NAME(CUDA_ERROR_INVALID_DEVICE)
+        NAME(CUDA_ERROR_INVALID_IMAGE)
+        NAME(CUDA_ERROR_INVALID_CONTEXT)
+        NAME(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+        NAME(CUDA_ERROR_INVALID_PTX)
+        NAME(CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
+        NAME(CUDA_ERROR_INVALID_HANDLE)
+        NAME(CUDA_ERROR_NOT_FOUND)
+        NAME(CUDA_ERROR_NOT_READY)
+        NAME(CUDA_ERROR_ILLEGAL_ADDRESS)
+        NAME(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+        NAME(CUDA_ERROR_LAUNCH_TIMEOUT)
+        NAME(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+        NAME(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+        NAME(CUDA_ERROR_LAUNCH_FAILED)
+        NAME(CUDA_ERROR_NOT_SUPPORTED)
+        NAME(CUDA_ERROR_UNKNOWN)
+#undef NAME
+        default:
+            *out = nullptr;
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+STANDIN_API CUresult cuGetErrorString(CUresult code, const char** out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    switch (code) {
+        case CUDA_SUCCESS: *out = "no error"; break;
+        case CUDA_ERROR_INVALID_VALUE: *out = "invalid argument"; break;
+        case CUDA_ERROR_OUT_OF_MEMORY: *out = "out of memory"; break;
+        case CUDA_ERROR_NOT_INITIALIZED: *out = "initialization error"; break;
+        case CUDA_ERROR_NO_DEVICE: *out = "no CUDA-capable device is detected"; break;
+        case CUDA_ERROR_INVALID_DEVICE: *out = "invalid device ordinal"; break;
+        case CUDA_ERROR_INVALID_IMAGE: *out = "device kernel image is invalid"; break;
+        case CUDA_ERROR_INVALID_CONTEXT: *out = "invalid device context"; break;
+        case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: *out = "peer access is not supported between these two devices"; break;
+        case CUDA_ERROR_INVALID_PTX: *out = "a PTX JIT compilation failed"; break;
+        case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: *out = "the provided PTX was compiled with an unsupported toolchain."; break;
+        case CUDA_ERROR_INVALID_HANDLE: *out = "invalid resource handle"; break;
+        case CUDA_ERROR_NOT_FOUND: *out = "named symbol not found"; break;
+        case CUDA_ERROR_NOT_READY: *out = "device not ready"; break;
+        case CUDA_ERROR_ILLEGAL_ADDRESS: *out = "an illegal memory access was encountered"; break;
+        case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: *out = "too many resources requested for launch"; break;
+        case CUDA_ERROR_LAUNCH_TIMEOUT: *out = "the launch timed out and was terminated"; break;
+        case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: *out = "peer access is already enabled"; break;
+        case CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: *out = "peer access has not been enabled"; break;
+        case CUDA_ERROR_LAUNCH_FAILED: *out = "unspecified launch failure"; break;
+        case CUDA_ERROR_NOT_SUPPORTED: *out = "operation not supported"; break;
+        case CUDA_ERROR_UNKNOWN: *out = "unknown error"; break;
+        default:
+            *out = nullptr;
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+// ---- nanoddp extensions
+// The diagnostic behind the most recent error the stand-in reported (empty if none). The
+// pointer stays valid until the calling thread calls this again.
+STANDIN_API const char* nanoddpStandinLastError() {
+    thread_local std::string copy;
+    if (!g) return "";
+    std::lock_guard<std::mutex> lock(g->last_error_lock);
+    copy = g->last_error;
+    return copy.c_str();
+}
+
+// The diagnostic behind `device`'s sticky error when its context has one, else the most
+// recent error reported (as nanoddpStandinLastError). Same lifetime rule.
+STANDIN_API const char* nanoddpStandinDeviceError(int device) {
+    thread_local std::string copy;
+    if (!ready() || !device_of(device)) return "";
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        Context* ctx = g->devices[device].primary;
+        if (ctx && ctx->sticky != CUDA_SUCCESS) {
+            copy = ctx->sticky_message;
+            return copy.c_str();
+        }
+    }
+    return nanoddpStandinLastError();
+}
+
+// Counters for tests: out[0] module loads on `device`, out[1] launches on it, out[2] hazards
+// reported (all GPUs), out[3] kernels that failed (all GPUs). Returns how many it wrote.
+STANDIN_API int nanoddpStandinCounters(int device, unsigned long long* out, int n) {
+    if (!ready() || !out || !device_of(device)) return 0;
+    std::lock_guard<std::mutex> lock(g->api);
+    unsigned long long values[4] = {g->devices[device].module_loads, g->devices[device].launches, g->hazards, g->faults};
+    int k = std::min(n, 4);
+    for (int i = 0; i < k; ++i) out[i] = values[i];
+    return k;
+}
+
+// Sets the watchdog's limit for `device`'s later launches (seconds; 0: none). For tests that
+// want one GPU's endless kernel stopped quickly while the others keep the generous default.
+STANDIN_API int nanoddpStandinSetKernelTimeout(int device, double seconds) {
+    if (!ready() || !device_of(device) || seconds < 0) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lock(g->api);
+    g->devices[device].kernel_timeout_s = seconds;
+    return CUDA_SUCCESS;
+}
+
+// ---- everything else cudarc can reach: not implemented, and saying so.
+#define NOT_SUPPORTED(name) \
+    STANDIN_API CUresult name() { return CUDA_ERROR_NOT_SUPPORTED; }
+NOT_SUPPORTED(cuCtxCreate_v3)
+NOT_SUPPORTED(cuCtxCreate_v4)
+NOT_SUPPORTED(cuCtxDestroy_v2)
+NOT_SUPPORTED(cuCtxGetCacheConfig)
+NOT_SUPPORTED(cuCtxSetCacheConfig)
+NOT_SUPPORTED(cuCtxGetLimit)
+NOT_SUPPORTED(cuCtxSetLimit)
+NOT_SUPPORTED(cuCtxSetFlags)
+NOT_SUPPORTED(cuDeviceSetMemPool)
+NOT_SUPPORTED(cuDestroyExternalMemory)
+NOT_SUPPORTED(cuExternalMemoryGetMappedBuffer)
+NOT_SUPPORTED(cuImportExternalMemory)
+NOT_SUPPORTED(cuGraphDestroy)
+NOT_SUPPORTED(cuGraphExecDestroy)
+NOT_SUPPORTED(cuGraphInstantiateWithFlags)
+NOT_SUPPORTED(cuGraphLaunch)
+NOT_SUPPORTED(cuGraphUpload)
+NOT_SUPPORTED(cuLaunchCooperativeKernel)
+NOT_SUPPORTED(cuLaunchHostFunc)
+NOT_SUPPORTED(cuMemAdvise_v2)
+NOT_SUPPORTED(cuMemAllocFromPoolAsync)
+NOT_SUPPORTED(cuMemAllocManaged)
+NOT_SUPPORTED(cuMemHostAlloc)
+NOT_SUPPORTED(cuMemAllocHost_v2)
+NOT_SUPPORTED(cuMemFreeHost)
+NOT_SUPPORTED(cuMemHostRegister_v2)
+NOT_SUPPORTED(cuMemPoolCreate)
+NOT_SUPPORTED(cuMemPoolDestroy)
+NOT_SUPPORTED(cuMemPoolGetAttribute)
+NOT_SUPPORTED(cuMemPrefetchAsync_v2)
+NOT_SUPPORTED(cuModuleGetGlobal_v2)
+NOT_SUPPORTED(cuOccupancyAvailableDynamicSMemPerBlock)
+NOT_SUPPORTED(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+NOT_SUPPORTED(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
+NOT_SUPPORTED(cuOccupancyMaxActiveClusters)
+NOT_SUPPORTED(cuOccupancyMaxPotentialBlockSize)
+NOT_SUPPORTED(cuOccupancyMaxPotentialBlockSizeWithFlags)
+NOT_SUPPORTED(cuOccupancyMaxPotentialClusterSize)
+NOT_SUPPORTED(cuProfilerStart)
+NOT_SUPPORTED(cuProfilerStop)
+NOT_SUPPORTED(cuStreamAttachMemAsync)
+NOT_SUPPORTED(cuStreamBeginCapture_v2)
+NOT_SUPPORTED(cuStreamEndCapture)
+NOT_SUPPORTED(cuStreamIsCapturing)
+NOT_SUPPORTED(cuLaunchKernelEx)
+NOT_SUPPORTED(cuMemsetD32Async)
+NOT_SUPPORTED(cuMemsetD16Async)
+NOT_SUPPORTED(cuMemcpyAsync)
+NOT_SUPPORTED(cuMemcpy)
+#undef NOT_SUPPORTED
