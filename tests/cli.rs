@@ -1,6 +1,8 @@
-//! `nanoddp info` tells the truth about this build and this machine, and never fails
-//! because CUDA is missing.
+//! The command line: `nanoddp info` tells the truth about this build and this machine and
+//! never fails because CUDA is missing; `train` refuses bad settings and output paths before
+//! its first step, and stops a diverging run keeping the last checkpoint.
 
+use std::os::unix::fs::FileTypeExt;
 use std::process::Command;
 
 use nanoddp::backend::cuda;
@@ -113,4 +115,102 @@ fn bench_rejects_a_zero_batch() {
         .expect("runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--batch"));
+}
+
+/// `train` with `args` on the shipped subset, one epoch; returns (exit code, stderr).
+fn train_with(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
+        .arg("train")
+        .args([
+            "--data",
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/data/fashion-mnist-subset"
+            ),
+        ])
+        .args(["--epochs", "1"])
+        .args(args)
+        .output()
+        .expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_settings_and_output_paths_are_refused_before_the_first_step() {
+    let dir = std::env::temp_dir().join(format!("nanoddp-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("link.safetensors");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+    let folder = dir.to_string_lossy().into_owned();
+    let link_text = link.to_string_lossy().into_owned();
+    // (arguments, what the one-line error must mention)
+    let table: &[(&[&str], &str)] = &[
+        (&["--batch", "0"], "--batch"),
+        (&["--lr", "nan"], "--lr"),
+        (&["--lr=-1"], "--lr"),
+        (&["--lr=1e30"], "--lr"),
+        (&["--lr", "0"], "--lr"),
+        (&["--momentum", "5"], "--momentum"),
+        (&["--momentum", "1"], "--momentum"),
+        (&["--weight-decay=-3"], "--weight-decay"),
+        (&["--save", "/dev/full"], "not a regular file"),
+        (&["--save", &link_text], "not a regular file"),
+        (&["--save", &folder], "not a regular file"),
+        (&["--save", "/nonexistent/x.safetensors"], "does not exist"),
+        (&["--plot", "/nonexistent/p.png"], "does not exist"),
+        (&["--metrics", "/dev/full"], "not a regular file"),
+    ];
+    for (args, mention) in table {
+        let (code, err) = train_with(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.contains(mention),
+            "{args:?}: expected `{mention}` in: {err}"
+        );
+        assert!(
+            !err.contains("epoch"),
+            "{args:?} must fail before training: {err}"
+        );
+    }
+    // Nothing was replaced.
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(std::fs::metadata("/dev/full")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_diverging_run_stops_with_an_error_and_keeps_the_last_checkpoint() {
+    let dir = std::env::temp_dir().join(format!("nanoddp-diverge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ckpt = dir.join("run.safetensors");
+    std::fs::write(&ckpt, b"the previous checkpoint").unwrap();
+    // Weights with a NaN: the loss is NaN from the first step, as after a divergence.
+    let init = dir.join("nan.safetensors");
+    let mut weights = nanoddp::train::initial_weights(nanoddp::train::Recipe::Default, 1);
+    weights[6][0] = f32::NAN;
+    nanoddp::train::checkpoint::save(&init, &nanoddp::train::from_weights(weights)).unwrap();
+    let (code, err) = train_with(&[
+        "--init",
+        &init.to_string_lossy(),
+        "--save",
+        &ckpt.to_string_lossy(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("diverged") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&ckpt).unwrap(), b"the previous checkpoint");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -22,7 +22,8 @@ pub enum BackendArg {
     Cpu,
     /// The CUDA kernels under the SIMT emulator (slow: for studying the kernels).
     Simt,
-    /// GPUs 0..devices.
+    /// GPUs 0..devices (without a GPU: LD_LIBRARY_PATH=target/release/cuda-standin runs this
+    /// path on nanoddp's CPU stand-in for the CUDA driver, slowly).
     Cuda,
 }
 
@@ -169,6 +170,39 @@ pub fn eval(out: &mut impl Write, args: EvalArgs) -> Result<(), Box<dyn std::err
     Ok(())
 }
 
+/// The numeric settings a run cannot make sense of, refused before anything starts.
+fn check_settings(args: &TrainArgs) -> Result<(), String> {
+    let range = |name: &str, v: Option<f32>, lo: f32, hi: f32, what: &str| match v {
+        Some(v) if !(v.is_finite() && v >= lo && v <= hi) => {
+            Err(format!("--{name} {v} is out of range: it must be {what}"))
+        }
+        _ => Ok(()),
+    };
+    range(
+        "lr",
+        args.lr,
+        f32::MIN_POSITIVE,
+        100.0,
+        "above 0 and at most 100",
+    )?;
+    // Momentum 1 or more makes the velocity grow without bound.
+    range(
+        "momentum",
+        args.momentum,
+        0.0,
+        0.999,
+        "at least 0 and below 1 (at most 0.999)",
+    )?;
+    range(
+        "weight-decay",
+        args.weight_decay,
+        0.0,
+        1.0,
+        "between 0 and 1",
+    )?;
+    Ok(())
+}
+
 fn load_data(
     explicit: Option<&std::path::Path>,
     out: &mut impl Write,
@@ -225,6 +259,17 @@ fn run_with(
     let lead = mpi_rank(mpi) == 0;
     if args.devices == 0 || args.devices > 64 {
         return Err("--devices must be between 1 and 64".into());
+    }
+    if args.batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
+    check_settings(&args)?;
+    // Every output file is checked before the first step: a typo must not cost the run.
+    for path in [&args.save, &args.plot, &args.metrics]
+        .into_iter()
+        .flatten()
+    {
+        checkpoint::check_destination(path)?;
     }
     let recipe = match args.recipe {
         RecipeArg::Chapter => Recipe::Chapter,
@@ -305,6 +350,15 @@ fn run_with(
         let io = |e: std::io::Error| TrainError::Config(format!("writing metrics: {e}"));
         match event {
             Event::Step(s) => {
+                if !s.loss.is_finite() {
+                    // Diverged: stop before an epoch's checkpoint could save it (the last one
+                    // written stays as it was).
+                    return Err(TrainError::Config(format!(
+                        "training diverged: the loss is {} at step {} (epoch {}); lower --lr, \
+                         or resume from the last checkpoint with a smaller one",
+                        s.loss, s.step, s.epoch
+                    )));
+                }
                 bar.set_prefix(s.epoch.to_string());
                 bar.set_position(((s.step - 1) as u64 % steps_per_epoch) + 1);
                 bar.set_message(format!("{:.4}", s.loss));
@@ -318,6 +372,15 @@ fn run_with(
             }
             Event::Epoch(e, state) => {
                 bar.reset();
+                // A NaN can sit in the weights while the reported loss stays finite: never
+                // save such a state over the last good checkpoint.
+                if state.weights.iter().flatten().any(|w| !w.is_finite()) {
+                    return Err(TrainError::Config(format!(
+                        "training diverged: the weights are not finite after epoch {} (the \
+                         last checkpoint, if any, is kept); lower --lr",
+                        e.epoch
+                    )));
+                }
                 println!(
                     "epoch {:>3}  loss {:.4}  train acc {:.4}  test acc {:.4}  {:.1} s  {:.0} img/s  allreduce {:.1}%",
                     e.epoch,

@@ -51,7 +51,103 @@ pub struct Checkpoint {
     pub loss_scale: Option<(f32, usize)>,
 }
 
-/// Writes `ckpt` to `path` atomically (a temporary file in the same folder, renamed).
+/// Checks that a checkpoint (or any output file) can be written to `path` without
+/// destroying anything it must not: the folder exists and takes new files, and `path` is
+/// absent or a regular file. A run calls this before its first step, so a typo costs
+/// nothing; [`save`] checks again when it writes.
+pub fn check_destination(path: &Path) -> Result<(), CheckpointError> {
+    let shown = path.display().to_string();
+    let invalid = |problem: String| CheckpointError::Invalid {
+        path: shown.clone(),
+        problem,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_file() => {
+            return Err(invalid(format!(
+                "is not a regular file (it is {}): refusing to replace it",
+                describe_file_type(&meta.file_type())
+            )))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(CheckpointError::Io {
+                path: shown,
+                source,
+            })
+        }
+    }
+    let dir = folder_of(path);
+    match std::fs::metadata(&dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(invalid(format!("{} is not a folder", dir.display()))),
+        Err(_) => {
+            return Err(invalid(format!(
+                "the folder {} does not exist",
+                dir.display()
+            )))
+        }
+    }
+    // Can a file be created there? (Permissions, read-only file systems.)
+    let (probe, file) = create_temp(path).map_err(|source| CheckpointError::Io {
+        path: format!("{} (creating a file in {})", shown, dir.display()),
+        source,
+    })?;
+    drop(file);
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
+
+fn describe_file_type(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a pipe"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The folder `path` lives in (`.` for a bare file name).
+fn folder_of(path: &Path) -> std::path::PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    }
+}
+
+/// A new file beside `path`, named for this process and unique within it (never an existing
+/// file: `create_new`), so concurrent runs and a crashed run's leftovers never collide.
+fn create_temp(path: &Path) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "checkpoint".into());
+    let tmp = folder_of(path).join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)?;
+    Ok((tmp, file))
+}
+
+/// Writes `ckpt` to `path` atomically: a temporary file unique to this process in the same
+/// folder, synced, renamed over `path`, and the folder synced. Refuses to replace anything
+/// but a regular file; on any failure the previous file at `path` is intact and the
+/// temporary file is removed.
 pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
     let shown = path.display().to_string();
     let invalid = |problem: String| CheckpointError::Invalid {
@@ -103,11 +199,20 @@ pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
         path: shown.clone(),
         source,
     };
-    let tmp = path.with_extension("safetensors.tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(&data).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    check_destination(path)?;
+    let (tmp, mut f) = create_temp(path).map_err(io)?;
+    let written = f
+        .write_all(&data)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    // The rename is durable once the folder's entry is on disk too.
+    std::fs::File::open(folder_of(path))
+        .and_then(|dir| dir.sync_all())
+        .map_err(io)
 }
 
 /// The same file with its JSON header's keys sorted. `safetensors` writes the metadata in
