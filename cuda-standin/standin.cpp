@@ -1745,6 +1745,25 @@ STANDIN_API int nanoddpStandinSetKernelTimeout(int device, double seconds) {
     return CUDA_SUCCESS;
 }
 
+// ---- the driver's private interfaces: NVIDIA's own libraries in the process (NVRTC among
+// them) look for a loaded libcuda and ask it for its export tables; without these two
+// entry points NVRTC dereferences a null table and crashes. There are none here.
+STANDIN_API CUresult cuGetExportTable(const void** table, const void* id) {
+    (void)id;
+    if (table) *table = nullptr;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+STANDIN_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags,
+                                         int* status) {
+    (void)symbol;
+    (void)version;
+    (void)flags;
+    if (pfn) *pfn = nullptr;
+    if (status) *status = 1;  // CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+    return CUDA_ERROR_NOT_FOUND;
+}
+
 // ---- everything else cudarc can reach: not implemented, and saying so.
 #define NOT_SUPPORTED(name) \
     STANDIN_API CUresult name() { return CUDA_ERROR_NOT_SUPPORTED; }
