@@ -214,3 +214,37 @@ fn a_diverging_run_stops_with_an_error_and_keeps_the_last_checkpoint() {
     assert_eq!(std::fs::read(&ckpt).unwrap(), b"the previous checkpoint");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_closed_pipe_ends_the_printing_not_the_run() {
+    use std::io::Read;
+    let dir = std::env::temp_dir().join(format!("nanoddp-pipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ckpt = dir.join("run.safetensors");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
+        .arg("train")
+        .args([
+            "--data",
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/data/fashion-mnist-subset"
+            ),
+        ])
+        .args(["--epochs", "2", "--max-steps", "14", "--save"])
+        .arg(&ckpt)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    // Read the header line, then go away, as `| head -1` does.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(nanoddp::train::checkpoint::load(&ckpt).unwrap().epoch, 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -381,7 +381,10 @@ fn run_with(
                         e.epoch
                     )));
                 }
-                println!(
+                // A reader that went away (`| head -1`) ends the printing, not the run: the
+                // epochs still train and the checkpoints are still written.
+                let _ = writeln!(
+                    std::io::stdout(),
                     "epoch {:>3}  loss {:.4}  train acc {:.4}  test acc {:.4}  {:.1} s  {:.0} img/s  allreduce {:.1}%",
                     e.epoch,
                     e.train_loss,
