@@ -244,7 +244,7 @@ struct Executing {
     const Op* op = nullptr;
     int device = -1;
     const char* kernel = nullptr;
-    int fault_kind = 0;  // 1: access rule, 2: hazard, 3: freed
+    bool hazard = false;  // the fault broke a cross-stream hazard restriction
 };
 Executing executing;
 
@@ -401,8 +401,6 @@ void apply_view(const Op& op, int device) {
     }
 }
 
-void copy_out(char* dst, const char* src, std::size_t n) { std::memcpy(dst, src, n); }
-
 // ------------------------------------------------------------------------------ fault explainer
 // Runs in a SIGSEGV handler on the kernel's worker thread: no allocation, no blocking lock.
 bool explain(std::uintptr_t addr, bool is_write, char* msg, std::size_t cap) {
@@ -419,7 +417,6 @@ bool explain(std::uintptr_t addr, bool is_write, char* msg, std::size_t cap) {
     int dev = executing.device;
     if (!found) return false;  // not device memory: the emulator's own message says so
     if (copy.freed) {
-        executing.fault_kind = 3;
         std::snprintf(msg, cap,
                       "kernel `%s` on GPU %d %s 0x%lx, inside a %zu-byte %s allocation of GPU %d at 0x%lx that was "
                       "freed (%s): a use after free",
@@ -428,7 +425,6 @@ bool explain(std::uintptr_t addr, bool is_write, char* msg, std::size_t cap) {
         return true;
     }
     if (addr >= copy.data_hi() || addr < copy.data_lo) {
-        executing.fault_kind = 1;
         std::snprintf(msg, cap, "kernel `%s` on GPU %d %s 0x%lx, %s the %zu-byte %s allocation of GPU %d at 0x%lx", kernel,
                       dev, verb, static_cast<unsigned long>(addr), addr >= copy.data_hi() ? "past the end of" : "before",
                       copy.bytes, kind_name(copy.kind), copy.owner, static_cast<unsigned long>(copy.data_lo));
@@ -437,7 +433,7 @@ bool explain(std::uintptr_t addr, bool is_write, char* msg, std::size_t cap) {
     for (const Restriction& r : op->restrictions) {
         if (r.alloc != copy.id) continue;
         if (r.prot == RW || (r.prot == READ && !is_write)) continue;
-        executing.fault_kind = 2;
+        executing.hazard = true;
         std::snprintf(msg, cap,
                       "cross-stream hazard: kernel `%s` on GPU %d (stream %d) %s 0x%lx in the %zu-byte %s allocation of "
                       "GPU %d at 0x%lx, which %s has unfinished work on, and nothing orders the two (no event wait, no "
@@ -447,7 +443,6 @@ bool explain(std::uintptr_t addr, bool is_write, char* msg, std::size_t cap) {
         return true;
     }
     // Not freed, inside the data, no hazard: the access right is missing.
-    executing.fault_kind = 1;
     int right = NONE;
     {
         // g->api may be held by a host thread for a moment; these fields change only under
@@ -1281,7 +1276,7 @@ CUresult copy_async(std::uintptr_t dst, bool dst_device, std::uintptr_t src, boo
         op->body = [dst, bytes, staged](Op&) {
             char* to = alias_of(dst);
             if (!to) return freed_outcome(dst);
-            copy_out(to, staged->data(), bytes);
+            std::memcpy(to, staged->data(), bytes);
             return LaunchOutcome{};
         };
     } else if (!dst_device) {
@@ -1291,7 +1286,7 @@ CUresult copy_async(std::uintptr_t dst, bool dst_device, std::uintptr_t src, boo
         op->body = [dst, src, bytes](Op&) {
             const char* from = alias_of(src);
             if (!from) return freed_outcome(src);
-            copy_out(reinterpret_cast<char*>(dst), from, bytes);
+            std::memcpy(reinterpret_cast<char*>(dst), from, bytes);
             return LaunchOutcome{};
         };
     } else {
@@ -1609,7 +1604,7 @@ STANDIN_API CUresult cuLaunchKernel(CUfunction h, unsigned gx, unsigned gy, unsi
         executing.op = &self;
         executing.device = device;
         executing.kernel = fn->info.name.c_str();
-        executing.fault_kind = 0;
+        executing.hazard = false;
         double timeout_s;
         {
             std::lock_guard<std::mutex> lock(g->api);
@@ -1619,7 +1614,7 @@ STANDIN_API CUresult cuLaunchKernel(CUfunction h, unsigned gx, unsigned gy, unsi
         if (out.code != CUDA_SUCCESS) {
             std::lock_guard<std::mutex> lock(g->api);
             ++g->faults;
-            if (executing.fault_kind == 2) {
+            if (executing.hazard) {
                 ++g->hazards;
                 out.code = CUDA_ERROR_LAUNCH_FAILED;
             }

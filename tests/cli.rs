@@ -117,10 +117,10 @@ fn bench_rejects_a_zero_batch() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--batch"));
 }
 
-/// `train` with `args` on the shipped subset, one epoch; returns (exit code, stderr).
-fn train_with(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
-        .arg("train")
+/// `nanoddp train` on the shipped subset, with `args`.
+fn train_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nanoddp"));
+    cmd.arg("train")
         .args([
             "--data",
             concat!(
@@ -128,8 +128,13 @@ fn train_with(args: &[&str]) -> (Option<i32>, String) {
                 "/tests/data/fashion-mnist-subset"
             ),
         ])
-        .args(["--epochs", "1"])
-        .args(args)
+        .args(args);
+    cmd
+}
+
+/// `train` with `args` on the shipped subset, one epoch; returns (exit code, stderr).
+fn train_with(args: &[&str]) -> (Option<i32>, String) {
+    let out = train_command(&[&["--epochs", "1"], args].concat())
         .output()
         .expect("runs");
     (
@@ -138,10 +143,17 @@ fn train_with(args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// A fresh folder for one test's files.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("nanoddp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temporary folder");
+    dir
+}
+
 #[test]
 fn bad_settings_and_output_paths_are_refused_before_the_first_step() {
-    let dir = std::env::temp_dir().join(format!("nanoddp-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("cli");
     let link = dir.join("link.safetensors");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink("/dev/null", &link).unwrap();
@@ -191,8 +203,7 @@ fn bad_settings_and_output_paths_are_refused_before_the_first_step() {
 
 #[test]
 fn a_diverging_run_stops_with_an_error_and_keeps_the_last_checkpoint() {
-    let dir = std::env::temp_dir().join(format!("nanoddp-diverge-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("diverge");
     let ckpt = dir.join("run.safetensors");
     std::fs::write(&ckpt, b"the previous checkpoint").unwrap();
     // Weights with a NaN: the loss is NaN from the first step, as after a divergence.
@@ -218,20 +229,10 @@ fn a_diverging_run_stops_with_an_error_and_keeps_the_last_checkpoint() {
 #[test]
 fn a_closed_pipe_ends_the_printing_not_the_run() {
     use std::io::Read;
-    let dir = std::env::temp_dir().join(format!("nanoddp-pipe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("pipe");
     let ckpt = dir.join("run.safetensors");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
-        .arg("train")
-        .args([
-            "--data",
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/data/fashion-mnist-subset"
-            ),
-        ])
-        .args(["--epochs", "2", "--max-steps", "14", "--save"])
-        .arg(&ckpt)
+    let ckpt_text = ckpt.to_string_lossy().into_owned();
+    let mut child = train_command(&["--epochs", "2", "--max-steps", "14", "--save", &ckpt_text])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -232,8 +232,8 @@ impl Queue {
     }
 
     /// An error from a call that waited for this queue: it may come from any kernel queued
-    /// since the last wait, so name them.
-    fn waited_err(&self, during: String) -> impl FnOnce(DriverError) -> BackendError {
+    /// since the last wait, so name them. Called only once a call has failed.
+    fn waited_err(&self, during: String, source: DriverError) -> BackendError {
         let in_flight = self
             .in_flight
             .lock()
@@ -256,7 +256,7 @@ impl Queue {
                 names.join(", ")
             )
         };
-        driver_err_on(Some(self.ordinal), during)
+        driver_err_on(Some(self.ordinal), during)(source)
     }
 }
 
@@ -305,50 +305,53 @@ impl CudaDevice {
         static OPEN: Mutex<Vec<(usize, std::sync::Weak<Gpu>)>> = Mutex::new(Vec::new());
         let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
         open.retain(|(_, gpu)| gpu.strong_count() > 0);
-        if let Some(gpu) = open
+        let gpu = match open
             .iter()
             .find(|(o, _)| *o == ordinal)
             .and_then(|(_, gpu)| gpu.upgrade())
         {
-            gpu.ctx
-                .bind_to_thread()
-                .map_err(driver_err("binding the context"))?;
-            let stream = gpu
-                .ctx
-                .new_stream()
-                .map_err(driver_err("creating a stream"))?;
-            return Ok(CudaDevice {
-                gpu,
-                queue: Queue::new(ordinal, stream),
-            });
-        }
-        let ctx =
-            CudaContext::new(ordinal).map_err(driver_err(format!("opening GPU {ordinal}")))?;
-        // SAFETY: called before any allocation on this context; work is ordered per queue and
-        // across queues by the host (module docs), which is what the tracking would enforce.
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
-        let info = DeviceInfo {
-            ordinal,
-            name: ctx.name().map_err(driver_err("reading the device name"))?,
-            compute_capability: ctx
-                .compute_capability()
-                .map_err(driver_err("reading the compute capability"))?,
-            total_memory: ctx
-                .total_mem()
-                .map_err(driver_err("reading the memory size"))?,
+            Some(gpu) => gpu,
+            None => {
+                let ctx = CudaContext::new(ordinal)
+                    .map_err(driver_err(format!("opening GPU {ordinal}")))?;
+                // SAFETY: called before any allocation on this context; work is ordered per
+                // queue and across queues by the host (module docs), which is what the
+                // tracking would enforce.
+                unsafe { ctx.disable_event_tracking() };
+                let info = DeviceInfo {
+                    ordinal,
+                    name: ctx.name().map_err(driver_err("reading the device name"))?,
+                    compute_capability: ctx
+                        .compute_capability()
+                        .map_err(driver_err("reading the compute capability"))?,
+                    total_memory: ctx
+                        .total_mem()
+                        .map_err(driver_err("reading the memory size"))?,
+                };
+                let gpu = Arc::new(Gpu {
+                    ctx,
+                    info,
+                    modules: Mutex::new(HashMap::new()),
+                    functions: Mutex::new(HashMap::new()),
+                });
+                open.push((ordinal, Arc::downgrade(&gpu)));
+                gpu
+            }
         };
-        let gpu = Arc::new(Gpu {
-            ctx,
-            info,
-            modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
-        });
-        open.push((ordinal, Arc::downgrade(&gpu)));
-        Ok(CudaDevice {
-            gpu,
-            queue: Queue::new(ordinal, stream),
-        })
+        CudaDevice::with_new_queue(gpu)
+    }
+
+    /// A handle on `gpu` with a queue of its own (a new stream).
+    fn with_new_queue(gpu: Arc<Gpu>) -> Result<Self, BackendError> {
+        gpu.ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))?;
+        let stream = gpu
+            .ctx
+            .new_stream()
+            .map_err(driver_err("creating a stream"))?;
+        let queue = Queue::new(gpu.info.ordinal, stream);
+        Ok(CudaDevice { gpu, queue })
     }
 
     /// Describes this GPU.
@@ -575,7 +578,7 @@ impl Memory for CudaDevice {
             .queue
             .stream
             .clone_dtoh(&buf.slice)
-            .map_err(self.queue.waited_err(during()))?;
+            .map_err(|e| self.queue.waited_err(during(), e))?;
         // An asynchronous copy into pageable memory may return before the data is there (no
         // driver promises otherwise): wait for it.
         self.synchronize()?;
@@ -586,7 +589,7 @@ impl Memory for CudaDevice {
         self.queue
             .stream
             .synchronize()
-            .map_err(self.queue.waited_err("synchronizing the stream".into()))?;
+            .map_err(|e| self.queue.waited_err("synchronizing the stream".into(), e))?;
         self.queue.drained();
         Ok(())
     }
@@ -601,21 +604,12 @@ impl Memory for CudaDevice {
         Ok(Fence::new(move || {
             event
                 .synchronize()
-                .map_err(queue.waited_err("waiting for an event".into()))
+                .map_err(|e| queue.waited_err("waiting for an event".into(), e))
         }))
     }
 
     fn fork(&self) -> Result<Self, BackendError> {
-        self.bind()?;
-        let stream = self
-            .gpu
-            .ctx
-            .new_stream()
-            .map_err(driver_err("creating a stream"))?;
-        Ok(CudaDevice {
-            gpu: self.gpu.clone(),
-            queue: Queue::new(self.gpu.info.ordinal, stream),
-        })
+        CudaDevice::with_new_queue(self.gpu.clone())
     }
 }
 
@@ -704,10 +698,10 @@ impl Device for CudaDevice {
         };
         // SAFETY: argument count and kinds match the kernel's declared parameters (checked
         // above); the caller guarantees pointers and bounds per `Device::launch`'s contract.
-        unsafe { builder.launch(config) }.map_err(
+        unsafe { builder.launch(config) }.map_err(|e| {
             self.queue
-                .waited_err(format!("launching `{}`", kernel.name)),
-        )?;
+                .waited_err(format!("launching `{}`", kernel.name), e)
+        })?;
         self.queue.launched(kernel.name);
         Ok(())
     }

@@ -452,17 +452,7 @@ fn mpi_rank(_: MpiHandle<'_>) -> usize {
 /// without MPI).
 #[cfg(feature = "mpi")]
 fn mpi_node_slot(mpi: MpiHandle<'_>) -> (usize, usize) {
-    use ::mpi::traits::Communicator;
-    match mpi {
-        None => (0, 1),
-        Some(_) => {
-            // The node's processes as `Mpi::node_rank` finds them (MPI_Comm_split_type with
-            // MPI_COMM_TYPE_SHARED, ranked by world rank), here for the count as well.
-            let world = ::mpi::topology::SimpleCommunicator::world();
-            let node = world.split_shared(world.rank());
-            (node.rank() as usize, node.size() as usize)
-        }
-    }
+    mpi.map_or((0, 1), |m| m.node_slot())
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -547,8 +537,7 @@ impl Run<'_> {
                 use nanoddp::comm::mpi::MpiAlgorithm;
                 let across = (self.algo == AlgoArg::Mpi).then_some(MpiAlgorithm::Native);
                 // Across processes too, emulated devices need the time their kernels take.
-                let mut config = CommConfig::default();
-                config.timeout *= devices.iter().map(|d| d.slowdown()).max().unwrap_or(1);
+                let config = CommConfig::default().scaled_for(&devices);
                 let ranks =
                     nanoddp::train::mpi::Hierarchical::connect(devices, mpi.world(config), across)?;
                 nanoddp::train::train_ranks(ranks, self.data, start, self.cfg, on_event)

@@ -43,6 +43,17 @@ pub struct CommConfig {
     pub model: CostModel,
 }
 
+impl CommConfig {
+    /// This configuration with its timeout scaled for the slowest of `devices`: emulated
+    /// devices run kernels orders of magnitude slower than GPUs, and a peer still computing
+    /// must not be taken for a dead one ([`CommDevice::slowdown`]).
+    pub fn scaled_for<D: CommDevice>(mut self, devices: &[D]) -> CommConfig {
+        let slowdown = devices.iter().map(|d| d.slowdown()).max().unwrap_or(1);
+        self.timeout *= slowdown.max(1);
+        self
+    }
+}
+
 impl Default for CommConfig {
     fn default() -> Self {
         CommConfig {
@@ -255,9 +266,9 @@ pub fn communicator<D: CommDevice>(
             detail: format!("a communicator needs 1 to {MAX_RANKS} devices, got {n}"),
         });
     }
-    let mut shared = Arc::new(Shared {
+    let shared = Arc::new(Shared {
         n,
-        config,
+        config: config.scaled_for(&devices),
         flags: (0..n).map(|_| Padded(AtomicU64::new(0))).collect(),
         sleepers: (0..n).map(|_| Padded(AtomicUsize::new(0))).collect(),
         bells: (0..n).map(|_| (Mutex::new(()), Condvar::new())).collect(),
@@ -275,17 +286,6 @@ pub fn communicator<D: CommDevice>(
                 .map_err(|source| CommError::Device { me: rank, source })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // Emulated devices run kernels orders of magnitude slower than GPUs: give them time.
-    let slowdown = devices
-        .iter()
-        .map(|d| d.slowdown())
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    Arc::get_mut(&mut shared)
-        .expect("not shared yet")
-        .config
-        .timeout *= slowdown;
     let oversubscribed = n > std::thread::available_parallelism().map_or(1, |c| c.get());
     Ok(devices
         .into_iter()

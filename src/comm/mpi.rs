@@ -97,13 +97,12 @@ impl Mpi {
         self.universe.world().size() as usize
     }
 
-    /// This process's rank among the processes on its own node (`MPI_Comm_split_type` with
-    /// `MPI_COMM_TYPE_SHARED`): which GPUs a process takes on a multi-GPU node.
-    pub fn node_rank(&self) -> usize {
-        self.universe
-            .world()
-            .split_shared(self.rank() as c_int)
-            .rank() as usize
+    /// This process's rank among the processes on its own node, and how many there are
+    /// (`MPI_Comm_split_type` with `MPI_COMM_TYPE_SHARED`): which GPUs a process takes on a
+    /// multi-GPU node.
+    pub fn node_slot(&self) -> (usize, usize) {
+        let node = self.universe.world().split_shared(self.rank() as c_int);
+        (node.rank() as usize, node.size() as usize)
     }
 
     /// A communicator over `MPI_COMM_WORLD`.
