@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 /// Data-parallel training from scratch: hand-written CUDA kernels, hand-rolled collectives,
 /// a LeNet trainer. Runs on the CPU when there is no GPU.
 #[derive(Parser)]
-#[command(name = "nanoddp", version, about, long_about = None)]
+#[command(name = "nanoddp", version, about, long_about = None, after_help = cli::EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,6 +22,7 @@ enum Command {
     /// by nanoddp's own allreduce, and every replica applies the same update.
     ///
     /// Example: nanoddp train --devices 4 --epochs 10 --metrics run.jsonl --save lenet.safetensors
+    #[command(after_help = cli::EXIT_CODES)]
     Train(cli::train::TrainArgs),
     /// Test accuracy of a checkpoint written by `train --save`.
     Eval(cli::train::EvalArgs),
@@ -80,17 +81,18 @@ enum BenchWhat {
 }
 
 #[cfg(feature = "mpi")]
-fn check_mpi(late_rank: bool) -> Result<(), Box<dyn std::error::Error>> {
+fn check_mpi(late_rank: bool) -> cli::Outcome {
+    use cli::Classify;
     if late_rank {
-        cli::mpi::check_late_rank()
+        cli::mpi::check_late_rank().running()
     } else {
-        cli::mpi::check(&mut std::io::stdout().lock())
+        cli::mpi::check(&mut std::io::stdout().lock()).running()
     }
 }
 
 #[cfg(not(feature = "mpi"))]
-fn check_mpi(_: bool) -> Result<(), Box<dyn std::error::Error>> {
-    Err(cli::NO_MPI.into())
+fn check_mpi(_: bool) -> cli::Outcome {
+    Err(cli::Failure::Input(cli::NO_MPI.into()))
 }
 
 /// glibc gives every thread that allocates its own malloc arena (up to 8 per core) and keeps
@@ -130,33 +132,16 @@ fn limit_malloc_arenas() {
 fn limit_malloc_arenas() {}
 
 fn main() -> ExitCode {
+    use cli::Classify;
     limit_malloc_arenas();
     let cli = Cli::parse();
-    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
-        Command::Info => cli::info::run(&mut std::io::stdout().lock()).map_err(Into::into),
+    let mut stdout = std::io::stdout().lock();
+    let result = match cli.command {
+        Command::Info => cli::info::run(&mut stdout).running(),
         Command::CheckMpi { late_rank } => check_mpi(late_rank),
-        Command::Schedule(args) => {
-            if let Err(e) = cli::schedule::run(&mut std::io::stdout().lock(), args) {
-                report_error(&e);
-                return ExitCode::from(2);
-            }
-            Ok(())
-        }
-        Command::Eval(args) => {
-            if let Err(e) = cli::train::eval(&mut std::io::stdout().lock(), args) {
-                report_error(&e);
-                return ExitCode::from(2);
-            }
-            Ok(())
-        }
-        Command::Train(args) => {
-            // Errors here are the user's to fix (flags, data, checkpoint, no GPU): exit code 2.
-            if let Err(e) = cli::train::run(&mut std::io::stdout().lock(), args) {
-                report_error(&e);
-                return ExitCode::from(2);
-            }
-            Ok(())
-        }
+        Command::Schedule(args) => cli::schedule::run(&mut stdout, args),
+        Command::Eval(args) => cli::train::eval(&mut stdout, args),
+        Command::Train(args) => cli::train::run(&mut stdout, args),
         Command::Bench {
             what:
                 BenchWhat::Kernels {
@@ -164,16 +149,18 @@ fn main() -> ExitCode {
                     batch,
                     repeats,
                 },
-        } => cli::bench_kernels::run(&mut std::io::stdout().lock(), backend, batch, repeats),
+        } => cli::bench_kernels::run(&mut stdout, backend, batch, repeats),
         Command::Bench {
             what: BenchWhat::Allreduce(sweep),
-        } => cli::bench_allreduce::run(&mut std::io::stdout().lock(), sweep),
+        } => cli::bench_allreduce::run(&mut stdout, sweep),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): the output ends there, and that is not an error.
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
             report_error(&e);
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }

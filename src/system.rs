@@ -184,3 +184,13 @@ pub fn copy_bandwidth(bytes: usize) -> f64 {
     times.sort_by(f64::total_cmp);
     2.0 * bytes as f64 / times[2]
 }
+
+/// Memory the system can give a new allocation without swapping, in bytes: Linux's
+/// `MemAvailable` (free memory plus the page cache and reclaimable slabs it can drop), or
+/// `None` where it cannot be read.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

@@ -1,6 +1,8 @@
 //! The command line: `nanoddp info` tells the truth about this build and this machine and
 //! never fails because CUDA is missing; `train` refuses bad settings and output paths before
-//! its first step, and stops a diverging run keeping the last checkpoint.
+//! its first step, and stops a diverging run keeping the last checkpoint; a pause does not
+//! kill a run; `--resume` continues only its own run and keeps its metrics; no subcommand
+//! panics on bad input, and all share one exit-code convention.
 
 use std::os::unix::fs::FileTypeExt;
 use std::process::Command;
@@ -177,17 +179,7 @@ fn bad_settings_and_output_paths_are_refused_before_the_first_step() {
         (&["--metrics", "/dev/full"], "not a regular file"),
     ];
     for (args, mention) in table {
-        let (code, err) = train_with(args);
-        assert_eq!(code, Some(2), "{args:?}: {err}");
-        assert!(!err.contains("panicked"), "{args:?}: {err}");
-        assert!(
-            err.contains(mention),
-            "{args:?}: expected `{mention}` in: {err}"
-        );
-        assert!(
-            !err.contains("epoch"),
-            "{args:?} must fail before training: {err}"
-        );
+        assert_refused(&[&["train", "--data", SUBSET][..], args].concat(), mention);
     }
     // Nothing was replaced.
     assert!(std::fs::symlink_metadata(&link)
@@ -217,7 +209,8 @@ fn a_diverging_run_stops_with_an_error_and_keeps_the_last_checkpoint() {
         "--save",
         &ckpt.to_string_lossy(),
     ]);
-    assert_eq!(code, Some(2), "{err}");
+    // Found while running: exit code 1.
+    assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("diverged") && !err.contains("panicked"),
         "{err}"
@@ -226,26 +219,411 @@ fn a_diverging_run_stops_with_an_error_and_keeps_the_last_checkpoint() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn a_closed_pipe_ends_the_printing_not_the_run() {
+/// Runs `cmd`, reads the first bytes of its output and closes the pipe, as `| head -1`
+/// does; returns how it ended.
+fn read_then_hang_up(cmd: &mut Command) -> std::process::Output {
     use std::io::Read;
-    let dir = scratch("pipe");
-    let ckpt = dir.join("run.safetensors");
-    let ckpt_text = ckpt.to_string_lossy().into_owned();
-    let mut child = train_command(&["--epochs", "2", "--max-steps", "14", "--save", &ckpt_text])
+    let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("runs");
-    // Read the header line, then go away, as `| head -1` does.
-    let mut stdout = child.stdout.take().unwrap();
-    let mut first = [0u8; 16];
-    stdout.read_exact(&mut first).unwrap();
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut first = [0u8; 8];
+    stdout.read_exact(&mut first).expect("some output");
     drop(stdout);
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().expect("ends")
+}
+
+#[test]
+fn a_closed_pipe_ends_the_printing_not_the_run() {
+    let dir = scratch("pipe");
+    let ckpt = dir.join("run.safetensors");
+    let ckpt_text = ckpt.to_string_lossy().into_owned();
+    // Read the header line, then go away, as `| head -1` does.
+    let out = read_then_hang_up(&mut train_command(&[
+        "--epochs",
+        "2",
+        "--max-steps",
+        "14",
+        "--save",
+        &ckpt_text,
+    ]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(nanoddp::train::checkpoint::load(&ckpt).unwrap().epoch, 2);
+    // 14 steps: epoch 1 whole, epoch 2 cut short at step 14.
+    let saved = nanoddp::train::checkpoint::load(&ckpt).unwrap();
+    assert_eq!((saved.epoch, saved.step), (1, 14));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `nanoddp` with `args`; returns (exit code, stdout, stderr).
+fn nanoddp(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
+        .args(args)
+        .output()
+        .expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const SUBSET: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/fashion-mnist-subset"
+);
+
+/// Writes an uncompressed IDX image file of `count` images of `side` x `side` pixels.
+fn write_idx_images(path: &std::path::Path, count: u32, side: u32) {
+    let mut bytes = Vec::new();
+    for word in [0x0803, count, side, side] {
+        bytes.extend_from_slice(&u32::to_be_bytes(word));
+    }
+    bytes.resize(bytes.len() + (count * side * side) as usize, 7);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Asserts that `nanoddp args` is refused before any work: exit code 2, no panic, an error
+/// that mentions `mention`, one line of it unless clap adds its usage.
+fn assert_refused(args: &[&str], mention: &str) {
+    let (code, out, err) = nanoddp(args);
+    assert_eq!(code, Some(2), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    assert!(
+        err.contains(mention),
+        "{args:?}: expected `{mention}` in: {err}"
+    );
+    assert!(
+        !out.contains("epoch "),
+        "{args:?} must fail before training: {out}"
+    );
+    if !err.contains("try '--help'") {
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn no_bad_input_panics_every_one_is_refused_with_exit_code_2_and_one_line() {
+    let dir = scratch("table");
+    // A data folder with one file missing, and one whose test images are 32x32.
+    let partial = dir.join("partial");
+    let wrong_size = dir.join("wrong-size");
+    for d in [&partial, &wrong_size] {
+        std::fs::create_dir_all(d).unwrap();
+        for f in std::fs::read_dir(SUBSET).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, d.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::remove_file(partial.join("t10k-labels-idx1-ubyte.gz")).unwrap();
+    std::fs::remove_file(wrong_size.join("t10k-images-idx3-ubyte.gz")).unwrap();
+    write_idx_images(&wrong_size.join("t10k-images-idx3-ubyte"), 1000, 32);
+    let garbage = dir.join("garbage.safetensors");
+    std::fs::write(&garbage, b"not a checkpoint").unwrap();
+    let (partial, wrong_size, garbage) = (
+        partial.to_string_lossy().into_owned(),
+        wrong_size.to_string_lossy().into_owned(),
+        garbage.to_string_lossy().into_owned(),
+    );
+    // (arguments, what the error must mention)
+    let table: &[(&[&str], &str)] = &[
+        (&["train", "--data", SUBSET, "--batch", "0"], "--batch"),
+        (
+            &["train", "--data", SUBSET, "--batch", "3001"],
+            "--batch 3001",
+        ),
+        (
+            &["train", "--data", SUBSET, "--devices", "4", "--batch", "3"],
+            "--batch 3",
+        ),
+        (&["train", "--data", SUBSET, "--devices", "0"], "--devices"),
+        (&["train", "--data", SUBSET, "--devices", "65"], "--devices"),
+        (&["train", "--data", SUBSET, "--epochs", "0"], "--epochs 0"),
+        (
+            &["train", "--data", SUBSET, "--max-steps", "0"],
+            "--max-steps 0",
+        ),
+        (&["train", "--data", SUBSET, "--timeout", "0"], "--timeout"),
+        (
+            &["train", "--data", SUBSET, "--timeout", "nan"],
+            "--timeout",
+        ),
+        (&["train", "--data", SUBSET, "--timeout=-1"], "--timeout"),
+        (
+            &["train", "--data", SUBSET, "--timeout", "1e300"],
+            "--timeout",
+        ),
+        (&["train", "--data", SUBSET, "--lr", "inf"], "--lr"),
+        (
+            &["train", "--data", SUBSET, "--momentum=-0.5"],
+            "--momentum",
+        ),
+        (
+            &["train", "--data", SUBSET, "--resume", &garbage],
+            "garbage.safetensors",
+        ),
+        (
+            &["train", "--data", SUBSET, "--init", "/nonexistent.st"],
+            "/nonexistent.st",
+        ),
+        (&["train", "--data", SUBSET, "--algo", "mpi"], "--comm mpi"),
+        (
+            &["train", "--data", "/nonexistent/folder"],
+            "/nonexistent/folder",
+        ),
+        (&["train", "--data", &partial], "t10k-labels-idx1-ubyte"),
+        (&["train", "--data", &wrong_size], "test images are 32x32"),
+        (
+            &["eval", "--checkpoint", &garbage, "--data", SUBSET],
+            "garbage",
+        ),
+        (
+            &["eval", "--checkpoint", &garbage, "--batch", "0"],
+            "--batch",
+        ),
+        (
+            &["eval", "--checkpoint", &garbage, "--devices", "0"],
+            "--devices",
+        ),
+        (&["schedule", "-n", "0"], "-n"),
+        (&["schedule", "-n", "65"], "-n"),
+        (
+            &["schedule", "--count", "1000000000", "--slice", "1"],
+            "--slice",
+        ),
+        (
+            &["schedule", "--algo", "auto"],
+            "possible values: ring, tree, direct, oneshot",
+        ),
+        (
+            &["schedule", "--svg", "/nonexistent/s.svg"],
+            "/nonexistent/s.svg",
+        ),
+        (&["bench", "kernels", "--batch", "0"], "--batch"),
+        (&["bench", "kernels", "--batch", "100000"], "--batch"),
+        (&["bench", "kernels", "--repeats", "0"], "--repeats"),
+        (&["bench", "allreduce", "-n", "0"], "--ranks"),
+        (&["bench", "allreduce", "-b", "64", "-e", "4"], "-e >= -b"),
+        (
+            &["bench", "allreduce", "-b", "8G", "-e", "8G", "-n", "64"],
+            "lower -e or -n",
+        ),
+        (&["bench", "allreduce", "-b", "1X"], "unknown unit"),
+        (&["bench", "allreduce", "--algo", "mpi"], "--comm mpi"),
+    ];
+    for (args, mention) in table {
+        assert_refused(args, mention);
+    }
+    // The help names the convention.
+    let (code, out, _) = nanoddp(&["--help"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("Exit codes: 0") && out.contains("2 bad input"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    // schedule: far more output than a pipe holds; info: a little.
+    for args in [
+        &["schedule", "-n", "16", "--count", "65536", "--slice", "4"][..],
+        &["info"][..],
+    ] {
+        let out = read_then_hang_up(Command::new(env!("CARGO_BIN_EXE_nanoddp")).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_pause_longer_than_the_timeout_does_not_kill_the_run() {
+    use std::io::Read;
+    // Two devices, a 1 s timeout, and the whole process stopped for 3 s mid-training (as
+    // Ctrl-Z and fg, or kill -STOP and -CONT): the waits leave the pause out.
+    let mut child = train_command(&[
+        "--devices",
+        "2",
+        "--epochs",
+        "1",
+        "--batch",
+        "64",
+        "--max-steps",
+        "12",
+        "--timeout",
+        "1",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("runs");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut header = [0u8; 8];
+    stdout.read_exact(&mut header).unwrap(); // training has begun
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    signal("-CONT");
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(rest.contains("epoch   1"), "{rest}");
+}
+
+#[test]
+fn a_timeout_is_an_error_that_says_what_to_do() {
+    // A timeout no real run could meet: the ranks give up at once on each other.
+    let (code, err) = train_with(&[
+        "--devices",
+        "4",
+        "--batch",
+        "64",
+        "--max-steps",
+        "2",
+        "--timeout",
+        "0.000001",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("timed out"), "{err}");
+    assert!(err.contains("raise --timeout"), "{err}");
+    assert!(err.contains("--resume"), "{err}");
+    assert!(
+        !err.contains("create a new one"),
+        "advice for library users: {err}"
+    );
+}
+
+#[test]
+fn resume_continues_only_its_own_run_and_keeps_its_metrics() {
+    use nanoddp::train::checkpoint;
+    let dir = scratch("resume");
+    let (ckpt, metrics) = (dir.join("run.safetensors"), dir.join("m.jsonl"));
+    let (ckpt_t, metrics_t) = (
+        ckpt.to_string_lossy().into_owned(),
+        metrics.to_string_lossy().into_owned(),
+    );
+    // 3000 images in batches of 1000: 3 steps an epoch, 6 in the run.
+    let run = [
+        "--epochs",
+        "2",
+        "--batch",
+        "1000",
+        "--devices",
+        "2",
+        "--save",
+        &ckpt_t,
+    ];
+    let new_run = || {
+        nanoddp(
+            &[
+                &["train", "--data", SUBSET],
+                &run[..],
+                &["--metrics", &metrics_t],
+            ]
+            .concat(),
+        )
+    };
+    let (code, _, err) = new_run();
+    assert_eq!(code, Some(0), "{err}");
+    let full = std::fs::read_to_string(&metrics).unwrap();
+    assert_eq!(full.lines().count(), 8, "6 steps and 2 epochs:\n{full}");
+
+    // A new run refuses to overwrite the metrics (`--overwrite` tells it to: the plot
+    // test in tests/train.rs runs twice over one file with it).
+    let (code, _, err) = new_run();
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--overwrite") && err.contains("--resume"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&metrics).unwrap(), full);
+
+    // The finished run: nothing to do, said so.
+    let (code, out, err) = nanoddp(
+        &[
+            &["train", "--data", SUBSET],
+            &run[..],
+            &["--resume", &ckpt_t],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("nothing to do"), "{out}");
+
+    // Settings that differ are refused, each named with both values.
+    let other = [
+        "--epochs",
+        "3",
+        "--batch",
+        "500",
+        "--devices",
+        "2",
+        "--resume",
+        &ckpt_t,
+    ];
+    let (code, _, err) = nanoddp(&[&["train", "--data", SUBSET], &other[..]].concat());
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("batch 1000 there, 500 here"), "{err}");
+    assert!(err.contains("epochs 2 there, 3 here"), "{err}");
+    assert!(!err.contains("devices"), "devices agree: {err}");
+
+    // A crash after epoch 1: its checkpoint, and metrics that go on past it and end in a
+    // torn line. Resuming keeps epoch 1's records, trains epoch 2 again, and appends.
+    let mut at_epoch_1 = checkpoint::load(&ckpt).unwrap();
+    at_epoch_1.epoch = 1;
+    at_epoch_1.step = 3;
+    checkpoint::save(&ckpt, &at_epoch_1).unwrap();
+    std::fs::write(&metrics, format!("{full}{{\"step\":7,\"epo")).unwrap();
+    let (code, out, err) = nanoddp(
+        &[
+            &["train", "--data", SUBSET],
+            &run[..],
+            &["--metrics", &metrics_t, "--resume", &ckpt_t],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("resuming") && out.contains("epoch   2"),
+        "{out}"
+    );
+    let resumed = std::fs::read_to_string(&metrics).unwrap();
+    let records: Vec<serde_json::Value> = resumed
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line a record"))
+        .collect();
+    let steps: Vec<u64> = records
+        .iter()
+        .filter(|r| r.get("loss").is_some())
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    let epochs: Vec<u64> = records
+        .iter()
+        .filter(|r| r.get("test_acc").is_some())
+        .map(|r| r["epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6], "{resumed}");
+    assert_eq!(epochs, [1, 2], "{resumed}");
+    assert_eq!(
+        resumed.lines().take(4).collect::<Vec<_>>(),
+        full.lines().take(4).collect::<Vec<_>>(),
+        "epoch 1's records are kept as they were"
+    );
+    assert_eq!(checkpoint::load(&ckpt).unwrap().step, 6);
     std::fs::remove_dir_all(&dir).unwrap();
 }

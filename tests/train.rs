@@ -9,6 +9,7 @@ use std::path::Path;
 
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::simt::SimtDevice;
+use nanoddp::comm::communicator::CommConfig;
 use nanoddp::data::{locate, read_images, read_labels, Dataset};
 use nanoddp::train::checkpoint::Checkpoint;
 use nanoddp::train::{
@@ -35,6 +36,7 @@ fn config(batch: usize, epochs: usize, max_steps: Option<usize>) -> TrainConfig 
         bucket_bytes: 64 << 10,
         stop_after: None,
         precision: Storage::Fp32,
+        comm: CommConfig::default(),
     }
 }
 
@@ -53,6 +55,7 @@ where
         match e {
             Event::Step(s) => losses.push(s.loss),
             Event::Epoch(r, _) => accs.push(r.test_acc),
+            _ => {}
         }
         Ok::<(), TrainError>(())
     })
@@ -219,10 +222,12 @@ fn checkpoints_round_trip_and_reject_garbage() {
         epoch: 4,
         step: 940,
         loss_scale: Some((32768.0, 1234)),
+        settings: config(64, 4, None).run_settings(2, 3000),
     };
     checkpoint::save(&path, &ckpt).unwrap();
-    assert!(
-        !dir.join("lenet.safetensors.tmp").exists(),
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        1,
         "the temporary file is renamed away"
     );
     assert_eq!(checkpoint::load(&path).unwrap(), ckpt);
@@ -465,6 +470,7 @@ fn the_plot_draws_the_curves_the_metrics_record() {
             .arg(plot)
             .arg("--metrics")
             .arg(&metrics)
+            .arg("--overwrite")
             .output()
             .unwrap();
         assert!(

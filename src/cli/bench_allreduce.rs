@@ -13,6 +13,20 @@ use nanoddp::comm::schedule::Algorithm;
 use nanoddp::comm::transport::CommDevice;
 use nanoddp::system;
 
+use super::{Classify, Failure, Outcome};
+
+/// Host memory one rank holds at a message of `bytes`: its input and expected result on the
+/// host, the result it downloads to check; on the CPU and the emulator also its device
+/// buffers (input, out-of-place output, in-place buffer) and the communicator's scratch,
+/// which live in host memory too.
+fn host_bytes_per_rank(backend: Target, bytes: usize) -> u64 {
+    let copies = match backend {
+        Target::Cpu | Target::Simt => 7,
+        Target::Cuda => 3,
+    };
+    copies * bytes as u64
+}
+
 /// Where the ranks live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
@@ -268,7 +282,7 @@ fn sweep_on<D: CommDevice + Clone + 'static>(
 }
 
 /// Prints the table.
-pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
     let Sweep {
         ranks,
         min_bytes,
@@ -279,10 +293,12 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
         comm,
     } = sweep;
     if ranks == 0 || ranks > 64 {
-        return Err("-n/--ranks must be between 1 and 64".into());
+        return Err(Failure::Input("-n/--ranks must be between 1 and 64".into()));
     }
     if factor < 2 || min_bytes < 4 || max_bytes < min_bytes {
-        return Err("need -b >= 4 bytes, -e >= -b, and -f >= 2".into());
+        return Err(Failure::Input(
+            "need -b >= 4 bytes, -e >= -b, and -f >= 2".into(),
+        ));
     }
     let mut sizes = Vec::new();
     let mut s = min_bytes;
@@ -292,42 +308,66 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
     }
     if comm == CommArg::Mpi {
         #[cfg(feature = "mpi")]
-        return super::mpi::bench(out, &sizes, algo);
+        return super::mpi::bench(out, &sizes, algo).running();
         #[cfg(not(feature = "mpi"))]
-        return Err(super::NO_MPI.into());
+        return Err(Failure::Input(super::NO_MPI.into()));
     }
     if algo == AlgoArg::Mpi {
-        return Err("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into());
+        return Err(Failure::Input("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into()));
     }
+    // The largest message decides the peak: every rank holds its buffers at once.
+    let largest = sizes.last().copied().unwrap_or(0);
+    let need = ranks as u64 * host_bytes_per_rank(backend, largest);
+    if let Some(available) = system::available_memory() {
+        if need > available / 10 * 9 {
+            let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+            return Err(Failure::Input(
+                format!(
+                "this sweep needs about {:.1} GiB of memory at -e {largest} ({ranks} ranks x {} \
+                 copies of the message), more than the {:.1} GiB this machine has available: \
+                 lower -e or -n",
+                gib(need),
+                host_bytes_per_rank(backend, 1),
+                gib(available)
+            )
+                .into(),
+            ));
+        }
+    }
+    let devices_error = |e: nanoddp::backend::BackendError| Failure::Input(e.into());
     let copy_bw = system::copy_bandwidth(256 << 20);
-    writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32")?;
+    writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32").running()?;
     writeln!(
         out,
         "# memory copy bandwidth (1 thread, 256 MiB, bytes read + written, median of 5): {:.1} GB/s; memory-traffic bound: time >= 2·n·S / that",
         copy_bw / 1e9
-    )?;
+    ).running()?;
     let results = match backend {
         Target::Cpu => sweep_on(
             vec![CpuDevice::new(); ranks],
             sizes.clone(),
             algo.algorithm(),
-        )?,
+        )
+        .running()?,
         Target::Simt => sweep_on(
             (0..ranks).map(SimtDevice::new).collect(),
             sizes.clone(),
             algo.algorithm(),
-        )?,
+        )
+        .running()?,
         Target::Cuda => {
             if nanoddp::backend::cuda::is_standin() {
-                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under the SIMT emulator); timings mean nothing")?;
+                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under the SIMT emulator); timings mean nothing").running()?;
             }
             let devices = (0..ranks)
                 .map(CudaDevice::new)
-                .collect::<Result<Vec<_>, _>>()?;
-            sweep_on(devices, sizes.clone(), algo.algorithm())?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(devices_error)
+                .running()?;
+            sweep_on(devices, sizes.clone(), algo.algorithm()).running()?
         }
     };
-    header(out, &["out-of-place", "in-place"], &[("bound", "")])?;
+    header(out, &["out-of-place", "in-place"], &[("bound", "")]).running()?;
     for (i, &bytes) in sizes.iter().enumerate() {
         // Each iteration's time is the slowest rank's; report the median iteration.
         let per_iter = |pick: fn(&Measured) -> &Vec<f64>| {
@@ -368,7 +408,8 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), Box<dyn std::error:
             "sum",
             cols(t_out, wrong_out),
             cols(t_in, wrong_in)
-        )?;
+        )
+        .running()?;
     }
     Ok(())
 }

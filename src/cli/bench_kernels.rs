@@ -10,6 +10,12 @@ use nanoddp::backend::simt::SimtDevice;
 use nanoddp::backend::{Backend, BackendError, Conv2dShape, Epilogue, GemmShape};
 use nanoddp::system;
 
+use super::{Classify, Failure, Outcome};
+
+/// The largest `--batch`: LeNet's activations take about 60 KB per image and operation set,
+/// so this stays under a gigabyte.
+const MAX_BATCH: usize = 16384;
+
 /// Where to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
@@ -163,15 +169,17 @@ fn lenet_rows<B: Backend>(
 }
 
 /// Prints the table for `target`.
-pub fn run(
-    out: &mut impl Write,
-    target: Target,
-    batch: usize,
-    repeats: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
-    if batch == 0 || repeats == 0 {
-        return Err("--batch and --repeats must be at least 1".into());
+pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -> Outcome {
+    if batch == 0 || repeats == 0 || batch > MAX_BATCH || repeats > 10_000 {
+        return Err(Failure::Input(
+            format!("--batch must be 1 to {MAX_BATCH} and --repeats 1 to 10000").into(),
+        ));
     }
+    // A missing GPU is the command line's problem, found before anything is measured.
+    let cuda = match target {
+        Target::Cuda => Some(CudaDevice::new(0).input()?),
+        _ => None,
+    };
     let peak = system::measure_peak_flops();
     let cpu = system::cpu_info();
     writeln!(
@@ -183,28 +191,29 @@ pub fn run(
         peak.single_thread,
         peak.all_threads,
         peak.threads
-    )?;
-    let rows = match target {
-        Target::Cpu => lenet_rows(&CpuDevice::new(), batch, repeats, true)?,
-        Target::Simt => {
-            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)")?;
-            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false)?
+    ).running()?;
+    let rows = match (target, &cuda) {
+        (Target::Cpu, _) => lenet_rows(&CpuDevice::new(), batch, repeats, true).running()?,
+        (Target::Simt, _) => {
+            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)").running()?;
+            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false).running()?
         }
-        Target::Cuda => {
-            let dev = CudaDevice::new(0)?;
+        (Target::Cuda, None) => return Err(Failure::Input("no GPU opened".into())),
+        (Target::Cuda, Some(dev)) => {
             writeln!(
                 out,
                 "GPU: {} (sm_{}{})",
                 dev.info().name,
                 dev.info().compute_capability.0,
                 dev.info().compute_capability.1
-            )?;
+            )
+            .running()?;
             if nanoddp::backend::cuda::is_standin() {
                 // The same shapes and checks, but no GPU: keep it short and say so.
-                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under the SIMT emulator; timings mean nothing; no 1024³ GEMM)")?;
-                lenet_rows(&dev, batch, repeats.min(3), false)?
+                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under the SIMT emulator; timings mean nothing; no 1024³ GEMM)").running()?;
+                lenet_rows(dev, batch, repeats.min(3), false).running()?
             } else {
-                lenet_rows(&dev, batch, repeats, true)?
+                lenet_rows(dev, batch, repeats, true).running()?
             }
         }
     };
@@ -212,7 +221,8 @@ pub fn run(
         out,
         "{:<36} {:>12} {:>10} {:>8}",
         "operation (batch, C x H x W, k)", "median", "GFLOP/s", "of peak"
-    )?;
+    )
+    .running()?;
     for row in rows {
         let gflops = row.flops / row.median_s / 1e9;
         let of_peak = if target == Target::Cuda {
@@ -227,7 +237,8 @@ pub fn run(
             row.median_s * 1e3,
             gflops,
             of_peak
-        )?;
+        )
+        .running()?;
     }
     Ok(())
 }

@@ -22,8 +22,39 @@ pub const SIZE: (u32, u32) = (1200, 450);
 pub struct Curves {
     /// (epoch as a fraction: step / steps per epoch, mean loss of the step's global batch).
     pub step_loss: Vec<(f64, f64)>,
-    /// (epoch, train loss, train accuracy, test accuracy).
-    pub epochs: Vec<(f64, f64, f64, f64)>,
+    /// One point per epoch.
+    pub epochs: Vec<EpochPoint>,
+}
+
+/// An epoch's figures, where the plot puts them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EpochPoint {
+    /// Where the epoch ended, in epochs (step / steps per epoch): a partial epoch sits
+    /// between two whole ones.
+    pub at: f64,
+    /// Whether it covered the whole training set (partial ones are drawn hollow).
+    pub complete: bool,
+    /// Mean training loss.
+    pub train_loss: f64,
+    /// Training accuracy.
+    pub train_acc: f64,
+    /// Test accuracy.
+    pub test_acc: f64,
+}
+
+/// The finite stretches of a curve: a value that is not finite breaks the line instead of
+/// being drawn as some number.
+fn finite_runs(points: impl Iterator<Item = (f64, f64)>) -> Vec<Vec<(f64, f64)>> {
+    let mut runs = vec![Vec::new()];
+    for (x, y) in points {
+        if y.is_finite() {
+            runs.last_mut().expect("never empty").push((x, y));
+        } else if !runs.last().expect("never empty").is_empty() {
+            runs.push(Vec::new());
+        }
+    }
+    runs.retain(|r| !r.is_empty());
+    runs
 }
 
 /// Registers the font once; a missing font is an error the user can act on, reported before
@@ -48,19 +79,31 @@ pub fn load_font() -> Result<(), String> {
         .map_err(|_| format!("{}: not a TrueType font plotters can read", path.display()))
 }
 
-/// Draws `curves` into `path` (PNG, or SVG for `*.svg`).
+/// Draws `curves` into `path` (PNG, or SVG for `*.svg`), replacing it atomically: a crash
+/// mid-draw leaves the previous picture.
 pub fn draw(path: &Path, curves: &Curves) -> Result<(), String> {
     let svg = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    let result = if svg {
-        let root = SVGBackend::new(path, SIZE).into_drawing_area();
-        panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))
-    } else {
-        let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-        panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))
-    };
-    result.map_err(|e| format!("drawing {}: {e}", path.display()))
+    let mut failure = None;
+    let written = nanoddp::train::checkpoint::replace_file(path, |tmp, _| {
+        let result = if svg {
+            let root = SVGBackend::new(tmp, SIZE).into_drawing_area();
+            panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))
+        } else {
+            let root = BitMapBackend::new(tmp, SIZE).into_drawing_area();
+            panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))
+        };
+        result.map_err(|e| {
+            failure = Some(e);
+            std::io::Error::other("drawing failed")
+        })
+    });
+    match (written, failure) {
+        (_, Some(e)) => Err(format!("drawing {}: {e}", path.display())),
+        (Err(e), None) => Err(format!("drawing {e}")),
+        (Ok(()), None) => Ok(()),
+    }
 }
 
 /// Color of the per-step loss (light) and of the epoch train figures.
@@ -69,6 +112,8 @@ const STEP_LOSS: RGBColor = RGBColor(150, 180, 230);
 pub const TRAIN: RGBColor = RGBColor(31, 119, 180);
 /// Test accuracy per epoch.
 pub const TEST: RGBColor = RGBColor(214, 39, 40);
+/// Marks of a loss that is not finite.
+const NOT_FINITE: RGBColor = RGBColor(0, 0, 0);
 
 fn panels<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &Curves) -> Result<(), String>
 where
@@ -82,7 +127,7 @@ where
         .last()
         .map(|p| p.0)
         .into_iter()
-        .chain(c.epochs.last().map(|e| e.0))
+        .chain(c.epochs.last().map(|e| e.at))
         .fold(1.0f64, f64::max);
     let first = c
         .step_loss
@@ -94,7 +139,7 @@ where
         .step_loss
         .iter()
         .map(|p| p.1)
-        .chain(c.epochs.iter().map(|e| e.1))
+        .chain(c.epochs.iter().map(|e| e.train_loss))
         .filter(|v| v.is_finite())
         .fold(0.1f64, f64::max);
 
@@ -110,17 +155,56 @@ where
         .y_desc("cross-entropy")
         .draw()
         .map_err(err)?;
-    loss.draw_series(LineSeries::new(c.step_loss.iter().copied(), &STEP_LOSS))
+    for (i, run) in finite_runs(c.step_loss.iter().copied())
+        .into_iter()
+        .enumerate()
+    {
+        let series = loss
+            .draw_series(LineSeries::new(run, &STEP_LOSS))
+            .map_err(err)?;
+        if i == 0 {
+            series
+                .label("per step (global batch)")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], STEP_LOSS));
+        }
+    }
+    for (i, run) in finite_runs(c.epochs.iter().map(|e| (e.at, e.train_loss)))
+        .into_iter()
+        .enumerate()
+    {
+        let series = loss
+            .draw_series(LineSeries::new(run, TRAIN.stroke_width(2)))
+            .map_err(err)?;
+        if i == 0 {
+            series
+                .label("train, epoch mean")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], TRAIN.stroke_width(2)));
+        }
+    }
+    // A loss that is not finite is marked where it happened, on the top edge, not drawn as
+    // a number.
+    let bad: Vec<f64> = c
+        .step_loss
+        .iter()
+        .filter(|p| !p.1.is_finite())
+        .map(|p| p.0)
+        .chain(
+            c.epochs
+                .iter()
+                .filter(|e| !e.train_loss.is_finite())
+                .map(|e| e.at),
+        )
+        .collect();
+    if !bad.is_empty() {
+        let top = max_loss * 1.05;
+        loss.draw_series(
+            bad.iter()
+                .map(|&x| Cross::new((x, top), 6, NOT_FINITE.stroke_width(2))),
+        )
         .map_err(err)?
-        .label("per step (global batch)")
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], STEP_LOSS));
-    loss.draw_series(LineSeries::new(
-        c.epochs.iter().map(|e| (e.0, e.1)),
-        TRAIN.stroke_width(2),
-    ))
-    .map_err(err)?
-    .label("train, epoch mean")
-    .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], TRAIN.stroke_width(2)));
+        .label("loss not finite")
+        .legend(|(x, y)| Cross::new((x + 10, y), 5, NOT_FINITE.stroke_width(2)));
+    }
     loss.configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
@@ -130,7 +214,8 @@ where
     let low = c
         .epochs
         .iter()
-        .flat_map(|e| [e.2, e.3])
+        .flat_map(|e| [e.train_acc, e.test_acc])
+        .filter(|v| v.is_finite())
         .fold(1.0f64, f64::min);
     let low = ((low * 10.0).floor() / 10.0).clamp(0.0, 0.9);
     let mut acc = ChartBuilder::on(&right)
@@ -149,19 +234,29 @@ where
         (TRAIN, 2usize, "train (during the epoch)"),
         (TEST, 3, "test (after the epoch)"),
     ] {
-        let value = move |e: &(f64, f64, f64, f64)| if pick == 2 { e.2 } else { e.3 };
-        acc.draw_series(LineSeries::new(
-            c.epochs.iter().map(|e| (e.0, value(e))),
-            color.stroke_width(2),
-        ))
-        .map_err(err)?
-        .label(name)
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
-        acc.draw_series(
-            c.epochs
-                .iter()
-                .map(|e| Circle::new((e.0, value(e)), 4, color.filled())),
-        )
+        let value = move |e: &EpochPoint| if pick == 2 { e.train_acc } else { e.test_acc };
+        for (i, run) in finite_runs(c.epochs.iter().map(|e| (e.at, value(e))))
+            .into_iter()
+            .enumerate()
+        {
+            let series = acc
+                .draw_series(LineSeries::new(run, color.stroke_width(2)))
+                .map_err(err)?;
+            if i == 0 {
+                series.label(name).legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            }
+        }
+        // Whole epochs are filled dots; an epoch --max-steps cut short is a hollow one.
+        acc.draw_series(c.epochs.iter().filter(|e| value(e).is_finite()).map(|e| {
+            let style = if e.complete {
+                color.filled()
+            } else {
+                color.stroke_width(2)
+            };
+            Circle::new((e.at, value(e)), 4, style)
+        }))
         .map_err(err)?;
     }
     acc.configure_series_labels()

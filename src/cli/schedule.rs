@@ -7,13 +7,29 @@ use std::path::PathBuf;
 use nanoddp::comm::picture::schedule_svg;
 use nanoddp::comm::schedule::{all_reduce, Buffer};
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::ValueEnum;
+
 use super::bench_allreduce::AlgoArg;
+use super::{Classify, Failure, Outcome};
+
+/// The algorithms a schedule exists for: `--algo`'s values less `auto` (picked per size at
+/// run time) and `mpi` (MPI's own allreduce, no schedule of ours).
+fn scheduled_algorithms() -> impl TypedValueParser<Value = AlgoArg> {
+    PossibleValuesParser::new(
+        AlgoArg::value_variants()
+            .iter()
+            .filter(|a| a.algorithm().is_some())
+            .filter_map(ValueEnum::to_possible_value),
+    )
+    .try_map(|name| AlgoArg::from_str(&name, false))
+}
 
 /// `schedule` options.
 #[derive(Debug, clap::Args)]
 pub struct ScheduleArgs {
-    /// Algorithm to draw (auto is not one: pick ring, tree, direct or oneshot).
-    #[arg(long, value_enum, default_value_t = AlgoArg::Ring)]
+    /// Algorithm to draw.
+    #[arg(long, default_value = "ring", value_parser = scheduled_algorithms())]
     pub algo: AlgoArg,
     /// Ranks.
     #[arg(short = 'n', long = "ranks", default_value_t = 4)]
@@ -33,18 +49,25 @@ pub struct ScheduleArgs {
 }
 
 /// Runs the command.
-pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Outcome {
     let Some(algorithm) = args.algo.algorithm() else {
-        return Err(
+        return Err(Failure::Input(
             "--algo auto picks per size at run time and mpi is MPI's own allreduce; name one of ring, tree, direct, oneshot"
                 .into(),
-        );
+        ));
     };
     if args.ranks == 0 || args.ranks > 64 {
-        return Err("-n must be between 1 and 64".into());
+        return Err(Failure::Input("-n must be between 1 and 64".into()));
     }
     let count = args.count.unwrap_or(4 * args.ranks);
     let slice = args.slice.unwrap_or(count).max(1);
+    // A schedule holds every slice's steps: keep it to something a terminal can show.
+    if count.div_ceil(slice) > 1 << 16 {
+        return Err(Failure::Input(
+            format!("--count {count} in slices of {slice} is over 65536 slices: raise --slice")
+                .into(),
+        ));
+    }
     let schedule = all_reduce(algorithm, args.ranks, count, slice, !args.out_of_place);
     let steps = schedule.steps.iter().map(Vec::len).max().unwrap_or(0);
     let title = format!(
@@ -60,11 +83,12 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), Box<dyn std::
     match &args.svg {
         Some(path) => {
             std::fs::write(path, schedule_svg(&schedule, count, &title))
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            writeln!(out, "{title}: drawn to {}", path.display())?;
+                .map_err(|e| format!("{}: {e}", path.display()))
+                .input()?;
+            writeln!(out, "{title}: drawn to {}", path.display()).running()?;
         }
         None => {
-            writeln!(out, "{title}")?;
+            writeln!(out, "{title}").running()?;
             for (rank, steps) in schedule.steps.iter().enumerate() {
                 for (k, s) in steps.iter().enumerate() {
                     let name = |b: Buffer| match b {
@@ -104,7 +128,8 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), Box<dyn std::
                                     .join(", ")
                             )
                         }
-                    )?;
+                    )
+                    .running()?;
                 }
             }
         }

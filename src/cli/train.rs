@@ -2,18 +2,22 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
+use nanoddp::comm::communicator::CommConfig;
 use nanoddp::data::{find_dataset, locate, Dataset};
 use nanoddp::train::{
-    checkpoint, from_weights, initial_weights, test_accuracy, train, Event, Recipe, Storage,
-    TrainConfig, TrainError,
+    check_data, checkpoint, from_weights, initial_weights, test_accuracy, train, Event, Recipe,
+    Storage, TrainConfig, TrainError,
 };
 
 use super::bench_allreduce::{AlgoArg, CommArg};
+use super::{Classify, Failure, Outcome};
 
 /// Where the replicas run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -125,9 +129,21 @@ pub struct TrainArgs {
     #[arg(long, conflicts_with = "resume")]
     pub init: Option<PathBuf>,
     /// Continue the run saved in this checkpoint (weights, momentum, epoch, step): with the
-    /// same options it ends exactly where the uninterrupted run would.
+    /// same options it ends exactly where the uninterrupted run would. The checkpoint records
+    /// the settings that define its run (devices, batch, epochs, max steps, recipe, lr,
+    /// momentum, weight decay, seed, shuffle, precision, training images); a command line that differs in any
+    /// is refused, naming it. --metrics keeps the earlier records and appends.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Replace an existing --metrics file (a new run refuses to, so that an earlier run's
+    /// record is not lost by accident).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Seconds a device waits for the others in a collective before the run fails with an
+    /// error (a hang is never silent). Time the whole process was stopped (Ctrl-Z, kill
+    /// -STOP, a paused VM) is not counted.
+    #[arg(long, value_name = "SECONDS", default_value_t = CommConfig::default().timeout.as_secs_f64())]
+    pub timeout: f64,
 }
 
 /// `eval` options.
@@ -147,31 +163,62 @@ pub struct EvalArgs {
     pub batch: usize,
 }
 
+/// The most devices (replicas) one process drives.
+const MAX_DEVICES: usize = 64;
+
 /// Runs `nanoddp eval`.
-pub fn eval(out: &mut impl Write, args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if args.devices == 0 || args.devices > 64 {
-        return Err("--devices must be between 1 and 64".into());
+pub fn eval(out: &mut impl Write, args: EvalArgs) -> Outcome {
+    if args.devices == 0 || args.devices > MAX_DEVICES {
+        return Err(Failure::Input(
+            format!("--devices must be between 1 and {MAX_DEVICES}").into(),
+        ));
     }
-    let ckpt = checkpoint::load(&args.checkpoint)?;
-    let data = load_data(args.data.as_deref(), out)?;
+    if args.batch == 0 {
+        return Err(Failure::Input("--batch must be at least 1".into()));
+    }
+    let ckpt = checkpoint::load(&args.checkpoint).input()?;
+    let data = load_data(args.data.as_deref(), out).input()?;
+    check_data(&data).input()?;
     let acc = test_accuracy(
         vec![CpuDevice::new(); args.devices],
         &data,
         &ckpt.weights,
         args.batch,
-    )?;
+    )
+    .running()?;
     writeln!(
         out,
         "{}: epoch {}, test accuracy {acc:.4} on {} images",
         args.checkpoint.display(),
         ckpt.epoch,
         data.test_labels.len()
-    )?;
-    Ok(())
+    )
+    .running()
 }
 
-/// The numeric settings a run cannot make sense of, refused before anything starts.
+/// The settings a run cannot make sense of, refused before anything starts.
 fn check_settings(args: &TrainArgs) -> Result<(), String> {
+    if args.devices == 0 || args.devices > MAX_DEVICES {
+        return Err(format!("--devices must be between 1 and {MAX_DEVICES}"));
+    }
+    if args.batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
+    if args.epochs == 0 {
+        return Err("--epochs 0 trains nothing: give at least 1".into());
+    }
+    if args.max_steps == Some(0) {
+        return Err(
+            "--max-steps 0 trains nothing: give at least 1, or leave it out to train every epoch"
+                .into(),
+        );
+    }
+    if !(args.timeout.is_finite() && args.timeout > 0.0 && args.timeout <= MAX_TIMEOUT_S) {
+        return Err(format!(
+            "--timeout {} is out of range: it must be above 0 and at most {MAX_TIMEOUT_S} seconds (a week)",
+            args.timeout
+        ));
+    }
     let range = |name: &str, v: Option<f32>, lo: f32, hi: f32, what: &str| match v {
         Some(v) if !(v.is_finite() && v >= lo && v <= hi) => {
             Err(format!("--{name} {v} is out of range: it must be {what}"))
@@ -203,6 +250,9 @@ fn check_settings(args: &TrainArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest `--timeout`, in seconds.
+const MAX_TIMEOUT_S: f64 = 7.0 * 86400.0;
+
 fn load_data(
     explicit: Option<&std::path::Path>,
     out: &mut impl Write,
@@ -211,11 +261,12 @@ fn load_data(
         Ok(d) => Ok(d),
         Err(e) if explicit.is_none() => {
             let subset = locate::shipped_subset();
-            writeln!(
+            // The note is a courtesy: a reader that went away does not stop the run.
+            let _ = writeln!(
                 out,
                 "note: {e}\nnote: training on the small subset shipped in {} instead (3000 training, 1000 test images)",
                 subset.display()
-            )?;
+            );
             Ok(locate::load(&subset)?)
         }
         Err(e) => Err(e.into()),
@@ -223,17 +274,17 @@ fn load_data(
 }
 
 /// Runs the command.
-pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(out: &mut impl Write, args: TrainArgs) -> Outcome {
     match args.comm {
         CommArg::Local => {
             if args.algo == AlgoArg::Mpi {
-                return Err("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into());
+                return Err(Failure::Input("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into()));
             }
             run_with(out, args, None)
         }
         #[cfg(feature = "mpi")]
         CommArg::Mpi => {
-            let mpi = nanoddp::comm::mpi::Mpi::init()?;
+            let mpi = nanoddp::comm::mpi::Mpi::init().input()?;
             if mpi.rank() == 0 {
                 run_with(out, args, Some(&mpi))
             } else {
@@ -242,7 +293,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), Box<dyn std::err
             }
         }
         #[cfg(not(feature = "mpi"))]
-        CommArg::Mpi => Err(super::NO_MPI.into()),
+        CommArg::Mpi => Err(Failure::Input(super::NO_MPI.into())),
     }
 }
 
@@ -251,25 +302,52 @@ type MpiHandle<'a> = Option<&'a nanoddp::comm::mpi::Mpi>;
 #[cfg(not(feature = "mpi"))]
 type MpiHandle<'a> = Option<&'a std::convert::Infallible>;
 
-fn run_with(
-    out: &mut impl Write,
-    args: TrainArgs,
-    mpi: MpiHandle<'_>,
-) -> Result<(), Box<dyn std::error::Error>> {
+/// The name the command line gives a value (`cpu`, `default`, `fp16`, ...).
+fn flag_value(v: &impl ValueEnum) -> String {
+    v.to_possible_value()
+        .map_or_else(|| "?".into(), |p| p.get_name().to_string())
+}
+
+/// Everything a run needs, checked before its first step.
+struct Prepared {
+    cfg: TrainConfig,
+    data: Dataset,
+    start: checkpoint::Checkpoint,
+    /// The metrics file, opened for appending (rank 0 only).
+    metrics: Option<std::io::BufWriter<std::fs::File>>,
+    /// The curves so far (a resumed run's earlier part included).
+    curves: super::plot::Curves,
+    /// Replicas over all processes.
+    ranks: usize,
+    /// What a resumed run says before it starts.
+    resume_note: Option<String>,
+}
+
+/// What `prepare` found: a run to do, or a reason there is nothing to do.
+enum Plan {
+    Train(Box<Prepared>),
+    NothingToDo(String),
+}
+
+/// Checks every setting, path and file a run depends on, before any training.
+fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result<Plan, String> {
     let lead = mpi_rank(mpi) == 0;
-    if args.devices == 0 || args.devices > 64 {
-        return Err("--devices must be between 1 and 64".into());
-    }
-    if args.batch == 0 {
-        return Err("--batch must be at least 1".into());
-    }
-    check_settings(&args)?;
+    check_settings(args)?;
     // Every output file is checked before the first step: a typo must not cost the run.
     for path in [&args.save, &args.plot, &args.metrics]
         .into_iter()
         .flatten()
     {
-        checkpoint::check_destination(path)?;
+        checkpoint::check_destination(path).map_err(|e| e.to_string())?;
+    }
+    if let (Some(m), None, false) = (&args.metrics, &args.resume, args.overwrite) {
+        if std::fs::metadata(m).is_ok_and(|meta| meta.len() > 0) {
+            return Err(format!(
+                "{} already holds a run's metrics: continue that run with --resume CHECKPOINT \
+                 (its metrics are kept), replace them with --overwrite, or name another file",
+                m.display()
+            ));
+        }
     }
     let recipe = match args.recipe {
         RecipeArg::Chapter => Recipe::Chapter,
@@ -296,41 +374,160 @@ fn run_with(
             PrecisionArg::Fp16 => Storage::Fp16,
         },
         bucket_bytes: args.bucket_kb.saturating_mul(1024),
+        comm: CommConfig {
+            timeout: Duration::from_secs_f64(args.timeout),
+            ..CommConfig::default()
+        },
     };
     if args.plot.is_some() {
         super::plot::load_font()?;
     }
-    let data = load_data(args.data.as_deref(), out)?;
+    let data = load_data(args.data.as_deref(), out).map_err(|e| e.to_string())?;
+    check_data(&data).map_err(|e| e.to_string())?;
+    let train_images = data.train_labels.len();
+    if train_images == 0 {
+        return Err(format!(
+            "{}: the training set has no images",
+            data.dir.display()
+        ));
+    }
+    let ranks = args.devices.saturating_mul(mpi_size(mpi));
+    if cfg.batch < ranks || cfg.batch > train_images {
+        return Err(format!(
+            "--batch {} must be between the number of devices ({ranks}) and the number of \
+             training images ({train_images})",
+            cfg.batch
+        ));
+    }
+    let steps_per_epoch = train_images.div_ceil(cfg.batch);
+    let total_steps = cfg
+        .max_steps
+        .unwrap_or(usize::MAX)
+        .min(steps_per_epoch.saturating_mul(cfg.epochs));
+    let mut resume_note = None;
     let start = match (&args.init, &args.resume) {
-        (Some(path), _) => from_weights(checkpoint::load(path)?.weights),
-        (_, Some(path)) => checkpoint::load(path)?,
+        (Some(path), _) => from_weights(checkpoint::load(path).map_err(|e| e.to_string())?.weights),
+        (_, Some(path)) => {
+            let ckpt = checkpoint::load(path).map_err(|e| e.to_string())?;
+            cfg.check_resume(&ckpt, ranks, train_images)
+                .map_err(|e| format!("--resume {}: {e}", path.display()))?;
+            if ckpt.step >= total_steps {
+                return Ok(Plan::NothingToDo(format!(
+                    "nothing to do: {} already took all {} steps of its run; to train on, \
+                     start a new run from its weights with --init",
+                    path.display(),
+                    ckpt.step
+                )));
+            }
+            resume_note = Some(format!(
+                "resuming {} at step {} of {total_steps} (epoch {}, {} of its {steps_per_epoch} steps done)",
+                path.display(),
+                ckpt.step,
+                ckpt.step / steps_per_epoch + 1,
+                ckpt.step % steps_per_epoch
+            ));
+            ckpt
+        }
         _ => from_weights(initial_weights(recipe, cfg.seed)),
     };
-    writeln!(
+    let (metrics, curves) = match (&args.metrics, lead) {
+        (Some(path), true) => {
+            let (file, curves) =
+                open_metrics(path, args.resume.is_some(), start.step, steps_per_epoch)?;
+            (Some(std::io::BufWriter::new(file)), curves)
+        }
+        _ => (None, super::plot::Curves::default()),
+    };
+    Ok(Plan::Train(Box::new(Prepared {
+        cfg,
+        data,
+        start,
+        metrics,
+        curves,
+        ranks,
+        resume_note,
+    })))
+}
+
+/// Opens the metrics file: empty for a new run; for a resumed one, the earlier run's records
+/// up to the checkpoint kept (rewritten atomically without the records after it and any
+/// torn last line), then appended to. Returns the file and the curves it holds.
+fn open_metrics(
+    path: &std::path::Path,
+    resumed: bool,
+    step: usize,
+    steps_per_epoch: usize,
+) -> Result<(std::fs::File, super::plot::Curves), String> {
+    let open_err = |e: std::io::Error| format!("{}: {e}", path.display());
+    if !resumed {
+        let file = std::fs::File::create(path).map_err(open_err)?;
+        return Ok((file, super::plot::Curves::default()));
+    }
+    let history = super::metrics::history(path, step, steps_per_epoch)?;
+    let mut kept = history.lines.join("\n");
+    if !kept.is_empty() {
+        kept.push('\n');
+    }
+    checkpoint::replace_file(path, |_, f| f.write_all(kept.as_bytes()))
+        .map_err(|e| e.to_string())?;
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(open_err)?;
+    Ok((file, history.curves))
+}
+
+fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcome {
+    let lead = mpi_rank(mpi) == 0;
+    let prepared = match prepare(&args, mpi, out).input()? {
+        Plan::Train(p) => *p,
+        Plan::NothingToDo(why) => {
+            let _ = writeln!(out, "{why}");
+            return Ok(());
+        }
+    };
+    let Prepared {
+        cfg,
+        data,
+        start,
+        mut metrics,
+        mut curves,
+        ranks,
+        resume_note,
+    } = prepared;
+    // Printing is a courtesy: a reader that went away (`| head -1`) ends the printing, not
+    // the run; the epochs still train and the checkpoints are still written.
+    let _ = writeln!(
         out,
-        "LeNet on {} ({} train / {} test images), {} {:?} device(s), batch {}, {:?} recipe: lr {}, momentum {}, weight decay {}",
+        "LeNet on {} ({} train / {} test images): {ranks} {} device{}, batch {}, {} epoch{}, \
+         recipe {} (lr {}, momentum {}, weight decay {}), precision {}, allreduce {}, seed {}, \
+         collective timeout {} s",
         data.dir.display(),
         data.train_labels.len(),
         data.test_labels.len(),
-        args.devices,
-        args.backend,
+        flag_value(&args.backend),
+        if ranks == 1 { "" } else { "s" },
         cfg.batch,
-        recipe,
+        cfg.epochs,
+        if cfg.epochs == 1 { "" } else { "s" },
+        flag_value(&args.recipe),
         cfg.lr,
         cfg.momentum,
-        cfg.weight_decay
-    )?;
+        cfg.weight_decay,
+        flag_value(&args.precision),
+        flag_value(&args.algo),
+        cfg.seed,
+        args.timeout
+    );
+    if let Some(note) = &resume_note {
+        let _ = writeln!(out, "{note}");
+    }
+    let _ = out.flush();
     // Files are written by rank 0 alone (they may be on a shared file system).
-    let (metrics_path, plot_path, save_path) = if lead {
-        (args.metrics.clone(), args.plot.clone(), args.save.clone())
+    let (plot_path, save_path) = if lead {
+        (args.plot.clone(), args.save.clone())
     } else {
-        (None, None, None)
-    };
-    let mut metrics = match &metrics_path {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?,
-        )),
-        None => None,
+        (None, None)
     };
     let steps_per_epoch = data.train_labels.len().div_ceil(cfg.batch) as u64;
     let bar = if lead {
@@ -339,13 +536,10 @@ fn run_with(
         ProgressBar::hidden()
     };
     bar.set_style(
-        ProgressStyle::with_template(
-            "epoch {prefix} [{bar:30}] {pos}/{len} steps, loss {msg} ({eta} left)",
-        )?
-        .progress_chars("=> "),
+        ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({eta} left)")
+            .map_err(|e| Failure::Running(e.into()))?
+            .progress_chars("=> "),
     );
-    let save = save_path;
-    let mut curves = super::plot::Curves::default();
     let mut on_event = |event: Event| -> Result<(), TrainError> {
         let io = |e: std::io::Error| TrainError::Config(format!("writing metrics: {e}"));
         match event {
@@ -359,19 +553,30 @@ fn run_with(
                         s.loss, s.step, s.epoch
                     )));
                 }
+                if bar.length() != Some(steps_per_epoch) {
+                    bar.set_length(steps_per_epoch);
+                    bar.reset_eta();
+                }
                 bar.set_prefix(s.epoch.to_string());
                 bar.set_position(((s.step - 1) as u64 % steps_per_epoch) + 1);
-                bar.set_message(format!("{:.4}", s.loss));
+                bar.set_message(format!("steps, loss {:.4}", s.loss));
                 curves
                     .step_loss
                     .push((s.step as f64 / steps_per_epoch as f64, s.loss));
                 if let Some(m) = metrics.as_mut() {
-                    let rec = serde_json::json!({"step": s.step, "epoch": s.epoch, "loss": s.loss, "lr": s.lr, "loss_scale": s.loss_scale});
-                    writeln!(m, "{rec}").map_err(io)?;
+                    writeln!(m, "{}", super::metrics::step_record(&s)).map_err(io)?;
                 }
             }
+            Event::Evaluating { done, total } => {
+                // The same bar counts the test images while the epoch's evaluation runs.
+                if bar.length() != Some(total as u64) {
+                    bar.set_length(total as u64);
+                    bar.reset_eta();
+                }
+                bar.set_position(done as u64);
+                bar.set_message("test images evaluated");
+            }
             Event::Epoch(e, state) => {
-                bar.reset();
                 // A NaN can sit in the weights while the reported loss stays finite: never
                 // save such a state over the last good checkpoint.
                 if state.weights.iter().flatten().any(|w| !w.is_finite()) {
@@ -381,12 +586,10 @@ fn run_with(
                         e.epoch
                     )));
                 }
-                // A reader that went away (`| head -1`) ends the printing, not the run: the
-                // epochs still train and the checkpoints are still written.
-                let _ = writeln!(
-                    std::io::stdout(),
-                    "epoch {:>3}  loss {:.4}  train acc {:.4}  test acc {:.4}  {:.1} s  {:.0} img/s  allreduce {:.1}%",
+                let line = format!(
+                    "epoch {:>3}{}  loss {:.4}  train acc {:.4}  test acc {:.4}  {:.1} s  {:.0} img/s  allreduce {:.1}%",
                     e.epoch,
+                    if e.complete { "" } else { " (part)" },
                     e.train_loss,
                     e.train_acc,
                     e.test_acc,
@@ -394,23 +597,34 @@ fn run_with(
                     e.images_per_s,
                     100.0 * e.allreduce_share
                 );
+                // The bar steps aside for the line, then starts over for the next epoch.
+                bar.suspend(|| {
+                    let mut stdout = std::io::stdout().lock();
+                    let _ = writeln!(stdout, "{line}");
+                    let _ = stdout.flush();
+                });
+                bar.set_length(steps_per_epoch);
+                bar.reset();
                 if let Some(m) = metrics.as_mut() {
-                    let rec = serde_json::json!({"epoch": e.epoch, "train_loss": e.train_loss, "train_acc": e.train_acc,
-                        "test_acc": e.test_acc, "seconds": e.seconds, "images_per_s": e.images_per_s, "allreduce_share": e.allreduce_share});
-                    writeln!(m, "{rec}").map_err(io)?;
+                    writeln!(m, "{}", super::metrics::epoch_record(&e)).map_err(io)?;
                     m.flush().map_err(io)?;
                 }
-                curves
-                    .epochs
-                    .push((e.epoch as f64, e.train_loss, e.train_acc, e.test_acc));
+                curves.epochs.push(super::plot::EpochPoint {
+                    at: e.step as f64 / steps_per_epoch as f64,
+                    complete: e.complete,
+                    train_loss: e.train_loss,
+                    train_acc: e.train_acc,
+                    test_acc: e.test_acc,
+                });
                 if let Some(path) = &plot_path {
                     super::plot::draw(path, &curves).map_err(TrainError::Config)?;
                 }
-                if let Some(path) = &save {
+                if let Some(path) = &save_path {
                     checkpoint::save(path, &state)
                         .map_err(|e| TrainError::Config(e.to_string()))?;
                 }
             }
+            _ => {}
         }
         Ok(())
     };
@@ -421,21 +635,48 @@ fn run_with(
         mpi,
         algo: args.algo,
     };
-    match args.backend {
-        BackendArg::Cpu => run.go(vec![CpuDevice::new(); n], start, &mut on_event)?,
-        BackendArg::Simt => run.go((0..n).map(SimtDevice::new).collect(), start, &mut on_event)?,
+    let trained = match args.backend {
+        BackendArg::Cpu => run.go(vec![CpuDevice::new(); n], start, &mut on_event),
+        BackendArg::Simt => run.go((0..n).map(SimtDevice::new).collect(), start, &mut on_event),
         BackendArg::Cuda => {
+            // No GPU, or not enough, is the command line's problem: exit code 2.
             let (node_rank, node_size) = mpi_node_slot(mpi);
-            let visible = nanoddp::backend::cuda::device_count()?;
-            let devices = mpi_gpu_ordinals(node_rank, node_size, n, visible)?
+            let visible = nanoddp::backend::cuda::device_count().input()?;
+            let devices = mpi_gpu_ordinals(node_rank, node_size, n, visible)
+                .input()?
                 .into_iter()
                 .map(CudaDevice::new)
-                .collect::<Result<Vec<_>, _>>()?;
-            run.go(devices, start, &mut on_event)?
+                .collect::<Result<Vec<_>, _>>()
+                .input()?;
+            run.go(devices, start, &mut on_event)
         }
     };
     bar.finish_and_clear();
-    Ok(())
+    match trained {
+        Ok(_) => Ok(()),
+        Err(TrainError::Comm(e)) if e.is_timeout() => Err(Failure::Running(
+            format!(
+                "{e}\nthe devices waited over --timeout ({} s) for each other. A stopped \
+                 process's pause is not counted, but a peer process stopped on its own, a \
+                 loaded machine or a slow first step are: raise --timeout if that was it; \
+                 with --save, --resume continues from the last checkpoint",
+                args.timeout
+            )
+            .into(),
+        )),
+        Err(e) => Err(Failure::Running(e.into())),
+    }
+}
+
+/// Processes in the run (1 without MPI).
+#[cfg(feature = "mpi")]
+fn mpi_size(mpi: MpiHandle<'_>) -> usize {
+    mpi.map_or(1, |m| m.size())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_size(_: MpiHandle<'_>) -> usize {
+    1
 }
 
 #[cfg(feature = "mpi")]
@@ -533,11 +774,10 @@ impl Run<'_> {
             None => train(devices, self.data, start, self.cfg, on_event),
             #[cfg(feature = "mpi")]
             Some(mpi) => {
-                use nanoddp::comm::communicator::CommConfig;
                 use nanoddp::comm::mpi::MpiAlgorithm;
                 let across = (self.algo == AlgoArg::Mpi).then_some(MpiAlgorithm::Native);
                 // Across processes too, emulated devices need the time their kernels take.
-                let config = CommConfig::default().scaled_for(&devices);
+                let config = self.cfg.comm.scaled_for(&devices);
                 let ranks =
                     nanoddp::train::mpi::Hierarchical::connect(devices, mpi.world(config), across)?;
                 nanoddp::train::train_ranks(ranks, self.data, start, self.cfg, on_event)

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::model::CostModel;
+use super::patience::Patience;
 use super::schedule::{self, Algorithm, Buffer, Schedule};
 use super::transport::{ensure_scratch, CommDevice, DType, MAX_RANKS};
 use crate::backend::{BackendError, DeviceBuffer, DeviceScalar};
@@ -33,7 +34,18 @@ use crate::backend::{BackendError, DeviceBuffer, DeviceScalar};
 /// How a communicator behaves.
 #[derive(Debug, Clone, Copy)]
 pub struct CommConfig {
-    /// Longest any rank waits for a peer before giving up with an error.
+    /// Longest any rank waits for a peer before giving up with an error, not counting time
+    /// this process was stopped ([`super::patience`]). Default 5 minutes.
+    ///
+    /// Why 5 minutes: within one process a rank that fails or panics aborts the others at
+    /// once, so the timeout only decides how long a genuine hang (a stuck kernel, a rank
+    /// stuck in user code, an MPI peer gone silent) takes to become an error. It must not
+    /// fire on a healthy run that is slow: a first step that JIT-compiles the kernels with
+    /// NVRTC, a loaded machine, a peer process stopped on its own. For comparison, NCCL
+    /// waits forever (a timeout is the caller's job); PyTorch gives NCCL process groups 10
+    /// minutes and gloo ones 30; gloo alone defaults to 30 s. Pauses of the whole process
+    /// (Ctrl-Z, `kill -STOP`, a paused VM) are left out of the count, so they need no
+    /// margin here.
     pub timeout: Duration,
     /// Pipelining granularity of ring and tree, in bytes.
     pub slice_bytes: usize,
@@ -57,7 +69,7 @@ impl CommConfig {
 impl Default for CommConfig {
     fn default() -> Self {
         CommConfig {
-            timeout: Duration::from_secs(10),
+            timeout: Duration::from_secs(300),
             slice_bytes: 256 << 10,
             oneshot_max_bytes: 4 << 20,
             model: CostModel::default(),
@@ -119,13 +131,16 @@ pub enum CommError {
         /// The rank that left.
         peer: usize,
     },
-    /// The communicator was aborted by an earlier failure and is no longer usable.
-    #[error("rank {me}: the communicator is aborted ({reason}); create a new one")]
+    /// The communicator was aborted by an earlier failure and is no longer usable (a
+    /// program that wants to go on creates a new one).
+    #[error("rank {me}: the communicator is aborted ({reason})")]
     Aborted {
         /// The reporting rank.
         me: usize,
         /// The first failure.
         reason: String,
+        /// Whether that failure was a timeout.
+        timed_out: bool,
     },
     /// The device failed.
     #[error("rank {me}: {source}")]
@@ -144,6 +159,18 @@ pub enum CommError {
         /// What is wrong.
         detail: String,
     },
+}
+
+impl CommError {
+    /// Whether this is a timeout, or an abort that a timeout caused: a peer too slow or
+    /// gone silent, or a pause longer than the timeout that this process could not see.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            CommError::Timeout { .. } | CommError::TimeoutAll { .. } => true,
+            CommError::Aborted { timed_out, .. } => *timed_out,
+            _ => false,
+        }
+    }
 }
 
 /// Element types collectives accept.
@@ -216,7 +243,8 @@ struct Shared {
     slots: Vec<Mutex<[Option<Announce>; 2]>>,
     departed: Vec<AtomicBool>,
     aborted: AtomicBool,
-    reason: Mutex<Option<String>>,
+    /// The first failure, and whether it was a timeout.
+    reason: Mutex<Option<(String, bool)>>,
 }
 
 impl Shared {
@@ -230,11 +258,11 @@ impl Shared {
         }
     }
 
-    fn abort(&self, reason: String) {
+    fn abort(&self, reason: String, timed_out: bool) {
         {
             let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
             if r.is_none() {
-                *r = Some(reason);
+                *r = Some((reason, timed_out));
             }
         }
         self.aborted.store(true, Ordering::SeqCst);
@@ -244,12 +272,12 @@ impl Shared {
         }
     }
 
-    fn reason(&self) -> String {
+    fn reason(&self) -> (String, bool) {
         self.reason
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-            .unwrap_or_else(|| "unknown".into())
+            .unwrap_or_else(|| ("unknown".into(), false))
     }
 }
 
@@ -331,10 +359,13 @@ impl<D: CommDevice> Drop for Rank<D> {
         if self.busy {
             // Unwinding out of a collective (a panic, or a device error we could not report):
             // the others must not wait for steps that will never come.
-            self.shared.abort(format!(
-                "rank {} left in the middle of collective #{}",
-                self.rank, self.seq
-            ));
+            self.shared.abort(
+                format!(
+                    "rank {} left in the middle of collective #{}",
+                    self.rank, self.seq
+                ),
+                false,
+            );
         } else {
             for r in 0..self.shared.n {
                 self.shared.ring_bell(r);
@@ -530,9 +561,11 @@ impl<D: CommDevice> Rank<D> {
     ) -> Result<(), CommError> {
         let me = self.rank;
         if self.shared.aborted.load(Ordering::SeqCst) {
+            let (reason, timed_out) = self.shared.reason();
             return Err(CommError::Aborted {
                 me,
-                reason: self.shared.reason(),
+                reason,
+                timed_out,
             });
         }
         let esize = dtype.size();
@@ -574,7 +607,7 @@ impl<D: CommDevice> Rank<D> {
         self.busy = false;
         if let Err(e) = &result {
             if !matches!(e, CommError::Aborted { .. }) {
-                self.shared.abort(e.to_string());
+                self.shared.abort(e.to_string(), e.is_timeout());
             }
         }
         result
@@ -600,14 +633,17 @@ impl<D: CommDevice> Rank<D> {
             return Ok(());
         }
         let start = Instant::now();
+        let mut patience = Patience::new(sh.config.timeout);
         loop {
             if flag.load(Ordering::Acquire) >= target {
                 return Ok(());
             }
             if sh.aborted.load(Ordering::SeqCst) {
+                let (reason, timed_out) = sh.reason();
                 return Err(CommError::Aborted {
                     me: self.rank,
-                    reason: sh.reason(),
+                    reason,
+                    timed_out,
                 });
             }
             if sh.departed[peer].load(Ordering::SeqCst) {
@@ -620,15 +656,15 @@ impl<D: CommDevice> Rank<D> {
                     peer,
                 });
             }
-            let waited = start.elapsed();
-            if waited > sh.config.timeout {
+            if patience.expired() {
                 return Err(CommError::Timeout {
                     me: self.rank,
                     peer,
                     what: what(),
-                    seconds: waited.as_secs_f64(),
+                    seconds: patience.waited().as_secs_f64(),
                 });
             }
+            let waited = start.elapsed();
             // With a core per rank the peer is running: spin a few microseconds. With more
             // ranks than cores it may need this core: yield it (what MPI's
             // mpi_yield_when_idle does). After a millisecond, sleep until the peer's flag

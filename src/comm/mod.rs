@@ -11,6 +11,7 @@
 //! * [`messages`]: the same schedules as message programs (sends, receives, local steps)
 //!   for ranks that share no memory, e.g. MPI processes.
 //! * `mpi` (feature `mpi`): the schedules over MPI point-to-point, and MPI's own allreduce.
+//! * [`patience`]: timeouts that leave out the time this process was stopped.
 //! * [`model`]: the α-β model `auto` uses to pick an algorithm.
 //! * [`picture`]: a schedule drawn as SVG (`nanoddp schedule --svg`).
 //!
@@ -40,6 +41,7 @@ pub mod messages;
 pub mod model;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod patience;
 pub mod picture;
 pub mod schedule;
 pub mod transport;

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use half::f16;
 use mpi::ffi;
@@ -25,6 +25,7 @@ use mpi::traits::Communicator;
 
 use super::communicator::{CommConfig, CommError, ReduceOp};
 use super::messages::{execute, lower, Program, Wire, WireScalar};
+use super::patience::Patience;
 use super::schedule::{all_reduce, Algorithm};
 
 /// How an MPI allreduce is computed.
@@ -128,7 +129,7 @@ pub struct MpiComm {
     config: CommConfig,
     seq: u64,
     programs: HashMap<(Algorithm, usize, bool), Arc<Program>>,
-    aborted: Option<String>,
+    aborted: Option<(String, bool)>,
 }
 
 // SAFETY: the handle is an opaque MPI communicator; MPI runs in MPI_THREAD_SERIALIZED mode,
@@ -162,10 +163,11 @@ impl MpiComm {
         algorithm: Option<MpiAlgorithm>,
     ) -> Result<(), CommError> {
         let me = self.me;
-        if let Some(reason) = &self.aborted {
+        if let Some((reason, timed_out)) = &self.aborted {
             return Err(CommError::Aborted {
                 me,
                 reason: reason.clone(),
+                timed_out: *timed_out,
             });
         }
         self.checked(None, buf, op, algorithm)
@@ -200,10 +202,11 @@ impl MpiComm {
         algorithm: Option<MpiAlgorithm>,
     ) -> Result<(), CommError> {
         let me = self.me;
-        if let Some(reason) = &self.aborted {
+        if let Some((reason, timed_out)) = &self.aborted {
             return Err(CommError::Aborted {
                 me,
                 reason: reason.clone(),
+                timed_out: *timed_out,
             });
         }
         let algo = algorithm.unwrap_or_else(|| {
@@ -211,7 +214,7 @@ impl MpiComm {
         });
         let result = self.run(input, buf, op, algo);
         if let Err(e) = &result {
-            self.aborted = Some(e.to_string());
+            self.aborted = Some((e.to_string(), e.is_timeout()));
         }
         result
     }
@@ -333,7 +336,14 @@ impl MpiComm {
         buffers: B,
         what: impl FnOnce() -> String,
     ) -> Result<B, CommError> {
-        if poll(req, self.me, self.config.timeout, Kind::Collective)?.is_some() {
+        if poll(
+            req,
+            self.me,
+            &mut Patience::new(self.config.timeout),
+            Kind::Collective,
+        )?
+        .is_some()
+        {
             return Ok(buffers);
         }
         std::mem::forget(buffers);
@@ -403,15 +413,14 @@ enum Kind {
     Collective,
 }
 
-/// Tests `req` until it completes (`Some(status)`) or `timeout` passes (`None`: then it is
+/// Tests `req` until it completes (`Some(status)`) or `patience` runs out (`None`: then it is
 /// cancelled if it can be, and the caller must never free the request's buffers).
 fn poll(
     req: &mut ffi::MPI_Request,
     me: usize,
-    timeout: Duration,
+    patience: &mut Patience,
     kind: Kind,
 ) -> Result<Option<ffi::MPI_Status>, CommError> {
-    let deadline = Instant::now() + timeout;
     let mut spins = 0u32;
     loop {
         let mut flag: c_int = 0;
@@ -424,7 +433,7 @@ fn poll(
         if flag != 0 {
             return Ok(Some(status));
         }
-        if Instant::now() > deadline {
+        if patience.expired() {
             if kind == Kind::PointToPoint {
                 // SAFETY: cancelling a pending point-to-point request is allowed; it stays
                 // incomplete (its buffers are leaked by the caller).
@@ -528,7 +537,12 @@ impl Wire for MpiWire {
                 &mut req,
             )
         })?;
-        match poll(&mut req, self.me, self.timeout, Kind::PointToPoint)? {
+        match poll(
+            &mut req,
+            self.me,
+            &mut Patience::new(self.timeout),
+            Kind::PointToPoint,
+        )? {
             Some(status) => {
                 let mut got: c_int = 0;
                 // SAFETY: `status` was filled by MPI_Test for this completed receive.
@@ -551,10 +565,9 @@ impl Wire for MpiWire {
     }
 
     fn finish(&mut self) -> Result<(), CommError> {
-        let deadline = Instant::now() + self.timeout;
+        let mut patience = Patience::new(self.timeout);
         while let Some((mut req, bytes, to)) = self.sends.pop() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if poll(&mut req, self.me, left, Kind::PointToPoint)?.is_none() {
+            if poll(&mut req, self.me, &mut patience, Kind::PointToPoint)?.is_none() {
                 std::mem::forget(bytes);
                 return Err(self.timed_out(to, "a peer to receive this rank's data".into()));
             }

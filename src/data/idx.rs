@@ -33,6 +33,14 @@ pub enum DataError {
         /// Every folder tried.
         searched: String,
     },
+    /// A folder holds some of the four files but not all.
+    #[error("{dir}: no {missing} (.gz or uncompressed); a data folder holds all four Fashion-MNIST files")]
+    MissingFiles {
+        /// The folder.
+        dir: PathBuf,
+        /// The files it lacks, by name.
+        missing: String,
+    },
 }
 
 /// Images of one data set: `count` images of `rows` x `cols` bytes.

@@ -42,6 +42,31 @@ fn complete(dir: &Path) -> bool {
     FILES.iter().all(|f| file(dir, f).is_some())
 }
 
+/// The error for a folder that lacks files: naming them when it holds any of the four,
+/// else the folders searched.
+fn not_found(dirs: &[PathBuf]) -> DataError {
+    for dir in dirs {
+        let missing: Vec<&str> = FILES
+            .iter()
+            .copied()
+            .filter(|f| file(dir, f).is_none())
+            .collect();
+        if missing.len() < FILES.len() {
+            return DataError::MissingFiles {
+                dir: dir.clone(),
+                missing: missing.join(", "),
+            };
+        }
+    }
+    DataError::NotFound {
+        searched: dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
 /// The folders searched, in order: `explicit` (from --data), `$NANODDP_DATA`, Debian's
 /// `/usr/share/datasets/fashion-mnist`, `./data/fashion-mnist`.
 pub fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
@@ -64,23 +89,13 @@ pub fn find_dataset(explicit: Option<&Path>) -> Result<Dataset, DataError> {
     let dir = dirs
         .iter()
         .find(|d| complete(d))
-        .ok_or_else(|| DataError::NotFound {
-            searched: dirs
-                .iter()
-                .map(|d| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })?;
+        .ok_or_else(|| not_found(&dirs))?;
     load(dir)
 }
 
 /// Loads the four files from `dir`.
 pub fn load(dir: &Path) -> Result<Dataset, DataError> {
-    let path = |i: usize| {
-        file(dir, FILES[i]).ok_or_else(|| DataError::NotFound {
-            searched: dir.display().to_string(),
-        })
-    };
+    let path = |i: usize| file(dir, FILES[i]).ok_or_else(|| not_found(&[dir.to_path_buf()]));
     let train_images = read_images(&path(0)?)?;
     let train_labels = read_labels(&path(1)?, 10)?;
     let test_images = read_images(&path(2)?)?;

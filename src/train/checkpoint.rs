@@ -49,7 +49,13 @@ pub struct Checkpoint {
     /// Mixed precision's dynamic loss scale and its clean steps since the last change
     /// (absent for fp32 runs), so a resumed fp16 run scales exactly as the uninterrupted one.
     pub loss_scale: Option<(f32, usize)>,
+    /// The settings that define the run ([`super::TrainConfig::run_settings`]), stored as
+    /// `run.<name>` metadata; empty for a weights-only file.
+    pub settings: Vec<(String, String)>,
 }
+
+/// Metadata key prefix of [`Checkpoint::settings`].
+const SETTING: &str = "run.";
 
 /// Checks that a checkpoint (or any output file) can be written to `path` without
 /// destroying anything it must not: the folder exists and takes new files, and `path` is
@@ -132,8 +138,10 @@ fn create_temp(path: &Path) -> std::io::Result<(std::path::PathBuf, std::fs::Fil
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "checkpoint".into());
+    // The name ends as the target's does: writers that pick a format by extension (the
+    // plots) see the right one.
     let tmp = folder_of(path).join(format!(
-        ".{name}.{}.{}.tmp",
+        ".tmp.{}.{}.{name}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
@@ -192,17 +200,32 @@ pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
         metadata.insert("loss_scale".to_string(), scale.to_string());
         metadata.insert("loss_scale_clean_steps".to_string(), clean.to_string());
     }
+    for (name, value) in &ckpt.settings {
+        metadata.insert(format!("{SETTING}{name}"), value.clone());
+    }
     let data = safetensors::tensor::serialize(views, Some(metadata))
         .map_err(|e| invalid(e.to_string()))?;
     let data = canonical_header(data).map_err(invalid)?;
+    replace_file(path, |_, f| f.write_all(&data))
+}
+
+/// Replaces `path` atomically with what `fill` writes: `fill` gets a new temporary file
+/// beside `path` (its path and an open handle: write through either), which is then synced,
+/// renamed over `path`, and the folder synced. Refuses to replace anything but a regular
+/// file; on any failure the previous file at `path` is intact and the temporary file is
+/// removed. Checkpoints, and the CLI's plots and rewritten metrics, are written this way.
+pub fn replace_file(
+    path: &Path,
+    fill: impl FnOnce(&Path, &mut std::fs::File) -> std::io::Result<()>,
+) -> Result<(), CheckpointError> {
+    let shown = path.display().to_string();
     let io = |source| CheckpointError::Io {
         path: shown.clone(),
         source,
     };
     check_destination(path)?;
     let (tmp, mut f) = create_temp(path).map_err(io)?;
-    let written = f
-        .write_all(&data)
+    let written = fill(&tmp, &mut f)
         .and_then(|()| f.sync_all())
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = written {
@@ -307,11 +330,20 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
         },
         _ => return Err(invalid("loss scale metadata is incomplete".into())),
     };
+    let settings = meta
+        .metadata()
+        .iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.strip_prefix(SETTING)?.to_string(), v.clone())))
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into_iter()
+        .collect();
     Ok(Checkpoint {
         weights,
         velocity,
         epoch: number("epoch"),
         step: number("step"),
         loss_scale,
+        settings,
     })
 }

@@ -78,6 +78,73 @@ pub struct TrainConfig {
     /// Gradient bucket capacity in bytes (see [`gradient_buckets`]); 0 puts every gradient
     /// in one bucket, reduced after the backward pass.
     pub bucket_bytes: usize,
+    /// How the ranks' communicator behaves (its timeout above all).
+    pub comm: CommConfig,
+}
+
+impl TrainConfig {
+    /// The settings that define a run, as (name, value) pairs named after the command
+    /// line's flags: what a checkpoint records, and what a resumed run must share with it so
+    /// that it continues the same run (the same batches, learning-rate schedule and
+    /// arithmetic). `ranks` is the number of replicas over all processes.
+    pub fn run_settings(&self, ranks: usize, train_images: usize) -> Vec<(String, String)> {
+        let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+        [
+            ("devices", ranks.to_string()),
+            ("batch", self.batch.to_string()),
+            ("epochs", self.epochs.to_string()),
+            // The learning-rate schedule spans min(max_steps, every epoch's steps).
+            (
+                "max-steps",
+                self.max_steps.map_or("none".into(), |m| m.to_string()),
+            ),
+            ("recipe", lower(&self.recipe)),
+            ("lr", self.lr.to_string()),
+            ("momentum", self.momentum.to_string()),
+            ("weight-decay", self.weight_decay.to_string()),
+            ("seed", self.seed.to_string()),
+            (
+                "shuffle",
+                if self.shuffle { "epoch" } else { "none" }.into(),
+            ),
+            ("precision", lower(&self.precision)),
+            ("training-images", train_images.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect::<std::collections::BTreeMap<_, _>>() // by name, as a checkpoint reads back
+        .into_iter()
+        .collect()
+    }
+
+    /// Whether `start` can be continued by this run: every setting its checkpoint recorded
+    /// ([`TrainConfig::run_settings`]) must be the same. A checkpoint that records none (a
+    /// weights-only file, or one from before settings were recorded) is accepted. The error
+    /// names every setting that differs, with both values.
+    pub fn check_resume(
+        &self,
+        start: &checkpoint::Checkpoint,
+        ranks: usize,
+        train_images: usize,
+    ) -> Result<(), TrainError> {
+        let now = self.run_settings(ranks, train_images);
+        let differ: Vec<String> = start
+            .settings
+            .iter()
+            .filter_map(|(name, saved)| {
+                let current = now.iter().find(|(n, _)| n == name).map(|(_, v)| v)?;
+                (current != saved).then(|| format!("{name} {saved} there, {current} here"))
+            })
+            .collect();
+        if differ.is_empty() {
+            return Ok(());
+        }
+        Err(TrainError::Config(format!(
+            "the checkpoint belongs to a run with other settings ({}): resume with that run's \
+             settings, or start a new run from its weights with --init",
+            differ.join("; ")
+        )))
+    }
 }
 
 /// Gradient buckets, as PyTorch DDP forms them: tensors in the order the backward pass
@@ -193,6 +260,11 @@ pub struct StepReport {
 pub struct EpochReport {
     /// Epoch, from 1.
     pub epoch: usize,
+    /// Steps taken in the whole run when the epoch ended.
+    pub step: usize,
+    /// Whether the epoch went over the whole training set (`false` when `max_steps` ended
+    /// it early, or a resumed run started inside it).
+    pub complete: bool,
     /// Mean training loss.
     pub train_loss: f64,
     /// Training accuracy (during the epoch).
@@ -209,9 +281,17 @@ pub struct EpochReport {
 
 /// Progress messages from the device threads.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Event {
     /// A step finished.
     Step(StepReport),
+    /// Rank 0 evaluated `done` of its `total` test images after an epoch's training.
+    Evaluating {
+        /// Images done.
+        done: usize,
+        /// Images in rank 0's shard of the test set.
+        total: usize,
+    },
     /// An epoch finished; the state to checkpoint attached.
     Epoch(EpochReport, checkpoint::Checkpoint),
 }
@@ -278,7 +358,26 @@ pub fn from_weights(weights: Vec<Vec<f32>>) -> checkpoint::Checkpoint {
         epoch: 0,
         step: 0,
         loss_scale: None,
+        settings: Vec::new(),
     }
+}
+
+/// Checks that `data` holds images LeNet takes: 28x28, training and test alike.
+pub fn check_data(data: &Dataset) -> Result<(), TrainError> {
+    for (what, images) in [
+        ("training", &data.train_images),
+        ("test", &data.test_images),
+    ] {
+        if images.rows != IMAGE || images.cols != IMAGE {
+            return Err(TrainError::Config(format!(
+                "{}: LeNet expects 28x28 images, the {what} images are {}x{}",
+                data.dir.display(),
+                images.rows,
+                images.cols
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// How a training rank sums buffers with all the others: an in-process [`Rank`], or (feature
@@ -340,6 +439,7 @@ fn evaluate<C: Collective, T: Activation>(
     replica: &mut Replica<C::Device, T>,
     data: &Dataset,
     batch: usize,
+    progress: Option<&mpsc::Sender<Event>>,
 ) -> Result<f64, TrainError> {
     let (n, me) = (rank.size(), rank.rank());
     let total = data.test_labels.len();
@@ -354,6 +454,12 @@ fn evaluate<C: Collective, T: Activation>(
         mine.correct += s.correct;
         mine.count += s.count;
         start = end;
+        if let Some(events) = progress {
+            let _ = events.send(Event::Evaluating {
+                done: start - lo,
+                total: hi - lo,
+            });
+        }
     }
     let all = reduce_stats(rank, mine)?;
     Ok(all.correct as f64 / all.count.max(1) as f64)
@@ -462,9 +568,12 @@ where
             bucket_of[i] = b;
         }
     }
+    // The step count places a resumed run: a checkpoint written when `max_steps` stopped an
+    // epoch early continues inside that epoch, at the batch after the last one it took.
     let mut step = start.step;
+    let first_epoch = step / steps_per_epoch + 1;
     let last_epoch = cfg.stop_after.unwrap_or(cfg.epochs).min(cfg.epochs);
-    for epoch in start.epoch + 1..=last_epoch {
+    for epoch in first_epoch..=last_epoch {
         if step >= total_steps {
             break;
         }
@@ -477,7 +586,12 @@ where
         );
         let (start, mut allreduce_s) = (Instant::now(), 0.0);
         let mut epoch_stats = ShardStats::default();
-        for b in 0..batches.len() {
+        let first_batch = if epoch == first_epoch {
+            step % steps_per_epoch
+        } else {
+            0
+        };
+        for b in first_batch..batches.len() {
             if step >= total_steps {
                 break;
             }
@@ -527,10 +641,18 @@ where
             }
         }
         let seconds = start.elapsed().as_secs_f64();
-        let test_acc = evaluate(&mut rank, &mut replica, data, cfg.batch)?;
+        let test_acc = evaluate(
+            &mut rank,
+            &mut replica,
+            data,
+            cfg.batch,
+            (me == 0).then_some(events),
+        )?;
         if me == 0 {
             let report = EpochReport {
                 epoch,
+                step,
+                complete: first_batch == 0 && step == epoch * steps_per_epoch,
                 train_loss: epoch_stats.loss_sum / epoch_stats.count.max(1) as f64,
                 train_acc: epoch_stats.correct as f64 / epoch_stats.count.max(1) as f64,
                 test_acc,
@@ -546,9 +668,10 @@ where
             let state = checkpoint::Checkpoint {
                 weights: replica.weights()?,
                 velocity: Some(velocity),
-                epoch,
+                epoch: step / steps_per_epoch,
                 step,
                 loss_scale: scaler.enabled.then(|| scaler.state()),
+                settings: cfg.run_settings(n, data.train_labels.len()),
             };
             let _ = events.send(Event::Epoch(report, state));
         }
@@ -574,7 +697,7 @@ where
     if devices.is_empty() {
         return Err(TrainError::Config("no device to train on".into()));
     }
-    let ranks = communicator(devices, CommConfig::default())?;
+    let ranks = communicator(devices, cfg.comm)?;
     train_ranks(ranks, data, start, cfg, on_event)
 }
 
@@ -603,12 +726,14 @@ where
             "{total} devices need a batch of at least {total} images"
         )));
     }
-    if data.train_images.rows != IMAGE || data.train_images.cols != IMAGE {
+    check_data(data)?;
+    if data.train_labels.is_empty() {
         return Err(TrainError::Config(format!(
-            "LeNet expects 28x28 images, the data has {}x{}",
-            data.train_images.rows, data.train_images.cols
+            "{}: the training set has no images",
+            data.dir.display()
         )));
     }
+    cfg.check_resume(&start, total, data.train_labels.len())?;
     let (tx, rx) = mpsc::channel();
     let local = ranks.len();
     std::thread::scope(|scope| {
@@ -680,6 +805,7 @@ pub fn test_accuracy<D>(
 where
     D: CommDevice + Backend + Clone + Send + 'static,
 {
+    check_data(data)?;
     let ranks = communicator(devices, CommConfig::default())?;
     std::thread::scope(|scope| {
         let handles: Vec<_> = ranks
@@ -687,7 +813,7 @@ where
             .map(|mut rank| {
                 scope.spawn(move || -> Result<f64, TrainError> {
                     let mut replica = Replica::<D, f32>::new(rank.device().clone(), weights)?;
-                    evaluate(&mut rank, &mut replica, data, batch.max(1))
+                    evaluate(&mut rank, &mut replica, data, batch.max(1), None)
                 })
             })
             .collect();

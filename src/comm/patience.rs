@@ -1,0 +1,92 @@
+//! How long a collective has waited for a peer, not counting the time this process was not
+//! running.
+//!
+//! A timeout exists to turn a peer that will never come (a hung kernel, a rank stuck in
+//! user code, an MPI process gone silent) into an error instead of a hang. Wall-clock time
+//! also counts time in which nobody could have made progress: `kill -STOP` and `fg`, Ctrl-Z,
+//! a paused VM, a laptop lid, or a machine so loaded that the waiting thread itself was not
+//! scheduled. When every rank lives in one process they all stop together, and on waking
+//! every waiter would see the whole pause as its peer's delay and abort a healthy run.
+//!
+//! A waiter checks its peer at least every few milliseconds, so a long gap between two
+//! consecutive checks means this thread was not running: [`Patience`] leaves such gaps out.
+//! A peer in another process that stops while this one runs is still timed in full.
+
+use std::time::{Duration, Instant};
+
+/// A gap between two checks longer than this is taken as this process not running and is
+/// not counted. Waiters check at least every few milliseconds (they sleep 1 ms at a time),
+/// so a healthy wait never comes near it.
+pub const PAUSE_GAP: Duration = Duration::from_millis(500);
+
+/// A timeout that counts only the time this thread was observably running.
+#[derive(Debug, Clone, Copy)]
+pub struct Patience {
+    limit: Duration,
+    counted: Duration,
+    last: Instant,
+}
+
+impl Patience {
+    /// Starts counting now, up to `limit`.
+    pub fn new(limit: Duration) -> Self {
+        Patience {
+            limit,
+            counted: Duration::ZERO,
+            last: Instant::now(),
+        }
+    }
+
+    /// Time counted so far, this check included (a gap longer than [`PAUSE_GAP`] since the
+    /// previous check is left out).
+    pub fn waited(&mut self) -> Duration {
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(self.last);
+        if gap <= PAUSE_GAP {
+            self.counted += gap;
+        }
+        self.last = now;
+        self.counted
+    }
+
+    /// Whether the counted time has passed the limit.
+    pub fn expired(&mut self) -> bool {
+        self.waited() > self.limit
+    }
+
+    /// Time left before the limit, as counted now.
+    pub fn left(&mut self) -> Duration {
+        self.limit.saturating_sub(self.waited())
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_frequent_checks_and_leaves_out_a_pause() {
+        let mut p = Patience::new(Duration::from_millis(300));
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(5));
+            assert!(!p.expired());
+        }
+        let before = p.waited();
+        assert!(before >= Duration::from_millis(100), "{before:?}");
+        // A gap longer than PAUSE_GAP: this thread "was stopped".
+        std::thread::sleep(PAUSE_GAP + Duration::from_millis(100));
+        assert!(!p.expired(), "the pause counted: {:?}", p.waited());
+        assert!(p.waited() < before + Duration::from_millis(50));
+        // Checking on keeps counting up to the limit.
+        while !p.expired() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(p.waited() > Duration::from_millis(300));
+        assert_eq!(p.left(), Duration::ZERO);
+    }
+}
