@@ -192,14 +192,8 @@ pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -
         peak.all_threads,
         peak.threads
     ).running()?;
-    let rows = match (target, &cuda) {
-        (Target::Cpu, _) => lenet_rows(&CpuDevice::new(), batch, repeats, true).running()?,
-        (Target::Simt, _) => {
-            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)").running()?;
-            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false).running()?
-        }
-        (Target::Cuda, None) => return Err(Failure::Input("no GPU opened".into())),
-        (Target::Cuda, Some(dev)) => {
+    let rows = match (&cuda, target) {
+        (Some(dev), _) => {
             writeln!(
                 out,
                 "GPU: {} (sm_{}{})",
@@ -216,6 +210,11 @@ pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -
                 lenet_rows(dev, batch, repeats, true).running()?
             }
         }
+        (None, Target::Simt) => {
+            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)").running()?;
+            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false).running()?
+        }
+        (None, _) => lenet_rows(&CpuDevice::new(), batch, repeats, true).running()?,
     };
     writeln!(
         out,

@@ -58,11 +58,6 @@ impl Patience {
     pub fn left(&mut self) -> Duration {
         self.limit.saturating_sub(self.waited())
     }
-
-    /// The limit.
-    pub fn limit(&self) -> Duration {
-        self.limit
-    }
 }
 
 #[cfg(test)]
