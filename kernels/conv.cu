@@ -25,6 +25,14 @@
 //                           then a shared-memory tree reduction (fixed order: deterministic).
 //                           grid O·C·KH·KW, block 256. Written in float (master-weight grads).
 //   conv2d_backward_bias:   db[o] = Σ dy[:, o]; one block per output channel, as above.
+// Summation: the forward and input-gradient dot products (C·KH·KW and O·KH·KW terms, 500 and
+// 1,250 for LeNet's conv2) sum each channel's window into a fresh register and add that to the
+// running total once (blocked: error growing like KH·KW + C, not C·KH·KW; one register).
+// The two gradient reductions run over batch·P·Q terms (173,056 for LeNet's conv1 at batch
+// 256), batch·P·Q / 256 of them in each thread's running sum: that sum is compensated
+// (CompensatedSum), so its error stays at a few ulps of the total instead of growing with the
+// batch, and the tree over the block adds log2(256) = 8 roundings. Cost: three more adds
+// per term, in kernels bound by their loads and index arithmetic.
 #include "simt.cuh"
 
 #define CONV_THREADS 256
@@ -52,15 +60,17 @@ __device__ __forceinline__ void conv2d_forward(const T* __restrict__ x, const T*
             for (int c = c0; c < c1; ++c) {
                 const T* plane = x + ((long long)n * in_c + c) * in_h * in_w;
                 const float* wc = wtile + (c - c0) * window;
+                float part = 0.0f;  // this channel's window, added to acc once (blocked sum)
                 for (int i = 0; i < k_h; ++i) {
                     int ih = p * stride - pad + i;
                     if (ih < 0 || ih >= in_h) continue;
                     for (int j = 0; j < k_w; ++j) {
                         int iw = q * stride - pad + j;
                         if (iw < 0 || iw >= in_w) continue;
-                        acc = fmaf((float)plane[ih * in_w + iw], wc[i * k_w + j], acc);
+                        part = fmaf((float)plane[ih * in_w + iw], wc[i * k_w + j], part);
                     }
                 }
+                acc += part;
             }
         }
         __syncthreads();
@@ -94,6 +104,7 @@ __device__ __forceinline__ void conv2d_backward_input(const T* __restrict__ dy, 
             for (int o = o0; o < o1; ++o) {
                 const T* plane = dy + ((long long)n * out_c + o) * out_h * out_w;
                 const float* wo = wtile + (o - o0) * window;
+                float part = 0.0f;  // this output channel's taps, added to acc once
                 for (int i = 0; i < k_h; ++i) {
                     int num = ih + pad - i;  // = p·stride for the output row p that used this tap
                     if (num < 0 || num % stride != 0) continue;
@@ -104,15 +115,30 @@ __device__ __forceinline__ void conv2d_backward_input(const T* __restrict__ dy, 
                         if (numq < 0 || numq % stride != 0) continue;
                         int q = numq / stride;
                         if (q >= out_w) continue;
-                        acc = fmaf((float)plane[p * out_w + q], wo[i * k_w + j], acc);
+                        part = fmaf((float)plane[p * out_w + q], wo[i * k_w + j], part);
                     }
                 }
+                acc += part;
             }
         }
         __syncthreads();
     }
     if (active) dx[(((long long)n * in_c + c) * in_h + ih) * in_w + iw] = (T)acc;
 }
+
+// A running float sum that carries its own rounding error (Kahan): its error bound is a few
+// ulps of the total however many terms are added, where a plain running sum's grows with
+// their number. Needs IEEE adds as written: no -use_fast_math (which may reassociate).
+struct CompensatedSum {
+    float sum = 0.0f, carry = 0.0f;  // carry: what the last additions rounded away, negated
+    __device__ __forceinline__ void add(float v) {
+        const float y = v - carry;
+        const float t = sum + y;
+        carry = (t - sum) - y;
+        sum = t;
+    }
+    __device__ __forceinline__ float total() const { return sum - carry; }
+};
 
 // Sum of `v` over the block (blockDim.x a power of two ≤ 1024); the result is in red[0].
 __device__ __forceinline__ void block_reduce(float* red, float v) {
@@ -133,16 +159,16 @@ __device__ __forceinline__ void conv2d_backward_filter(const T* __restrict__ x, 
     const int e = blockIdx.x;  // filter element (o, c, i, j)
     const int j = e % k_w, i = e / k_w % k_h, c = e / (k_w * k_h) % in_c, o = e / (k_w * k_h * in_c);
     const long long pixels = (long long)out_h * out_w;
-    float acc = 0.0f;
+    CompensatedSum acc;
     for (long long t = threadIdx.x; t < batch * pixels; t += blockDim.x) {
         int n = (int)(t / pixels);
         int p = (int)(t % pixels) / out_w, q = (int)(t % pixels) % out_w;
         int ih = p * stride - pad + i, iw = q * stride - pad + j;
         if (ih < 0 || ih >= in_h || iw < 0 || iw >= in_w) continue;
         float g = (float)dy[((long long)n * out_c + o) * pixels + p * out_w + q];
-        acc = fmaf(g, (float)x[(((long long)n * in_c + c) * in_h + ih) * in_w + iw], acc);
+        acc.add(g * (float)x[(((long long)n * in_c + c) * in_h + ih) * in_w + iw]);
     }
-    block_reduce(red, acc);
+    block_reduce(red, acc.total());
     if (threadIdx.x == 0) dw[e] = red[0];
 }
 
@@ -151,12 +177,12 @@ __device__ __forceinline__ void conv2d_backward_bias(const T* __restrict__ dy, f
                                                      int out_c, int pixels) {
     __shared__ float red[CONV_THREADS];
     const int o = blockIdx.x;
-    float acc = 0.0f;
+    CompensatedSum acc;
     for (long long t = threadIdx.x; t < (long long)batch * pixels; t += blockDim.x) {
         long long n = t / pixels, pq = t % pixels;
-        acc += (float)dy[(n * out_c + o) * pixels + pq];
+        acc.add((float)dy[(n * out_c + o) * pixels + pq]);
     }
-    block_reduce(red, acc);
+    block_reduce(red, acc.total());
     if (threadIdx.x == 0) db[o] = red[0];
 }
 

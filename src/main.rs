@@ -136,6 +136,11 @@ fn main() -> ExitCode {
     limit_malloc_arenas();
     let cli = Cli::parse();
     let mut stdout = std::io::stdout().lock();
+    // A misspelt NANODDP_CPU_ISA would otherwise measure the wrong path: refuse it up front.
+    if let Err(why) = nanoddp::backend::cpu::isa::requested() {
+        report_error(&why);
+        return ExitCode::from(cli::Failure::Input(why.into()).exit_code());
+    }
     let result = match cli.command {
         Command::Info => cli::info::run(&mut stdout).running(),
         Command::CheckMpi { late_rank } => check_mpi(late_rank),

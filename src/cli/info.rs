@@ -161,5 +161,12 @@ fn cpu(out: &mut impl Write) -> io::Result<()> {
     } else {
         info.simd.join(" ")
     };
-    writeln!(out, "  SIMD: {simd}")
+    writeln!(out, "  SIMD: {simd}")?;
+    let isa = nanoddp::backend::cpu::isa::isa();
+    writeln!(
+        out,
+        "  CPU backend computes with: {} ({} chooses: portable or native)",
+        isa.describe(),
+        nanoddp::backend::cpu::isa::ISA_ENV
+    )
 }

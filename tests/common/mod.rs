@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unused_macros, unused_imports)]
 
+pub mod lenet64;
 pub mod reference;
 
 use half::f16;

@@ -6,8 +6,8 @@
 //! gradient is `Σ_n dy_n · col_nᵀ`. From [`WINDOW_TAPS`] taps on, the forward and filter
 //! products read col's elements straight from the images ([`window_gemm`]: `col[tap][pixel]`
 //! is `images[tap offset + pixel offset]`) instead of writing col out. The filter gradient
-//! sums images in fixed chunks and then the chunks in order, so the result does not depend
-//! on the thread count.
+//! sums images in fixed chunks and then the chunks as a binary tree (`summation`), so the
+//! result does not depend on the thread count and its rounding error grows like log(batch).
 
 use rayon::prelude::*;
 
@@ -16,6 +16,7 @@ use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::pool::{avg_plane, avg_relu_backward_plane};
+use super::summation::{pairwise_sum, pairwise_sum_into};
 use super::window_gemm::{window_gemm, PackedW, Windows};
 use super::{widened, write_f32};
 
@@ -30,7 +31,7 @@ const GROUP: usize = 8;
 const WINDOW_TAPS: usize = 64;
 
 /// Images per partial sum of the filter gradient (groups of [`GROUP`] accumulated in order);
-/// the partials are then added in order, so the result does not depend on the thread count.
+/// the partials are then added as a tree, so the result does not depend on the thread count.
 const FILTER_CHUNK: usize = 4 * GROUP;
 
 /// The input's dimensions with the padding: the images [`group_images`] gathers.
@@ -508,14 +509,18 @@ pub(super) fn backward_filter<T: Precision>(
             },
         )
         .collect();
-    dw.fill(0.0);
-    for (partial, _) in &chunks {
-        dw.iter_mut().zip(partial).for_each(|(d, p)| *d += p);
+    // The chunks' partials, added as a tree: their number grows with the batch.
+    let (mut filters, mut biases): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
+    pairwise_sum_into(&mut filters);
+    match filters.first() {
+        Some(total) => dw.copy_from_slice(total),
+        None => dw.fill(0.0),
     }
     if let Some(db) = db {
-        db.fill(0.0);
-        for (_, partial) in &chunks {
-            db.iter_mut().zip(partial).for_each(|(d, p)| *d += p);
+        pairwise_sum_into(&mut biases);
+        match biases.first() {
+            Some(total) => db.copy_from_slice(total),
+            None => db.fill(0.0),
         }
     }
 }
@@ -535,15 +540,16 @@ fn lane_sum(v: &[f32]) -> f32 {
 pub(super) fn backward_bias<T: Precision>(s: &Conv2dShape, dy: &[T], db: &mut [f32]) {
     let pq = s.out_h() * s.out_w();
     db.par_iter_mut().enumerate().for_each_init(
-        || vec![0.0f32; pq],
-        |wide, (o, db)| {
-            let mut acc = 0.0f32;
-            for n in 0..s.batch {
+        || (vec![0.0f32; pq], vec![0.0f32; s.batch]),
+        |(wide, per_image), (o, db)| {
+            // Each image's plane, then the images as a tree (the batch can be long: the
+            // linear layers' bias gradients are one term per image).
+            for (n, sum) in per_image.iter_mut().enumerate() {
                 let plane = &dy[(n * s.out_c + o) * pq..(n * s.out_c + o + 1) * pq];
                 T::widen_slice(plane, wide);
-                acc += lane_sum(wide);
+                *sum = lane_sum(wide);
             }
-            *db = acc;
+            *db = pairwise_sum(per_image);
         },
     );
 }

@@ -38,7 +38,7 @@ pub(crate) fn narrow(src: &[f32], dst: &mut [f16]) {
 /// Runs `f` (which converts a prefix and returns its length) where AVX-512F is present.
 fn simd_prefix(f: impl FnOnce() -> usize) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if super::isa::isa().avx512 {
         return f();
     }
     let _ = f;

@@ -381,15 +381,7 @@ fn run_tile(tile: Tile, avx512: bool) {
 /// Whether the AVX-512 paths can run: F for every vector routine here and in
 /// `window_gemm`, VL for `gemm_nt`'s and `window_gemm`'s tiles.
 pub(super) fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::isa::isa().avx512
 }
 
 /// The tile in portable Rust: B's row copied into a fixed-size array so the inner loops have

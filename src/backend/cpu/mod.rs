@@ -15,7 +15,7 @@
 //! The float64 reference the tests compare against is separate (`tests/common/reference.rs`).
 
 /// Defines a function as `$body` compiled twice, for the baseline instruction set and for
-/// AVX-512 (F, VL, BW, DQ), and picks one at run time. For the plain loops the compiler
+/// AVX-512 (F, VL, BW, DQ), and picks one at run time ([`isa::isa`]). For the plain loops the compiler
 /// vectorizes by itself: the crate is built for baseline x86-64, four lanes wide.
 macro_rules! multiversion {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) = $body:ident) => {
@@ -27,12 +27,9 @@ macro_rules! multiversion {
                 unsafe fn avx512_version($($arg: $ty),*) {
                     $body($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512dq")
-                {
-                    // SAFETY: the CPU has every feature `avx512_version` is compiled for.
+                if $crate::backend::cpu::isa::isa().avx512 {
+                    // SAFETY: the CPU has every feature `avx512_version` is compiled for
+                    // (`Isa::avx512` is only set where all four were detected).
                     return unsafe { avx512_version($($arg),*) };
                 }
             }
@@ -44,12 +41,14 @@ macro_rules! multiversion {
 mod conv;
 mod gemm;
 pub(crate) mod half_convert;
+pub mod isa;
 mod loss;
 mod microkernel;
 mod optim;
 mod pool;
 #[cfg(test)]
 mod product_check;
+mod summation;
 mod window_gemm;
 
 use half::f16;

@@ -40,7 +40,7 @@ fn update<G: Precision>(
     s: SgdStep,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
+    if super::isa::isa().fma {
         // SAFETY: the CPU has FMA.
         return unsafe { update_fma(w, g, v, h, s) };
     }

@@ -1,0 +1,80 @@
+//! Pairwise (binary-tree) summation for the reductions whose length grows with the batch.
+//!
+//! A left-to-right f32 sum of N terms carries each rounding error through every later
+//! addition, so its error bound grows like N·ε; summing two halves and adding them, all the
+//! way down, bounds it by log₂N·ε. The register tiles already split their products into
+//! fixed blocks (16 lanes, a group of images); what is left to sum is one partial per block
+//! of images, and the number of those grows with the batch: they are added here, as a tree.
+//! The tree's shape depends only on the number of parts, never on the threads, so results
+//! stay bitwise reproducible.
+
+/// Adds `parts` elementwise as a balanced binary tree in index order (part 0 + part 1, part
+/// 2 + part 3, then the pairs' sums, ...), leaving the total in `parts[0]`; `parts` is the
+/// scratch. Nothing happens for no parts.
+///
+/// # Panics
+/// If the parts differ in length.
+pub(super) fn pairwise_sum_into(parts: &mut [Vec<f32>]) {
+    let n = parts.len();
+    let mut stride = 1;
+    while stride < n {
+        for i in (0..n).step_by(2 * stride) {
+            if i + stride < n {
+                let (left, right) = parts.split_at_mut(i + stride);
+                let (sum, add) = (&mut left[i], &right[0]);
+                assert_eq!(sum.len(), add.len(), "parts of different lengths");
+                sum.iter_mut().zip(add).for_each(|(s, a)| *s += a);
+            }
+        }
+        stride *= 2;
+    }
+}
+
+/// Blocks summed in order at the tree's leaves: short enough that their error stays at a
+/// few ulps, long enough that the recursion costs nothing.
+const LEAF: usize = 8;
+
+/// `Σ v` as a binary tree over blocks of [`LEAF`] terms.
+pub(super) fn pairwise_sum(v: &[f32]) -> f32 {
+    if v.len() <= LEAF {
+        return v.iter().sum();
+    }
+    let (left, right) = v.split_at(v.len() / 2);
+    pairwise_sum(left) + pairwise_sum(right)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2^24 + 1 ones: a left-to-right f32 sum sticks at 2^24 (adding 1 to 2^24 rounds back
+    /// to it), the tree is exact.
+    #[test]
+    fn the_tree_keeps_digits_a_running_sum_loses() {
+        let ones = vec![1.0f32; (1 << 24) + 1];
+        assert_eq!(ones.iter().sum::<f32>(), 16_777_216.0);
+        assert_eq!(pairwise_sum(&ones), 16_777_217.0);
+        // Parts: 2^24, 0, 1, 1 in order lose both ones (each rounds back to even 2^24);
+        // (2^24 + 0) + (1 + 1) keeps them.
+        let mut parts = vec![vec![16_777_216.0f32], vec![0.0], vec![1.0], vec![1.0]];
+        pairwise_sum_into(&mut parts);
+        assert_eq!(parts[0], vec![16_777_218.0]);
+    }
+
+    #[test]
+    fn every_part_is_counted_once_for_any_count() {
+        for n in 0..40 {
+            let mut parts: Vec<Vec<f32>> = (0..n).map(|i| vec![i as f32, 1.0]).collect();
+            pairwise_sum_into(&mut parts);
+            if n > 0 {
+                assert_eq!(
+                    parts[0],
+                    vec![(n * (n - 1) / 2) as f32, n as f32],
+                    "{n} parts"
+                );
+            }
+            let v: Vec<f32> = (0..n * 7).map(|i| i as f32).collect();
+            assert_eq!(pairwise_sum(&v), v.iter().sum::<f32>(), "{} terms", v.len());
+        }
+    }
+}
