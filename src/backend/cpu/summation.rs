@@ -30,6 +30,63 @@ pub(super) fn pairwise_sum_into(parts: &mut [Vec<f32>]) {
     }
 }
 
+/// A pairwise sum of parts that arrive one at a time, holding at most log₂(count) + 1 of
+/// them: part i is added to the pending part of its level, and the sum carried up, as a
+/// binary counter carries (the tree [`pairwise_sum_into`] builds, for a power-of-two count).
+/// Taken parts are handed back by [`Cascade::spare`] for reuse.
+#[derive(Default)]
+pub(super) struct Cascade {
+    /// The pending sum of 2^level parts, per level.
+    levels: Vec<Option<Vec<f32>>>,
+    spares: Vec<Vec<f32>>,
+}
+
+impl Cascade {
+    /// A buffer of `len` elements to compute the next part in: one handed back earlier, or
+    /// new (its contents are not cleared).
+    pub(super) fn spare(&mut self, len: usize) -> Vec<f32> {
+        let mut v = self.spares.pop().unwrap_or_default();
+        v.resize(len, 0.0);
+        v
+    }
+
+    /// Adds the next part.
+    ///
+    /// # Panics
+    /// If it differs in length from the parts before it.
+    pub(super) fn push(&mut self, part: Vec<f32>) {
+        let mut carry = part;
+        for level in 0.. {
+            if level == self.levels.len() {
+                self.levels.push(None);
+            }
+            match self.levels[level].take() {
+                None => {
+                    self.levels[level] = Some(carry);
+                    return;
+                }
+                Some(mut earlier) => {
+                    assert_eq!(earlier.len(), carry.len(), "parts of different lengths");
+                    earlier.iter_mut().zip(&carry).for_each(|(e, c)| *e += c);
+                    self.spares.push(carry);
+                    carry = earlier;
+                }
+            }
+        }
+    }
+
+    /// The sum of every part pushed (None if there was none): the pending levels, the
+    /// smallest (latest) first.
+    pub(super) fn total(self) -> Option<Vec<f32>> {
+        let mut pending = self.levels.into_iter().flatten();
+        let mut total = pending.next()?;
+        for earlier in pending {
+            total.iter_mut().zip(&earlier).for_each(|(t, e)| *t += e);
+        }
+        Some(total)
+    }
+}
+
 /// Blocks summed in order at the tree's leaves: short enough that their error stays at a
 /// few ulps, long enough that the recursion costs nothing.
 const LEAF: usize = 8;
@@ -59,6 +116,26 @@ mod tests {
         let mut parts = vec![vec![16_777_216.0f32], vec![0.0], vec![1.0], vec![1.0]];
         pairwise_sum_into(&mut parts);
         assert_eq!(parts[0], vec![16_777_218.0]);
+    }
+
+    #[test]
+    fn the_cascade_counts_every_part_once_and_keeps_digits() {
+        for n in 0..40usize {
+            let mut c = Cascade::default();
+            for i in 0..n {
+                let mut part = c.spare(2);
+                part.copy_from_slice(&[i as f32, 1.0]);
+                c.push(part);
+            }
+            let want = (n > 0).then(|| vec![(n * (n - 1) / 2) as f32, n as f32]);
+            assert_eq!(c.total(), want, "{n} parts");
+        }
+        // As in the tree: 2^24, 0, 1, 1 keep both ones.
+        let mut c = Cascade::default();
+        for v in [16_777_216.0f32, 0.0, 1.0, 1.0] {
+            c.push(vec![v]);
+        }
+        assert_eq!(c.total(), Some(vec![16_777_218.0]));
     }
 
     #[test]

@@ -148,23 +148,15 @@ fn tiles<const V: usize, const R: usize>(
 ) {
     let n = x.rows.len();
     let mut out = [[0.0f32; CHUNK]; R];
-    let mut block = [[0.0f32; CHUNK]; R];
     for r0 in (0..n).step_by(R) {
         let count = R.min(n - r0);
         // Past the edge, repeat the last offset (always inside x); those sums are dropped.
         let bases: [usize; R] = std::array::from_fn(|i| x.rows[(r0 + i).min(n - 1)]);
         // Blocked summation: each block of K_BLOCK steps is summed in the registers from
-        // zero, then added to the running total here.
+        // zero, then added to the running total in `out`.
         for (b, steps) in x.steps.chunks(K_BLOCK).enumerate() {
             let w = &packed[b * K_BLOCK * CHUNK..];
-            if b == 0 {
-                tile::<V, R>(avx512, x.src, &bases, steps, w, &mut out);
-            } else {
-                tile::<V, R>(avx512, x.src, &bases, steps, w, &mut block);
-                for (total, part) in out.iter_mut().zip(&block) {
-                    total.iter_mut().zip(part).for_each(|(t, p)| *t += p);
-                }
-            }
+            tile::<V, R>(avx512, x.src, &bases, steps, w, &mut out, b > 0);
         }
         for (o, c_row) in c.chunks_mut(ldc).take(width).enumerate() {
             let c_row = &mut c_row[r0..r0 + count];
@@ -175,7 +167,8 @@ fn tiles<const V: usize, const R: usize>(
     }
 }
 
-/// `out[i][o] = Σ_k w[k·64 + o] · src[bases[i] + steps[k]]` for o < 16·V.
+/// `out[i][o] = Σ_k w[k·64 + o] · src[bases[i] + steps[k]]` for o < 16·V, the sum taken
+/// from zero and then added to `out` when `accumulate`.
 fn tile<const V: usize, const R: usize>(
     avx512: bool,
     src: &[f32],
@@ -183,12 +176,13 @@ fn tile<const V: usize, const R: usize>(
     steps: &[usize],
     w: &[f32],
     out: &mut [[f32; CHUNK]; R],
+    accumulate: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     if avx512 {
         // SAFETY: the caller found AVX-512F and VL; window_gemm_on checked every
         // bases[i] + steps[k] against src, and W holds steps.len() rows of 64.
-        return unsafe { avx512::tile::<V, R>(src, bases, steps, w, out) };
+        return unsafe { avx512::tile::<V, R>(src, bases, steps, w, out, accumulate) };
     }
     let _ = avx512;
     let mut acc = [[0.0f32; CHUNK]; R];
@@ -201,7 +195,11 @@ fn tile<const V: usize, const R: usize>(
             }
         }
     }
-    *out = acc;
+    for (out, acc) in out.iter_mut().zip(&acc) {
+        for (o, a) in out.iter_mut().zip(acc).take(16 * V) {
+            *o = if accumulate { *o + a } else { *a };
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -222,6 +220,7 @@ mod avx512 {
         steps: &[usize],
         w: &[f32],
         out: &mut [[f32; CHUNK]; R],
+        accumulate: bool,
     ) {
         assert!(w.len() >= steps.len() * CHUNK);
         let mut acc = [[_mm512_setzero_ps(); V]; R];
@@ -250,7 +249,13 @@ mod avx512 {
             }
             for (out, acc) in out.iter_mut().zip(&acc) {
                 for (v, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(out.as_mut_ptr().add(v * 16), *a);
+                    let at = out.as_mut_ptr().add(v * 16);
+                    let sum = if accumulate {
+                        _mm512_add_ps(_mm512_loadu_ps(at), *a)
+                    } else {
+                        *a
+                    };
+                    _mm512_storeu_ps(at, sum);
                 }
             }
         }
