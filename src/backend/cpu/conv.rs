@@ -30,6 +30,10 @@ const GROUP: usize = 8;
 /// are faster.
 const WINDOW_TAPS: usize = 64;
 
+/// Taps summed in registers before they join a forward output's running total (see
+/// [`Windows::block`]): conv2's 500 taps in four blocks.
+const FORWARD_BLOCK: usize = 128;
+
 /// Images per partial sum of the filter gradient (groups of [`GROUP`] accumulated in order);
 /// the partials are then added as a tree, so the result does not depend on the thread count.
 const FILTER_CHUNK: usize = 4 * GROUP;
@@ -342,6 +346,7 @@ pub(super) fn forward<T: Precision>(
                         src: group_images(s, x, (g * GROUP, imgs), images),
                         rows: &o.pixels[..npq],
                         steps: &o.taps,
+                        block: FORWARD_BLOCK,
                     };
                     window_gemm(&col, &w_window, out, npq, false);
                 } else {
@@ -473,10 +478,12 @@ pub(super) fn backward_filter<T: Precision>(
                     gather_dy(&dy, (first, imgs), (s.out_c, pq), dyg, tmp);
                     if let Some(o) = &offsets {
                         dy_t.pack_transposed(dyg, s.out_c, npq, npq);
+                        // One block per group: the groups' sums join `partial` one by one.
                         let col_t = Windows {
                             src: group_images(s, x, (first, imgs), images),
                             rows: &o.taps,
                             steps: &o.pixels[..npq],
+                            block: npq,
                         };
                         window_gemm(&col_t, dy_t, &mut partial, k, nth > 0);
                     } else {

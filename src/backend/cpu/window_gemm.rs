@@ -19,18 +19,11 @@
 //! training ran 11-12% faster with it (alternated runs, 1 and 4 devices).
 //!
 //! Without AVX-512 the same tile runs as portable Rust with separate multiplies and adds;
-//! both paths sum over k in blocks of [`K_BLOCK`] steps in order, so each is deterministic.
+//! both paths sum over k in blocks of [`Windows::block`] steps in order, so each is
+//! deterministic.
 
 /// Output channels per chunk of W: four 16-lane vectors.
 const CHUNK: usize = 64;
-
-/// Steps of k summed in the registers before they are added to the running total: a sum of
-/// K terms in one chain carries each rounding error through all later additions (error
-/// growing like K), in blocks like K_BLOCK + K / K_BLOCK. conv2's forward sums 500 taps and
-/// its filter gradient 512 pixels per group: 4.2e-7 relative error in one chain on the
-/// forward (tests/numerics.rs), PyTorch float32 3.3e-7. The extra cost is one pass over
-/// the R x 64 tile in L1 per block: 1/K_BLOCK of the FMAs.
-const K_BLOCK: usize = 64;
 
 /// W (`depth x cols`) packed as `[chunk of 64 columns][k][64]`, zero-padded past `cols`.
 /// The buffer is kept between calls; [`PackedW::pack_transposed`] resizes it.
@@ -85,6 +78,13 @@ pub(super) struct Windows<'a> {
     pub(super) rows: &'a [usize],
     /// One offset per step of k (taps, or pixels' windows).
     pub(super) steps: &'a [usize],
+    /// Steps of k summed in the registers from zero before they join the running total
+    /// (blocked summation). A sum of K terms in one chain carries each rounding error
+    /// through all later additions (error growing like K); in blocks, like block + K / block.
+    /// Each block costs a pass over the R x 64 tile (load, add, store): on conv2's forward
+    /// (500 taps) blocks of 128 take the error from 4.2e-7 to 2.2e-7 (PyTorch float32: 3.3e-7,
+    /// tests/numerics.rs) for 2.5% of the product's time, blocks of 64 to 1.6e-7 for 4%.
+    pub(super) block: usize,
 }
 
 /// `C[o][r] = Σ_k W[k][o] · X[r][k]` (or `+=` when `accumulate`) for `o < w.cols` and
@@ -152,10 +152,11 @@ fn tiles<const V: usize, const R: usize>(
         let count = R.min(n - r0);
         // Past the edge, repeat the last offset (always inside x); those sums are dropped.
         let bases: [usize; R] = std::array::from_fn(|i| x.rows[(r0 + i).min(n - 1)]);
-        // Blocked summation: each block of K_BLOCK steps is summed in the registers from
-        // zero, then added to the running total in `out`.
-        for (b, steps) in x.steps.chunks(K_BLOCK).enumerate() {
-            let w = &packed[b * K_BLOCK * CHUNK..];
+        // Blocked summation: each block of steps is summed in the registers from zero, then
+        // added to the running total in `out`.
+        let block = x.block.max(1);
+        for (b, steps) in x.steps.chunks(block).enumerate() {
+            let w = &packed[b * block * CHUNK..];
             tile::<V, R>(avx512, x.src, &bases, steps, w, &mut out, b > 0);
         }
         for (o, c_row) in c.chunks_mut(ldc).take(width).enumerate() {
@@ -272,8 +273,8 @@ mod tests {
     /// Both paths against a float64 product, for offsets shaped like conv2's forward (runs
     /// of 9 pixels) and filter gradient (the lists swapped), channel counts 1, 16, 20, 50,
     /// 64, 67 and 130 (every tile shape, ragged chunks), R not a multiple of the tile, depth
-    /// 0, overwrite and accumulate; C's padding poisoned. x ends right after the last element
-    /// read.
+    /// 0, overwrite and accumulate, blocks of 7 and 16 steps and one block; C's padding
+    /// poisoned. x ends right after the last element read.
     #[test]
     fn window_gemm_matches_float64() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -308,21 +309,23 @@ mod tests {
             w.pack_transposed(&wsrc, cols, depth, ld);
             let ldc = n + 2;
             let c0: Vec<f32> = (0..cols * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let x = Windows {
-                src: &src,
-                rows,
-                steps,
-            };
-            for &avx in paths {
-                for accumulate in [false, true] {
-                    let mut c = poisoned(&c0, n, ldc);
-                    window_gemm_on(avx, &x, &w, &mut c, ldc, accumulate);
-                    let term = |o: usize, r: usize, k: usize| {
-                        wsrc[o * ld + k] as f64 * src[rows[r] + steps[k]] as f64
-                    };
-                    let what = format!("{cols} x {n} x {depth} avx512 {avx}");
-                    assert_product(&c, &c0, (cols, n, ldc), depth, accumulate, term, &what);
-                }
+            for (&avx, accumulate, block) in paths
+                .iter()
+                .flat_map(|a| [(a, false, 7), (a, true, 16), (a, false, usize::MAX)])
+            {
+                let x = Windows {
+                    src: &src,
+                    rows,
+                    steps,
+                    block,
+                };
+                let mut c = poisoned(&c0, n, ldc);
+                window_gemm_on(avx, &x, &w, &mut c, ldc, accumulate);
+                let term = |o: usize, r: usize, k: usize| {
+                    wsrc[o * ld + k] as f64 * src[rows[r] + steps[k]] as f64
+                };
+                let what = format!("{cols} x {n} x {depth} avx512 {avx} block {block}");
+                assert_product(&c, &c0, (cols, n, ldc), depth, accumulate, term, &what);
             }
         }
     }
