@@ -10,7 +10,8 @@
 //! * **As a backend you link**: open a device ([`backend::cuda::CudaDevice`],
 //!   [`backend::simt::SimtDevice`] or [`backend::cpu::CpuDevice`]), allocate buffers, run the
 //!   operations of [`backend::Backend`], or any kernel through its typed launcher in
-//!   [`kernels`].
+//!   [`kernels`]. With `default-features = false` the library builds without the command
+//!   line's dependencies (clap, indicatif, plotters: the `cli` feature).
 //! * **As a test suite**: `cargo test` checks every kernel against float64 references.
 //! * **As a text**: each kernel file opens with its launch shape and roofline; each module
 //!   here explains one idea.
