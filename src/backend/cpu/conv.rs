@@ -16,7 +16,7 @@ use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::pool::{avg_plane, avg_relu_backward_plane};
-use super::summation::{pairwise_sum, pairwise_sum_into};
+use super::summation::{pairwise_sum, Cascade};
 use super::window_gemm::{window_gemm, PackedW, Windows};
 use super::{widened, write_f32};
 
@@ -520,18 +520,10 @@ pub(super) fn backward_filter<T: Precision>(
         )
         .collect();
     // The chunks' partials, added as a tree: their number grows with the batch.
-    let (mut filters, mut biases): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
-    pairwise_sum_into(&mut filters);
-    match filters.first() {
-        Some(total) => dw.copy_from_slice(total),
-        None => dw.fill(0.0),
-    }
+    let (filters, biases): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
+    Cascade::sum_into(filters, dw);
     if let Some(db) = db {
-        pairwise_sum_into(&mut biases);
-        match biases.first() {
-            Some(total) => db.copy_from_slice(total),
-            None => db.fill(0.0),
-        }
+        Cascade::sum_into(biases, db);
     }
 }
 

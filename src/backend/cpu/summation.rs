@@ -8,31 +8,9 @@
 //! The tree's shape depends only on the number of parts, never on the threads, so results
 //! stay bitwise reproducible.
 
-/// Adds `parts` elementwise as a balanced binary tree in index order (part 0 + part 1, part
-/// 2 + part 3, then the pairs' sums, ...), leaving the total in `parts[0]`; `parts` is the
-/// scratch. Nothing happens for no parts.
-///
-/// # Panics
-/// If the parts differ in length.
-pub(super) fn pairwise_sum_into(parts: &mut [Vec<f32>]) {
-    let n = parts.len();
-    let mut stride = 1;
-    while stride < n {
-        for i in (0..n).step_by(2 * stride) {
-            if i + stride < n {
-                let (left, right) = parts.split_at_mut(i + stride);
-                let (sum, add) = (&mut left[i], &right[0]);
-                assert_eq!(sum.len(), add.len(), "parts of different lengths");
-                sum.iter_mut().zip(add).for_each(|(s, a)| *s += a);
-            }
-        }
-        stride *= 2;
-    }
-}
-
 /// A pairwise sum of parts that arrive one at a time, holding at most log₂(count) + 1 of
 /// them: part i is added to the pending part of its level, and the sum carried up, as a
-/// binary counter carries (the tree [`pairwise_sum_into`] builds, for a power-of-two count).
+/// binary counter carries: a balanced tree for a power-of-two count.
 /// Taken parts are handed back by [`Cascade::spare`] for reuse.
 #[derive(Default)]
 pub(super) struct Cascade {
@@ -75,6 +53,19 @@ impl Cascade {
         }
     }
 
+    /// The sum of `parts` written to `out` (zeros for no parts).
+    ///
+    /// # Panics
+    /// If a part's length differs from `out`'s.
+    pub(super) fn sum_into(parts: impl IntoIterator<Item = Vec<f32>>, out: &mut [f32]) {
+        let mut c = Cascade::default();
+        parts.into_iter().for_each(|p| c.push(p));
+        match c.total() {
+            Some(total) => out.copy_from_slice(&total),
+            None => out.fill(0.0),
+        }
+    }
+
     /// The sum of every part pushed (None if there was none): the pending levels, the
     /// smallest (latest) first.
     pub(super) fn total(self) -> Option<Vec<f32>> {
@@ -111,11 +102,6 @@ mod tests {
         let ones = vec![1.0f32; (1 << 24) + 1];
         assert_eq!(ones.iter().sum::<f32>(), 16_777_216.0);
         assert_eq!(pairwise_sum(&ones), 16_777_217.0);
-        // Parts: 2^24, 0, 1, 1 in order lose both ones (each rounds back to even 2^24);
-        // (2^24 + 0) + (1 + 1) keeps them.
-        let mut parts = vec![vec![16_777_216.0f32], vec![0.0], vec![1.0], vec![1.0]];
-        pairwise_sum_into(&mut parts);
-        assert_eq!(parts[0], vec![16_777_218.0]);
     }
 
     #[test]
@@ -130,26 +116,21 @@ mod tests {
             let want = (n > 0).then(|| vec![(n * (n - 1) / 2) as f32, n as f32]);
             assert_eq!(c.total(), want, "{n} parts");
         }
-        // As in the tree: 2^24, 0, 1, 1 keep both ones.
+        // Parts 2^24, 0, 1, 1 in order lose both ones (each rounds back to even 2^24);
+        // (2^24 + 0) + (1 + 1) keeps them.
         let mut c = Cascade::default();
         for v in [16_777_216.0f32, 0.0, 1.0, 1.0] {
             c.push(vec![v]);
         }
         assert_eq!(c.total(), Some(vec![16_777_218.0]));
+        let mut out = [f32::NAN; 2];
+        Cascade::sum_into([], &mut out);
+        assert_eq!(out, [0.0; 2], "no parts: zeros");
     }
 
     #[test]
-    fn every_part_is_counted_once_for_any_count() {
+    fn every_term_is_counted_once_for_any_count() {
         for n in 0..40 {
-            let mut parts: Vec<Vec<f32>> = (0..n).map(|i| vec![i as f32, 1.0]).collect();
-            pairwise_sum_into(&mut parts);
-            if n > 0 {
-                assert_eq!(
-                    parts[0],
-                    vec![(n * (n - 1) / 2) as f32, n as f32],
-                    "{n} parts"
-                );
-            }
             let v: Vec<f32> = (0..n * 7).map(|i| i as f32).collect();
             assert_eq!(pairwise_sum(&v), v.iter().sum::<f32>(), "{} terms", v.len());
         }
