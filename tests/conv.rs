@@ -233,9 +233,8 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         let act: Vec<T> = random(&mut g, ys);
         let d_pooled: Vec<T> = random(&mut g, ps);
         let (act_, dp_) = (dev.upload(&act).unwrap(), dev.upload(&d_pooled).unwrap());
-        let mut scratch = dev.upload(&poison(ys)).unwrap();
         let mut dx = dev.upload(&poison(ys)).unwrap();
-        dev.avg_pool_relu_backward(&pool, &dp_, &act_, &mut scratch, &mut dx)
+        dev.avg_pool_relu_backward(&pool, &dp_, &act_, &mut dx)
             .unwrap();
         let spread = r::avg_pool_backward(&pool, &wide(&d_pooled));
         let keep = |i: usize, v: f64| if act[i].to_f32() > 0.0 { v } else { 0.0 };
@@ -255,21 +254,10 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         // gradients through the pool and the ReLU. The default rounds the convolution's
         // output gradient to T on the way (one half rounding per term in fp16), a fused
         // backend keeps it in f32: the looser of the two tolerances.
-        let mut d_y = dev.upload(&poison(ys)).unwrap();
         let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
         let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
-        dev.conv2d_relu_avg_pool_backward(
-            &s,
-            &pool,
-            &x_,
-            &act_,
-            &dp_,
-            &mut scratch,
-            &mut d_y,
-            &mut dw,
-            &mut db,
-        )
-        .unwrap();
+        dev.conv2d_relu_avg_pool_backward(&s, &pool, &x_, &act_, &dp_, &mut dw, &mut db)
+            .unwrap();
         let loose = Tol {
             atol: tol.atol.max(tol_reduce.atol),
             rtol: tol.rtol.max(tol_reduce.rtol),

@@ -42,9 +42,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use super::check;
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
-use super::ops::check;
 use super::{
     BackendError, Device, DeviceBuffer, DeviceScalar, Fence, KernelArg, LaunchConfig, Memory,
 };

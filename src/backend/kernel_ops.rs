@@ -1,14 +1,16 @@
-//! [`Backend`] for every kernel [`Device`] (CUDA and the SIMT emulator): check the shape and
-//! the buffer lengths, choose the launch shape, launch the kernel from `kernels/*.cu`.
+//! [`BackendImpl`] for every kernel [`Device`] (CUDA and the SIMT emulator): choose the
+//! launch shape, launch the kernel from `kernels/*.cu`. The fused operations are the
+//! trait's defaults, built from these launches.
 //!
-//! Every `unsafe` launch below is sound for the same reason: the kernel's index ranges are
-//! exactly the shape just validated, and every buffer's length was checked against that
-//! shape first.
+//! Every `unsafe` launch below is sound for the same reason: [`Backend`](super::Backend)
+//! validated the shape and checked every buffer's length against it before calling here,
+//! and the kernel's index ranges are exactly that shape.
 
 use half::f16;
 
+use super::backend_impl::BackendImpl;
 use super::launch::DeviceBuffer;
-use super::ops::{check, expect_len, Backend, Precision, PrecisionOp};
+use super::precision::{Precision, PrecisionOp};
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, Device, KernelArg, LaunchConfig, Memory};
 use crate::kernels::{elementwise as ew, gemm};
@@ -31,16 +33,9 @@ fn gemm_args<D: Device, A: super::DeviceScalar, C: super::DeviceScalar>(
     bias: Option<&Buf<D, f32>>,
     c: &mut Buf<D, C>,
     epilogue: Epilogue,
-) -> Result<Vec<KernelArg>, BackendError> {
-    shape.validate()?;
-    expect_len("gemm", "a", a.len(), shape.m * shape.k)?;
-    expect_len("gemm", "b", b.len(), shape.k * shape.n)?;
-    expect_len("gemm", "c", c.len(), shape.m * shape.n)?;
-    if let Some(bias) = bias {
-        expect_len("gemm", "bias", bias.len(), shape.n)?;
-    }
+) -> Vec<KernelArg> {
     let (lda, ldb, ldc) = shape.leading_dims();
-    Ok(vec![
+    vec![
         KernelArg::buffer(a),
         KernelArg::buffer(b),
         KernelArg::buffer_mut(c),
@@ -56,7 +51,7 @@ fn gemm_args<D: Device, A: super::DeviceScalar, C: super::DeviceScalar>(
         KernelArg::F32(epilogue.alpha),
         KernelArg::F32(epilogue.beta),
         KernelArg::I32(epilogue.relu.into()),
-    ])
+    ]
 }
 
 fn conv_dims(s: &Conv2dShape) -> [KernelArg; 10] {
@@ -87,7 +82,7 @@ fn pool_dims(s: &Pool2dShape) -> [KernelArg; 8] {
     ]
 }
 
-impl<D: Device> Backend for D {
+impl<D: Device> BackendImpl for D {
     fn fill(&self, out: &mut Buf<D, f32>, value: f32) -> Result<(), BackendError> {
         let n = out.len();
         // SAFETY: see the module docs.
@@ -101,7 +96,6 @@ impl<D: Device> Backend for D {
     }
 
     fn axpy(&self, alpha: f32, x: &Buf<D, f32>, y: &mut Buf<D, f32>) -> Result<(), BackendError> {
-        check::same_len("axpy", x.len(), y.len())?;
         let n = y.len();
         // SAFETY: see the module docs.
         unsafe { ew::axpy_f32(self, LaunchConfig::flat(n), x, y, alpha, n as u64) }
@@ -113,22 +107,18 @@ impl<D: Device> Backend for D {
         b: &Buf<D, f32>,
         out: &mut Buf<D, f32>,
     ) -> Result<(), BackendError> {
-        check::same_len("add", a.len(), b.len())?;
-        check::same_len("add", a.len(), out.len())?;
         let n = out.len();
         // SAFETY: see the module docs.
         unsafe { ew::add_f32(self, LaunchConfig::flat(n), a, b, out, n as u64) }
     }
 
     fn cast_to_f16(&self, x: &Buf<D, f32>, out: &mut Buf<D, f16>) -> Result<(), BackendError> {
-        check::same_len("cast_f32_to_f16", x.len(), out.len())?;
         let n = x.len();
         // SAFETY: see the module docs.
         unsafe { ew::cast_f32_to_f16(self, LaunchConfig::flat(n), x, out, n as u64) }
     }
 
     fn cast_to_f32(&self, x: &Buf<D, f16>, out: &mut Buf<D, f32>) -> Result<(), BackendError> {
-        check::same_len("cast_f16_to_f32", x.len(), out.len())?;
         let n = x.len();
         // SAFETY: see the module docs.
         unsafe { ew::cast_f16_to_f32(self, LaunchConfig::flat(n), x, out, n as u64) }
@@ -140,8 +130,6 @@ impl<D: Device> Backend for D {
         dy: &Buf<D, T>,
         dx: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        check::same_len("relu_backward", y.len(), dy.len())?;
-        check::same_len("relu_backward", y.len(), dx.len())?;
         let n = y.len();
         let args = [
             KernelArg::buffer(y),
@@ -168,7 +156,7 @@ impl<D: Device> Backend for D {
         c: &mut Buf<D, f32>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        let args = gemm_args::<D, f32, f32>(shape, a, b, bias, c, epilogue)?;
+        let args = gemm_args::<D, f32, f32>(shape, a, b, bias, c, epilogue);
         let cfg = LaunchConfig {
             grid: (blocks(shape.n, 64), blocks(shape.m, 64), 1),
             block: (256, 1, 1),
@@ -187,7 +175,7 @@ impl<D: Device> Backend for D {
         c: &mut Buf<D, O>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        let args = gemm_args::<D, f16, O>(shape, a, b, bias, c, epilogue)?;
+        let args = gemm_args::<D, f16, O>(shape, a, b, bias, c, epilogue);
         let cfg = LaunchConfig {
             grid: (blocks(shape.n, 64), blocks(shape.m, 64), 1),
             block: (128, 1, 1),
@@ -206,7 +194,6 @@ impl<D: Device> Backend for D {
         y: &mut Buf<D, T>,
         relu: bool,
     ) -> Result<(), BackendError> {
-        check::conv_forward(shape, x.len(), w.len(), y.len(), bias.map(|b| b.len()))?;
         let mut args = vec![
             KernelArg::buffer(x),
             KernelArg::buffer(w),
@@ -234,7 +221,6 @@ impl<D: Device> Backend for D {
         w: &Buf<D, T>,
         dx: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
         let mut args = vec![
             KernelArg::buffer(dy),
             KernelArg::buffer(w),
@@ -262,7 +248,7 @@ impl<D: Device> Backend for D {
         dy: &Buf<D, T>,
         dw: &mut Buf<D, f32>,
     ) -> Result<(), BackendError> {
-        let ws = check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
+        let ws = shape.sizes().1;
         let mut args = vec![
             KernelArg::buffer(x),
             KernelArg::buffer(dy),
@@ -286,7 +272,6 @@ impl<D: Device> Backend for D {
         dy: &Buf<D, T>,
         db: &mut Buf<D, f32>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_bias(shape, dy.len(), db.len())?;
         let args = [
             KernelArg::buffer(dy),
             KernelArg::buffer_mut(db),
@@ -310,13 +295,7 @@ impl<D: Device> Backend for D {
         y: &mut Buf<D, T>,
         argmax: &mut Buf<D, i32>,
     ) -> Result<(), BackendError> {
-        let (_, ys) = check::pool(
-            "max_pool_forward",
-            shape,
-            x.len(),
-            y.len(),
-            Some(argmax.len()),
-        )?;
+        let ys = shape.sizes().1;
         let mut args = vec![
             KernelArg::buffer(x),
             KernelArg::buffer_mut(y),
@@ -340,13 +319,7 @@ impl<D: Device> Backend for D {
         argmax: &Buf<D, i32>,
         dx: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        let (xs, _) = check::pool(
-            "max_pool_backward",
-            shape,
-            dx.len(),
-            dy.len(),
-            Some(argmax.len()),
-        )?;
+        let xs = shape.sizes().0;
         let mut args = vec![
             KernelArg::buffer(dy),
             KernelArg::buffer(argmax),
@@ -369,7 +342,7 @@ impl<D: Device> Backend for D {
         x: &Buf<D, T>,
         y: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        let (_, ys) = check::pool("avg_pool_forward", shape, x.len(), y.len(), None)?;
+        let ys = shape.sizes().1;
         let mut args = vec![KernelArg::buffer(x), KernelArg::buffer_mut(y)];
         args.extend(pool_dims(shape));
         // SAFETY: see the module docs.
@@ -388,7 +361,7 @@ impl<D: Device> Backend for D {
         dy: &Buf<D, T>,
         dx: &mut Buf<D, T>,
     ) -> Result<(), BackendError> {
-        let (xs, _) = check::pool("avg_pool_backward", shape, dx.len(), dy.len(), None)?;
+        let xs = shape.sizes().0;
         let mut args = vec![KernelArg::buffer(dy), KernelArg::buffer_mut(dx)];
         args.extend(pool_dims(shape));
         // SAFETY: see the module docs.
@@ -412,16 +385,6 @@ impl<D: Device> Backend for D {
         correct: &mut Buf<D, i32>,
         grad_scale: f32,
     ) -> Result<(), BackendError> {
-        let grad_len = grad.as_deref().map(|g| g.len());
-        check::softmax(
-            rows,
-            classes,
-            logits.len(),
-            labels.len(),
-            loss.len(),
-            grad_len,
-            correct.len(),
-        )?;
         let args = [
             KernelArg::buffer(logits),
             KernelArg::buffer(labels),
@@ -446,7 +409,6 @@ impl<D: Device> Backend for D {
         grad: &Buf<D, G>,
         found: &mut Buf<D, i32>,
     ) -> Result<(), BackendError> {
-        expect_len("grad_check", "found", found.len(), 1)?;
         let n = grad.len();
         let args = [
             KernelArg::buffer(grad),
@@ -473,11 +435,6 @@ impl<D: Device> Backend for D {
         found: Option<&Buf<D, i32>>,
     ) -> Result<(), BackendError> {
         let n = w.len();
-        let (v_len, h_len) = (
-            velocity.as_deref().map(|v| v.len()),
-            w_half.as_deref().map(|h| h.len()),
-        );
-        check::sgd(n, grad.len(), v_len, h_len, found.map(|f| f.len()))?;
         let args = [
             KernelArg::buffer_mut(w),
             KernelArg::buffer(grad),

@@ -1,169 +1,29 @@
-//! The operations a LeNet needs, as one trait every backend implements: the kernel devices
-//! (CUDA, SIMT) by launching `kernels/*.cu`, the CPU backend in native Rust.
+//! [`Backend`]: the operations a LeNet needs, as the library's users and the model call them.
+//!
+//! Every operation checks its shapes and buffer lengths here, once, and then hands the call
+//! to the backend's [`BackendImpl`], which may assume them: the kernel devices (CUDA, SIMT)
+//! by launching `kernels/*.cu` ([`super::kernel_ops`]), the CPU backend in native Rust
+//! ([`super::cpu`]). Every [`BackendImpl`] is a [`Backend`] through the one implementation
+//! below, so no backend can skip a check, and a wrong call fails the same way on all of them.
 //!
 //! Activations may be stored in f32 or f16 ([`Precision`]); arithmetic is f32 either way,
 //! and weight gradients, biases and master weights are always f32.
 
 use half::f16;
 
+use super::backend_impl::BackendImpl;
+use super::check;
+use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
-use super::{BackendError, DeviceScalar, Memory};
-use crate::kernels::{conv, elementwise, gemm, loss, optim, pool, KernelSignature};
-
-/// The kernels that exist per storage precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PrecisionOp {
-    /// `conv2d_forward_*`
-    Conv2dForward,
-    /// `conv2d_backward_input_*`
-    Conv2dBackwardInput,
-    /// `conv2d_backward_filter_*`
-    Conv2dBackwardFilter,
-    /// `conv2d_backward_bias_*`
-    Conv2dBackwardBias,
-    /// `max_pool_forward_*`
-    MaxPoolForward,
-    /// `max_pool_backward_*`
-    MaxPoolBackward,
-    /// `avg_pool_forward_*`
-    AvgPoolForward,
-    /// `avg_pool_backward_*`
-    AvgPoolBackward,
-    /// `softmax_cross_entropy_*`
-    SoftmaxCrossEntropy,
-    /// `relu_backward_*`
-    ReluBackward,
-    /// `grad_check_*`
-    GradCheck,
-    /// `sgd_step_*grad`
-    SgdStep,
-    /// `gemm_f16_wmma_*out` (by output precision)
-    GemmF16,
-}
-
-/// Storage precision of activations and gradients: `f32`, or `f16` computed in f32.
-pub trait Precision: DeviceScalar {
-    /// Widens to f32 (exact).
-    fn to_f32(self) -> f32;
-    /// Rounds from f32 (to nearest even for f16).
-    fn from_f32(v: f32) -> Self;
-    /// The kernel implementing `op` at this precision.
-    fn kernel(op: PrecisionOp) -> &'static KernelSignature;
-    /// Widens a whole slice into `dst` (same length): the fast path for many elements
-    /// (F16C when the CPU has it, detected once per call rather than per element).
-    fn widen_slice(src: &[Self], dst: &mut [f32]) {
-        dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
-    }
-    /// Rounds a whole slice into `dst` (same length), as [`Precision::from_f32`] does.
-    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
-        dst.iter_mut()
-            .zip(src)
-            .for_each(|(d, s)| *d = Self::from_f32(*s));
-    }
-    /// The slice itself when `Self` is f32, so the CPU backend can skip a widening copy.
-    fn as_f32(_s: &[Self]) -> Option<&[f32]> {
-        None
-    }
-    /// The slice itself when `Self` is f32, so the CPU backend can write results in place.
-    fn as_f32_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
-        None
-    }
-}
-
-impl Precision for f32 {
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    fn widen_slice(src: &[Self], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
-        dst.copy_from_slice(src);
-    }
-    fn as_f32(s: &[Self]) -> Option<&[f32]> {
-        Some(s)
-    }
-    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
-        Some(s)
-    }
-    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
-        match op {
-            PrecisionOp::Conv2dForward => &conv::CONV2D_FORWARD_F32,
-            PrecisionOp::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT_F32,
-            PrecisionOp::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER_F32,
-            PrecisionOp::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS_F32,
-            PrecisionOp::MaxPoolForward => &pool::MAX_POOL_FORWARD_F32,
-            PrecisionOp::MaxPoolBackward => &pool::MAX_POOL_BACKWARD_F32,
-            PrecisionOp::AvgPoolForward => &pool::AVG_POOL_FORWARD_F32,
-            PrecisionOp::AvgPoolBackward => &pool::AVG_POOL_BACKWARD_F32,
-            PrecisionOp::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY_F32,
-            PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F32,
-            PrecisionOp::GradCheck => &optim::GRAD_CHECK_F32,
-            PrecisionOp::SgdStep => &optim::SGD_STEP_F32GRAD,
-            PrecisionOp::GemmF16 => &gemm::GEMM_F16_WMMA_F32OUT,
-        }
-    }
-}
-
-impl Precision for f16 {
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-    fn widen_slice(src: &[Self], dst: &mut [f32]) {
-        super::cpu::half_convert::widen(src, dst);
-    }
-    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
-        super::cpu::half_convert::narrow(src, dst);
-    }
-    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
-        match op {
-            PrecisionOp::Conv2dForward => &conv::CONV2D_FORWARD_F16,
-            PrecisionOp::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT_F16,
-            PrecisionOp::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER_F16,
-            PrecisionOp::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS_F16,
-            PrecisionOp::MaxPoolForward => &pool::MAX_POOL_FORWARD_F16,
-            PrecisionOp::MaxPoolBackward => &pool::MAX_POOL_BACKWARD_F16,
-            PrecisionOp::AvgPoolForward => &pool::AVG_POOL_FORWARD_F16,
-            PrecisionOp::AvgPoolBackward => &pool::AVG_POOL_BACKWARD_F16,
-            PrecisionOp::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY_F16,
-            PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F16,
-            PrecisionOp::GradCheck => &optim::GRAD_CHECK_F16,
-            PrecisionOp::SgdStep => &optim::SGD_STEP_F16GRAD,
-            PrecisionOp::GemmF16 => &gemm::GEMM_F16_WMMA_F16OUT,
-        }
-    }
-}
-
-/// Checks that buffer `name` of `op` holds exactly `expected` elements.
-pub(crate) fn expect_len(
-    op: &'static str,
-    name: &'static str,
-    got: usize,
-    expected: usize,
-) -> Result<(), BackendError> {
-    if got == expected {
-        Ok(())
-    } else {
-        Err(BackendError::BufferSize {
-            op,
-            buffer: name,
-            expected,
-            got,
-        })
-    }
-}
+use super::{BackendError, DeviceBuffer, Memory};
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
 
 /// Every operation LeNet training needs. Results land in the `&mut` buffers; shapes and
-/// buffer lengths are checked first and reported as [`BackendError::BadShape`] or
-/// [`BackendError::BufferSize`].
+/// buffer lengths are checked first and reported as [`BackendError::BadShape`],
+/// [`BackendError::BufferSize`] or [`BackendError::LengthMismatch`].
+///
+/// Implemented for every [`BackendImpl`]; a new backend implements that trait.
 pub trait Backend: Memory {
     /// `out[i] = value`.
     fn fill(&self, out: &mut Buf<Self, f32>, value: f32) -> Result<(), BackendError>;
@@ -284,9 +144,8 @@ pub trait Backend: Memory {
     ) -> Result<(), BackendError>;
 
     /// `y = relu(conv2d(x, w) + bias)` and `pooled = avg_pool(y)` in one call. Backends that
-    /// fuse them pool each plane while it is still in cache instead of reading `y` back; the
-    /// default is [`Backend::conv2d_forward`] then [`Backend::avg_pool_forward`]. A fused
-    /// backend pools the f32 values before they are rounded to `T`.
+    /// fuse them pool each plane while it is still in cache instead of reading `y` back,
+    /// from the f32 values before they are rounded to `T`.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
@@ -297,26 +156,16 @@ pub trait Backend: Memory {
         bias: Option<&Buf<Self, f32>>,
         y: &mut Buf<Self, T>,
         pooled: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError> {
-        check::conv_then_pool(conv, pool)?;
-        self.conv2d_forward(conv, x, w, bias, y, true)?;
-        self.avg_pool_forward(pool, y, pooled)
-    }
+    ) -> Result<(), BackendError>;
     /// `dx = (y > 0) ⊙ avg_pool_backward(d_pooled)`: an average pool's backward, then the
-    /// backward of the ReLU whose output `y` it pooled. `scratch` (y's size) is a workspace
-    /// for the default, [`Backend::avg_pool_backward`] then [`Backend::relu_backward`];
-    /// backends that fuse the two leave it alone.
+    /// backward of the ReLU whose output `y` it pooled.
     fn avg_pool_relu_backward<T: Precision>(
         &self,
         pool: &Pool2dShape,
         d_pooled: &Buf<Self, T>,
         y: &Buf<Self, T>,
-        scratch: &mut Buf<Self, T>,
         dx: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError> {
-        self.avg_pool_backward(pool, d_pooled, scratch)?;
-        self.relu_backward(y, scratch, dx)
-    }
+    ) -> Result<(), BackendError>;
     /// [`Backend::conv2d_backward_filter`] and [`Backend::conv2d_backward_bias`] together:
     /// backends that fuse them read `dy` once.
     fn conv2d_backward_filter_bias<T: Precision>(
@@ -326,14 +175,9 @@ pub trait Backend: Memory {
         dy: &Buf<Self, T>,
         dw: &mut Buf<Self, f32>,
         db: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError> {
-        self.conv2d_backward_filter(shape, x, dy, dw)?;
-        self.conv2d_backward_bias(shape, dy, db)
-    }
-
+    ) -> Result<(), BackendError>;
     /// A convolution's whole backward pass: filter, bias and input gradients. Backends that
-    /// fuse them gather `dy` once; the default is
-    /// [`Backend::conv2d_backward_filter_bias`] then [`Backend::conv2d_backward_input`].
+    /// fuse them gather `dy` once.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_backward<T: Precision>(
         &self,
@@ -344,17 +188,11 @@ pub trait Backend: Memory {
         dw: &mut Buf<Self, f32>,
         db: &mut Buf<Self, f32>,
         dx: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError> {
-        self.conv2d_backward_filter_bias(shape, x, dy, dw, db)?;
-        self.conv2d_backward_input(shape, dy, w, dx)
-    }
-
+    ) -> Result<(), BackendError>;
     /// The backward of [`Backend::conv2d_relu_avg_pool_forward`] for a first layer (no
     /// input gradient): the filter and bias gradients from the gradient at the pool's
     /// output, through the pool and the ReLU whose output `y` is. Backends that fuse it
-    /// compute the convolution's output gradient a few images at a time where it is used;
-    /// the default writes it to `d_y` with [`Backend::avg_pool_relu_backward`] (`scratch`
-    /// is that call's workspace) and then runs [`Backend::conv2d_backward_filter_bias`].
+    /// compute the convolution's output gradient a few images at a time where it is used.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
@@ -363,15 +201,9 @@ pub trait Backend: Memory {
         x: &Buf<Self, T>,
         y: &Buf<Self, T>,
         d_pooled: &Buf<Self, T>,
-        scratch: &mut Buf<Self, T>,
-        d_y: &mut Buf<Self, T>,
         dw: &mut Buf<Self, f32>,
         db: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError> {
-        check::conv_then_pool(conv, pool)?;
-        self.avg_pool_relu_backward(pool, d_pooled, y, scratch, d_y)?;
-        self.conv2d_backward_filter_bias(conv, x, d_y, dw, db)
-    }
+    ) -> Result<(), BackendError>;
 
     /// Per-row softmax cross-entropy loss, optionally its logits' gradient times
     /// `grad_scale`, and `correct[0] +=` the number of rows whose argmax is the label.
@@ -406,188 +238,306 @@ pub trait Backend: Memory {
     ) -> Result<(), BackendError>;
 }
 
-/// Shape and buffer-length checks shared by every backend's implementation of [`Backend`],
-/// so a wrong call fails the same way (and before any work) on all of them.
-pub(crate) mod check {
-    use super::expect_len;
+fn len<B: Memory, T: super::DeviceScalar>(buf: &Buf<B, T>) -> usize {
+    buf.len()
+}
 
-    /// Two buffers of an elementwise operation (or a host slice and a buffer) must match.
-    pub(crate) fn same_len(
-        operation: &'static str,
-        left: usize,
-        right: usize,
+/// The checks, then the backend's own implementation.
+impl<B: BackendImpl> Backend for B {
+    fn fill(&self, out: &mut Buf<B, f32>, value: f32) -> Result<(), BackendError> {
+        BackendImpl::fill(self, out, value)
+    }
+
+    fn scale(&self, x: &mut Buf<B, f32>, alpha: f32) -> Result<(), BackendError> {
+        BackendImpl::scale(self, x, alpha)
+    }
+
+    fn axpy(&self, alpha: f32, x: &Buf<B, f32>, y: &mut Buf<B, f32>) -> Result<(), BackendError> {
+        check::same_len("axpy", x.len(), y.len())?;
+        BackendImpl::axpy(self, alpha, x, y)
+    }
+
+    fn add(
+        &self,
+        a: &Buf<B, f32>,
+        b: &Buf<B, f32>,
+        out: &mut Buf<B, f32>,
     ) -> Result<(), BackendError> {
-        if left == right {
-            Ok(())
-        } else {
-            Err(BackendError::LengthMismatch {
-                operation,
-                left,
-                right,
-            })
-        }
+        check::same_len("add", a.len(), b.len())?;
+        check::same_len("add", a.len(), out.len())?;
+        BackendImpl::add(self, a, b, out)
     }
 
-    /// Validates a softmax cross-entropy call (sizes the kernels index with 32-bit ints).
-    pub(crate) fn softmax(
-        rows: usize,
-        classes: usize,
-        logits: usize,
-        labels: usize,
-        loss: usize,
-        grad: Option<usize>,
-        correct: usize,
+    fn cast_to_f16(&self, x: &Buf<B, f32>, out: &mut Buf<B, f16>) -> Result<(), BackendError> {
+        check::same_len("cast_f32_to_f16", x.len(), out.len())?;
+        BackendImpl::cast_to_f16(self, x, out)
+    }
+
+    fn cast_to_f32(&self, x: &Buf<B, f16>, out: &mut Buf<B, f32>) -> Result<(), BackendError> {
+        check::same_len("cast_f16_to_f32", x.len(), out.len())?;
+        BackendImpl::cast_to_f32(self, x, out)
+    }
+
+    fn relu_backward<T: Precision>(
+        &self,
+        y: &Buf<B, T>,
+        dy: &Buf<B, T>,
+        dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        let op = "softmax_cross_entropy";
-        if rows == 0
-            || classes == 0
-            || rows
-                .checked_mul(classes)
-                .is_none_or(|n| n > i32::MAX as usize)
-        {
-            return Err(BackendError::BadShape {
-                op,
-                detail: format!("{rows} rows x {classes} classes"),
-            });
-        }
-        expect_len(op, "logits", logits, rows * classes)?;
-        expect_len(op, "labels", labels, rows)?;
-        expect_len(op, "loss", loss, rows)?;
-        expect_len(op, "correct", correct, 1)?;
-        if let Some(g) = grad {
-            expect_len(op, "grad", g, rows * classes)?;
-        }
-        Ok(())
+        check::same_len("relu_backward", y.len(), dy.len())?;
+        check::same_len("relu_backward", y.len(), dx.len())?;
+        BackendImpl::relu_backward(self, y, dy, dx)
     }
 
-    /// Validates an SGD step over `n` weights.
-    pub(crate) fn sgd(
-        n: usize,
-        grad: usize,
-        velocity: Option<usize>,
-        w_half: Option<usize>,
-        found: Option<usize>,
+    fn gemm(
+        &self,
+        shape: &GemmShape,
+        a: &Buf<B, f32>,
+        b: &Buf<B, f32>,
+        bias: Option<&Buf<B, f32>>,
+        c: &mut Buf<B, f32>,
+        epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        expect_len("sgd_step", "grad", grad, n)?;
-        if let Some(v) = velocity {
-            expect_len("sgd_step", "velocity", v, n)?;
-        }
-        if let Some(h) = w_half {
-            expect_len("sgd_step", "w_half", h, n)?;
-        }
-        if let Some(f) = found {
-            expect_len("sgd_step", "found", f, 1)?;
-        }
-        Ok(())
+        check::gemm(shape, a.len(), b.len(), c.len(), bias.map(len::<B, _>))?;
+        BackendImpl::gemm(self, shape, a, b, bias, c, epilogue)
     }
-    use crate::backend::shapes::{Conv2dShape, Pool2dShape};
-    use crate::backend::BackendError;
 
-    /// Validates a convolution forward pass's shape and buffers.
-    pub(crate) fn conv_forward(
-        s: &Conv2dShape,
-        x: usize,
-        w: usize,
-        y: usize,
-        bias: Option<usize>,
+    fn gemm_f16<O: Precision>(
+        &self,
+        shape: &GemmShape,
+        a: &Buf<B, f16>,
+        b: &Buf<B, f16>,
+        bias: Option<&Buf<B, f32>>,
+        c: &mut Buf<B, O>,
+        epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        s.validate()?;
-        let (xs, ws, ys) = s.sizes();
-        expect_len("conv2d_forward", "x", x, xs)?;
-        expect_len("conv2d_forward", "w", w, ws)?;
-        expect_len("conv2d_forward", "y", y, ys)?;
-        if let Some(bias) = bias {
-            expect_len("conv2d_forward", "bias", bias, s.out_c)?;
-        }
-        Ok(())
+        check::gemm(shape, a.len(), b.len(), c.len(), bias.map(len::<B, _>))?;
+        BackendImpl::gemm_f16(self, shape, a, b, bias, c, epilogue)
     }
 
-    /// Validates a convolution's input-gradient call.
-    pub(crate) fn conv_backward_input(
-        s: &Conv2dShape,
-        dy: usize,
-        w: usize,
-        dx: usize,
+    fn conv2d_forward<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<B, T>,
+        w: &Buf<B, T>,
+        bias: Option<&Buf<B, f32>>,
+        y: &mut Buf<B, T>,
+        relu: bool,
     ) -> Result<(), BackendError> {
-        s.validate()?;
-        let (xs, ws, ys) = s.sizes();
-        expect_len("conv2d_backward_input", "dy", dy, ys)?;
-        expect_len("conv2d_backward_input", "w", w, ws)?;
-        expect_len("conv2d_backward_input", "dx", dx, xs)
+        check::conv_forward(shape, x.len(), w.len(), y.len(), bias.map(len::<B, _>))?;
+        BackendImpl::conv2d_forward(self, shape, x, w, bias, y, relu)
     }
 
-    /// Validates a convolution's filter-gradient call; returns the filter's size.
-    pub(crate) fn conv_backward_filter(
-        s: &Conv2dShape,
-        x: usize,
-        dy: usize,
-        dw: usize,
-    ) -> Result<usize, BackendError> {
-        s.validate()?;
-        let (xs, ws, ys) = s.sizes();
-        expect_len("conv2d_backward_filter", "x", x, xs)?;
-        expect_len("conv2d_backward_filter", "dy", dy, ys)?;
-        expect_len("conv2d_backward_filter", "dw", dw, ws)?;
-        Ok(ws)
-    }
-
-    /// Validates a convolution's bias-gradient call.
-    pub(crate) fn conv_backward_bias(
-        s: &Conv2dShape,
-        dy: usize,
-        db: usize,
+    fn conv2d_backward_input<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        dy: &Buf<B, T>,
+        w: &Buf<B, T>,
+        dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        s.validate()?;
-        expect_len("conv2d_backward_bias", "dy", dy, s.sizes().2)?;
-        expect_len("conv2d_backward_bias", "db", db, s.out_c)
+        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
+        BackendImpl::conv2d_backward_input(self, shape, dy, w, dx)
     }
 
-    /// Validates that `pool` pools exactly the planes `conv` produces.
-    pub(crate) fn conv_then_pool(
+    fn conv2d_backward_filter<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<B, T>,
+        dy: &Buf<B, T>,
+        dw: &mut Buf<B, f32>,
+    ) -> Result<(), BackendError> {
+        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
+        BackendImpl::conv2d_backward_filter(self, shape, x, dy, dw)
+    }
+
+    fn conv2d_backward_bias<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        dy: &Buf<B, T>,
+        db: &mut Buf<B, f32>,
+    ) -> Result<(), BackendError> {
+        check::conv_backward_bias(shape, dy.len(), db.len())?;
+        BackendImpl::conv2d_backward_bias(self, shape, dy, db)
+    }
+
+    fn max_pool_forward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        x: &Buf<B, T>,
+        y: &mut Buf<B, T>,
+        argmax: &mut Buf<B, i32>,
+    ) -> Result<(), BackendError> {
+        check::pool(
+            "max_pool_forward",
+            shape,
+            x.len(),
+            y.len(),
+            Some(argmax.len()),
+        )?;
+        BackendImpl::max_pool_forward(self, shape, x, y, argmax)
+    }
+
+    fn max_pool_backward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        dy: &Buf<B, T>,
+        argmax: &Buf<B, i32>,
+        dx: &mut Buf<B, T>,
+    ) -> Result<(), BackendError> {
+        check::pool(
+            "max_pool_backward",
+            shape,
+            dx.len(),
+            dy.len(),
+            Some(argmax.len()),
+        )?;
+        BackendImpl::max_pool_backward(self, shape, dy, argmax, dx)
+    }
+
+    fn avg_pool_forward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        x: &Buf<B, T>,
+        y: &mut Buf<B, T>,
+    ) -> Result<(), BackendError> {
+        check::pool("avg_pool_forward", shape, x.len(), y.len(), None)?;
+        BackendImpl::avg_pool_forward(self, shape, x, y)
+    }
+
+    fn avg_pool_backward<T: Precision>(
+        &self,
+        shape: &Pool2dShape,
+        dy: &Buf<B, T>,
+        dx: &mut Buf<B, T>,
+    ) -> Result<(), BackendError> {
+        check::pool("avg_pool_backward", shape, dx.len(), dy.len(), None)?;
+        BackendImpl::avg_pool_backward(self, shape, dy, dx)
+    }
+
+    fn conv2d_relu_avg_pool_forward<T: Precision>(
+        &self,
         conv: &Conv2dShape,
         pool: &Pool2dShape,
+        x: &Buf<B, T>,
+        w: &Buf<B, T>,
+        bias: Option<&Buf<B, f32>>,
+        y: &mut Buf<B, T>,
+        pooled: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        conv.validate()?;
-        pool.validate()?;
-        if pool.planes != conv.batch * conv.out_c
-            || pool.in_h != conv.out_h()
-            || pool.in_w != conv.out_w()
-        {
-            return Err(BackendError::BadShape {
-                op: "conv2d_relu_avg_pool_forward",
-                detail: format!(
-                    "the pool's input ({} planes of {}x{}) is not the convolution's output \
-                     ({} planes of {}x{})",
-                    pool.planes,
-                    pool.in_h,
-                    pool.in_w,
-                    conv.batch * conv.out_c,
-                    conv.out_h(),
-                    conv.out_w()
-                ),
-            });
-        }
-        Ok(())
+        check::conv_then_pool(conv, pool)?;
+        check::conv_forward(conv, x.len(), w.len(), y.len(), bias.map(len::<B, _>))?;
+        check::pool("avg_pool_forward", pool, y.len(), pooled.len(), None)?;
+        BackendImpl::conv2d_relu_avg_pool_forward(self, conv, pool, x, w, bias, y, pooled)
     }
 
-    /// Validates a pooling call: `input`/`output` are the lengths of the input-side and
-    /// output-side buffers (x and y forward, dx and dy backward), `argmax` max pooling's
-    /// index buffer. Returns (input size, output size).
-    pub(crate) fn pool(
-        op: &'static str,
-        s: &Pool2dShape,
-        input: usize,
-        output: usize,
-        argmax: Option<usize>,
-    ) -> Result<(usize, usize), BackendError> {
-        s.validate()?;
-        let (xs, ys) = s.sizes();
-        let forward = op.ends_with("forward");
-        expect_len(op, if forward { "x" } else { "dx" }, input, xs)?;
-        expect_len(op, if forward { "y" } else { "dy" }, output, ys)?;
-        if let Some(a) = argmax {
-            expect_len(op, "argmax", a, ys)?;
-        }
-        Ok((xs, ys))
+    fn avg_pool_relu_backward<T: Precision>(
+        &self,
+        pool: &Pool2dShape,
+        d_pooled: &Buf<B, T>,
+        y: &Buf<B, T>,
+        dx: &mut Buf<B, T>,
+    ) -> Result<(), BackendError> {
+        check::pool("avg_pool_backward", pool, dx.len(), d_pooled.len(), None)?;
+        check::same_len("relu_backward", y.len(), dx.len())?;
+        BackendImpl::avg_pool_relu_backward(self, pool, d_pooled, y, dx)
+    }
+
+    fn conv2d_backward_filter_bias<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<B, T>,
+        dy: &Buf<B, T>,
+        dw: &mut Buf<B, f32>,
+        db: &mut Buf<B, f32>,
+    ) -> Result<(), BackendError> {
+        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
+        check::conv_backward_bias(shape, dy.len(), db.len())?;
+        BackendImpl::conv2d_backward_filter_bias(self, shape, x, dy, dw, db)
+    }
+
+    fn conv2d_backward<T: Precision>(
+        &self,
+        shape: &Conv2dShape,
+        x: &Buf<B, T>,
+        w: &Buf<B, T>,
+        dy: &Buf<B, T>,
+        dw: &mut Buf<B, f32>,
+        db: &mut Buf<B, f32>,
+        dx: &mut Buf<B, T>,
+    ) -> Result<(), BackendError> {
+        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
+        check::conv_backward_bias(shape, dy.len(), db.len())?;
+        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
+        BackendImpl::conv2d_backward(self, shape, x, w, dy, dw, db, dx)
+    }
+
+    fn conv2d_relu_avg_pool_backward<T: Precision>(
+        &self,
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+        x: &Buf<B, T>,
+        y: &Buf<B, T>,
+        d_pooled: &Buf<B, T>,
+        dw: &mut Buf<B, f32>,
+        db: &mut Buf<B, f32>,
+    ) -> Result<(), BackendError> {
+        check::conv_then_pool(conv, pool)?;
+        check::conv_backward_filter(conv, x.len(), y.len(), dw.len())?;
+        check::conv_backward_bias(conv, y.len(), db.len())?;
+        check::pool("avg_pool_backward", pool, y.len(), d_pooled.len(), None)?;
+        BackendImpl::conv2d_relu_avg_pool_backward(self, conv, pool, x, y, d_pooled, dw, db)
+    }
+
+    fn softmax_cross_entropy<T: Precision>(
+        &self,
+        rows: usize,
+        classes: usize,
+        logits: &Buf<B, T>,
+        labels: &Buf<B, u8>,
+        loss: &mut Buf<B, f32>,
+        grad: Option<&mut Buf<B, T>>,
+        correct: &mut Buf<B, i32>,
+        grad_scale: f32,
+    ) -> Result<(), BackendError> {
+        let lengths = check::SoftmaxLengths {
+            logits: logits.len(),
+            labels: labels.len(),
+            loss: loss.len(),
+            grad: grad.as_deref().map(len::<B, _>),
+            correct: correct.len(),
+        };
+        check::softmax(rows, classes, lengths)?;
+        BackendImpl::softmax_cross_entropy(
+            self, rows, classes, logits, labels, loss, grad, correct, grad_scale,
+        )
+    }
+
+    fn grad_check<G: Precision>(
+        &self,
+        grad: &Buf<B, G>,
+        found: &mut Buf<B, i32>,
+    ) -> Result<(), BackendError> {
+        check::expect_len("grad_check", "found", found.len(), 1)?;
+        BackendImpl::grad_check(self, grad, found)
+    }
+
+    fn sgd_step<G: Precision>(
+        &self,
+        w: &mut Buf<B, f32>,
+        grad: &Buf<B, G>,
+        velocity: Option<&mut Buf<B, f32>>,
+        w_half: Option<&mut Buf<B, f16>>,
+        step: SgdStep,
+        found: Option<&Buf<B, i32>>,
+    ) -> Result<(), BackendError> {
+        let lengths = check::SgdLengths {
+            weights: w.len(),
+            grad: grad.len(),
+            velocity: velocity.as_deref().map(len::<B, _>),
+            w_half: w_half.as_deref().map(len::<B, _>),
+            found: found.map(len::<B, _>),
+        };
+        check::sgd(lengths)?;
+        BackendImpl::sgd_step(self, w, grad, velocity, w_half, step, found)
     }
 }

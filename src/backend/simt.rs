@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use super::check;
 use super::launch::check_launch;
-use super::ops::check;
 use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
 use crate::kernels::{simt_entries, KernelSignature};
 

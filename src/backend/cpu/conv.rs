@@ -11,8 +11,8 @@
 
 use rayon::prelude::*;
 
-use crate::backend::ops::Precision;
 use crate::backend::shapes::{Conv2dShape, Pool2dShape};
+use crate::backend::Precision;
 
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::pool::{avg_plane, avg_relu_backward_plane};

@@ -3,28 +3,9 @@
 
 use rayon::prelude::*;
 
-use crate::backend::ops::expect_len;
 use crate::backend::shapes::{Epilogue, GemmShape};
-use crate::backend::BackendError;
 
 use super::summation::Cascade;
-
-pub(super) fn check(
-    shape: &GemmShape,
-    a: usize,
-    b: usize,
-    c: usize,
-    bias: Option<usize>,
-) -> Result<(), BackendError> {
-    shape.validate()?;
-    expect_len("gemm", "a", a, shape.m * shape.k)?;
-    expect_len("gemm", "b", b, shape.k * shape.n)?;
-    expect_len("gemm", "c", c, shape.m * shape.n)?;
-    if let Some(bias) = bias {
-        expect_len("gemm", "bias", bias, shape.n)?;
-    }
-    Ok(())
-}
 
 /// Products longer than this many terms are summed in blocks of this length (each block a
 /// product of its own, the blocks then added pairwise): a dot product summed in one running

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::backend::ops::Precision;
+use crate::backend::Precision;
 
 /// Writes each row's loss (and the scaled gradient, if asked) and returns how many rows'
 /// argmax (first on ties) equals the label. A label ≥ classes gives a NaN loss.

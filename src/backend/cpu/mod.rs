@@ -54,7 +54,9 @@ mod window_gemm;
 use half::f16;
 use rayon::prelude::*;
 
-use super::ops::{check, expect_len, Backend, Precision};
+use super::backend_impl::BackendImpl;
+use super::check;
+use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 
@@ -164,7 +166,7 @@ fn map_into<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&A) -> B + Sy
         .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = f(s)));
 }
 
-impl Backend for CpuDevice {
+impl BackendImpl for CpuDevice {
     fn fill(&self, out: &mut CpuBuffer<f32>, value: f32) -> Result<(), BackendError> {
         out.0.par_chunks_mut(FLAT_CHUNK).for_each(|c| c.fill(value));
         Ok(())
@@ -182,7 +184,6 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<f32>,
         y: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        check::same_len("axpy", x.0.len(), y.0.len())?;
         y.0.par_chunks_mut(FLAT_CHUNK)
             .zip(x.0.par_chunks(FLAT_CHUNK))
             .for_each(|(y, x)| {
@@ -199,8 +200,6 @@ impl Backend for CpuDevice {
         b: &CpuBuffer<f32>,
         out: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        check::same_len("add", a.0.len(), b.0.len())?;
-        check::same_len("add", a.0.len(), out.0.len())?;
         out.0
             .par_chunks_mut(FLAT_CHUNK)
             .zip(a.0.par_chunks(FLAT_CHUNK).zip(b.0.par_chunks(FLAT_CHUNK)))
@@ -217,7 +216,6 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<f32>,
         out: &mut CpuBuffer<f16>,
     ) -> Result<(), BackendError> {
-        check::same_len("cast_f32_to_f16", x.0.len(), out.0.len())?;
         map_into(&x.0, &mut out.0, |v| f16::from_f32(*v));
         Ok(())
     }
@@ -227,7 +225,6 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<f16>,
         out: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        check::same_len("cast_f16_to_f32", x.0.len(), out.0.len())?;
         map_into(&x.0, &mut out.0, |v| v.to_f32());
         Ok(())
     }
@@ -238,8 +235,6 @@ impl Backend for CpuDevice {
         dy: &CpuBuffer<T>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::same_len("relu_backward", y.0.len(), dy.0.len())?;
-        check::same_len("relu_backward", y.0.len(), dx.0.len())?;
         dx.0.par_chunks_mut(FLAT_CHUNK)
             .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
             .for_each(|(dx, (y, dy))| {
@@ -265,13 +260,6 @@ impl Backend for CpuDevice {
         c: &mut CpuBuffer<f32>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        gemm::check(
-            shape,
-            a.0.len(),
-            b.0.len(),
-            c.0.len(),
-            bias.map(|b| b.0.len()),
-        )?;
         gemm::gemm_f32(
             shape,
             &a.0,
@@ -292,13 +280,6 @@ impl Backend for CpuDevice {
         c: &mut CpuBuffer<O>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        gemm::check(
-            shape,
-            a.0.len(),
-            b.0.len(),
-            c.0.len(),
-            bias.map(|b| b.0.len()),
-        )?;
         let wide = |h: &[f16]| {
             let mut out = vec![0.0f32; h.len()];
             f16::widen_slice(h, &mut out);
@@ -327,7 +308,6 @@ impl Backend for CpuDevice {
         y: &mut CpuBuffer<T>,
         relu: bool,
     ) -> Result<(), BackendError> {
-        check::conv_forward(shape, x.len(), w.len(), y.len(), bias.map(|b| b.len()))?;
         conv::forward(
             shape,
             &x.0,
@@ -350,9 +330,6 @@ impl Backend for CpuDevice {
         y: &mut CpuBuffer<T>,
         pooled: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::conv_then_pool(conv, pool)?;
-        check::conv_forward(conv, x.len(), w.len(), y.len(), bias.map(|b| b.len()))?;
-        check::pool("avg_pool_forward", pool, y.len(), pooled.len(), None)?;
         conv::forward(
             conv,
             &x.0,
@@ -370,11 +347,8 @@ impl Backend for CpuDevice {
         pool: &Pool2dShape,
         d_pooled: &CpuBuffer<T>,
         y: &CpuBuffer<T>,
-        _scratch: &mut CpuBuffer<T>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::pool("avg_pool_backward", pool, dx.len(), d_pooled.len(), None)?;
-        check::same_len("relu_backward", y.len(), dx.len())?;
         pool::avg_relu_backward(pool, &d_pooled.0, &y.0, &mut dx.0);
         Ok(())
     }
@@ -389,9 +363,6 @@ impl Backend for CpuDevice {
         db: &mut CpuBuffer<f32>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
-        check::conv_backward_bias(shape, dy.len(), db.len())?;
-        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
         conv::backward_filter(
             shape,
             &x.0,
@@ -410,15 +381,9 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<T>,
         y: &CpuBuffer<T>,
         d_pooled: &CpuBuffer<T>,
-        _scratch: &mut CpuBuffer<T>,
-        _d_y: &mut CpuBuffer<T>,
         dw: &mut CpuBuffer<f32>,
         db: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        check::conv_then_pool(conv, pool)?;
-        check::conv_backward_filter(conv, x.len(), y.len(), dw.len())?;
-        check::conv_backward_bias(conv, y.len(), db.len())?;
-        check::pool("avg_pool_backward", pool, y.len(), d_pooled.len(), None)?;
         let dy = conv::OutputGrad::Pooled {
             pool,
             d_pooled: &d_pooled.0,
@@ -436,8 +401,6 @@ impl Backend for CpuDevice {
         dw: &mut CpuBuffer<f32>,
         db: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
-        check::conv_backward_bias(shape, dy.len(), db.len())?;
         conv::backward_filter(
             shape,
             &x.0,
@@ -456,7 +419,6 @@ impl Backend for CpuDevice {
         w: &CpuBuffer<T>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
         conv::backward_input(shape, &dy.0, &w.0, &mut dx.0);
         Ok(())
     }
@@ -468,7 +430,6 @@ impl Backend for CpuDevice {
         dy: &CpuBuffer<T>,
         dw: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
         conv::backward_filter(
             shape,
             &x.0,
@@ -486,7 +447,6 @@ impl Backend for CpuDevice {
         dy: &CpuBuffer<T>,
         db: &mut CpuBuffer<f32>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_bias(shape, dy.len(), db.len())?;
         conv::backward_bias(shape, &dy.0, &mut db.0);
         Ok(())
     }
@@ -498,13 +458,6 @@ impl Backend for CpuDevice {
         y: &mut CpuBuffer<T>,
         argmax: &mut CpuBuffer<i32>,
     ) -> Result<(), BackendError> {
-        check::pool(
-            "max_pool_forward",
-            shape,
-            x.len(),
-            y.len(),
-            Some(argmax.len()),
-        )?;
         pool::max_forward(shape, &x.0, &mut y.0, &mut argmax.0);
         Ok(())
     }
@@ -516,13 +469,6 @@ impl Backend for CpuDevice {
         argmax: &CpuBuffer<i32>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::pool(
-            "max_pool_backward",
-            shape,
-            dx.len(),
-            dy.len(),
-            Some(argmax.len()),
-        )?;
         pool::max_backward(shape, &dy.0, &argmax.0, &mut dx.0);
         Ok(())
     }
@@ -533,7 +479,6 @@ impl Backend for CpuDevice {
         x: &CpuBuffer<T>,
         y: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::pool("avg_pool_forward", shape, x.len(), y.len(), None)?;
         pool::avg_forward(shape, &x.0, &mut y.0);
         Ok(())
     }
@@ -544,14 +489,13 @@ impl Backend for CpuDevice {
         dy: &CpuBuffer<T>,
         dx: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::pool("avg_pool_backward", shape, dx.len(), dy.len(), None)?;
         pool::avg_backward(shape, &dy.0, &mut dx.0);
         Ok(())
     }
 
     fn softmax_cross_entropy<T: Precision>(
         &self,
-        rows: usize,
+        _rows: usize, // the labels' length, validated
         classes: usize,
         logits: &CpuBuffer<T>,
         labels: &CpuBuffer<u8>,
@@ -560,16 +504,6 @@ impl Backend for CpuDevice {
         correct: &mut CpuBuffer<i32>,
         grad_scale: f32,
     ) -> Result<(), BackendError> {
-        let grad_len = grad.as_deref().map(|g| g.len());
-        check::softmax(
-            rows,
-            classes,
-            logits.len(),
-            labels.len(),
-            loss.len(),
-            grad_len,
-            correct.len(),
-        )?;
         let right = loss::softmax_cross_entropy(
             classes,
             &logits.0,
@@ -587,7 +521,6 @@ impl Backend for CpuDevice {
         grad: &CpuBuffer<G>,
         found: &mut CpuBuffer<i32>,
     ) -> Result<(), BackendError> {
-        expect_len("grad_check", "found", found.0.len(), 1)?;
         if optim::any_nonfinite(&grad.0) {
             found.0[0] = 1;
         }
@@ -603,12 +536,6 @@ impl Backend for CpuDevice {
         step: SgdStep,
         found: Option<&CpuBuffer<i32>>,
     ) -> Result<(), BackendError> {
-        let n = w.0.len();
-        let (v_len, h_len) = (
-            velocity.as_deref().map(|v| v.len()),
-            w_half.as_deref().map(|h| h.len()),
-        );
-        check::sgd(n, grad.len(), v_len, h_len, found.map(|f| f.len()))?;
         if let Some(f) = found {
             if f.0[0] != 0 {
                 return Ok(());

@@ -3,8 +3,8 @@
 use half::f16;
 use rayon::prelude::*;
 
-use crate::backend::ops::Precision;
 use crate::backend::shapes::SgdStep;
+use crate::backend::Precision;
 
 const CHUNK: usize = 1 << 14;
 

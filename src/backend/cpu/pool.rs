@@ -3,8 +3,8 @@
 
 use rayon::prelude::*;
 
-use crate::backend::ops::Precision;
 use crate::backend::shapes::Pool2dShape;
+use crate::backend::Precision;
 
 use super::{widened, write_f32};
 

@@ -1,0 +1,137 @@
+//! The storage precisions of activations ([`Precision`]: f32, or f16 computed in f32) and
+//! the kernel that implements each operation at each of them ([`PrecisionOp`]).
+
+use half::f16;
+
+use super::DeviceScalar;
+use crate::kernels::{conv, elementwise, gemm, loss, optim, pool, KernelSignature};
+
+/// The kernels that exist per storage precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrecisionOp {
+    /// `conv2d_forward_*`
+    Conv2dForward,
+    /// `conv2d_backward_input_*`
+    Conv2dBackwardInput,
+    /// `conv2d_backward_filter_*`
+    Conv2dBackwardFilter,
+    /// `conv2d_backward_bias_*`
+    Conv2dBackwardBias,
+    /// `max_pool_forward_*`
+    MaxPoolForward,
+    /// `max_pool_backward_*`
+    MaxPoolBackward,
+    /// `avg_pool_forward_*`
+    AvgPoolForward,
+    /// `avg_pool_backward_*`
+    AvgPoolBackward,
+    /// `softmax_cross_entropy_*`
+    SoftmaxCrossEntropy,
+    /// `relu_backward_*`
+    ReluBackward,
+    /// `grad_check_*`
+    GradCheck,
+    /// `sgd_step_*grad`
+    SgdStep,
+    /// `gemm_f16_wmma_*out` (by output precision)
+    GemmF16,
+}
+
+/// Storage precision of activations and gradients: `f32`, or `f16` computed in f32.
+pub trait Precision: DeviceScalar {
+    /// Widens to f32 (exact).
+    fn to_f32(self) -> f32;
+    /// Rounds from f32 (to nearest even for f16).
+    fn from_f32(v: f32) -> Self;
+    /// The kernel implementing `op` at this precision.
+    fn kernel(op: PrecisionOp) -> &'static KernelSignature;
+    /// Widens a whole slice into `dst` (same length): the fast path for many elements
+    /// (F16C when the CPU has it, detected once per call rather than per element).
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+    }
+    /// Rounds a whole slice into `dst` (same length), as [`Precision::from_f32`] does.
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = Self::from_f32(*s));
+    }
+    /// The slice itself when `Self` is f32, so the CPU backend can skip a widening copy.
+    fn as_f32(_s: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    /// The slice itself when `Self` is f32, so the CPU backend can write results in place.
+    fn as_f32_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
+}
+
+impl Precision for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
+    }
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        Some(s)
+    }
+    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
+        match op {
+            PrecisionOp::Conv2dForward => &conv::CONV2D_FORWARD_F32,
+            PrecisionOp::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT_F32,
+            PrecisionOp::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER_F32,
+            PrecisionOp::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS_F32,
+            PrecisionOp::MaxPoolForward => &pool::MAX_POOL_FORWARD_F32,
+            PrecisionOp::MaxPoolBackward => &pool::MAX_POOL_BACKWARD_F32,
+            PrecisionOp::AvgPoolForward => &pool::AVG_POOL_FORWARD_F32,
+            PrecisionOp::AvgPoolBackward => &pool::AVG_POOL_BACKWARD_F32,
+            PrecisionOp::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY_F32,
+            PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F32,
+            PrecisionOp::GradCheck => &optim::GRAD_CHECK_F32,
+            PrecisionOp::SgdStep => &optim::SGD_STEP_F32GRAD,
+            PrecisionOp::GemmF16 => &gemm::GEMM_F16_WMMA_F32OUT,
+        }
+    }
+}
+
+impl Precision for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        super::cpu::half_convert::widen(src, dst);
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        super::cpu::half_convert::narrow(src, dst);
+    }
+    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
+        match op {
+            PrecisionOp::Conv2dForward => &conv::CONV2D_FORWARD_F16,
+            PrecisionOp::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT_F16,
+            PrecisionOp::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER_F16,
+            PrecisionOp::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS_F16,
+            PrecisionOp::MaxPoolForward => &pool::MAX_POOL_FORWARD_F16,
+            PrecisionOp::MaxPoolBackward => &pool::MAX_POOL_BACKWARD_F16,
+            PrecisionOp::AvgPoolForward => &pool::AVG_POOL_FORWARD_F16,
+            PrecisionOp::AvgPoolBackward => &pool::AVG_POOL_BACKWARD_F16,
+            PrecisionOp::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY_F16,
+            PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F16,
+            PrecisionOp::GradCheck => &optim::GRAD_CHECK_F16,
+            PrecisionOp::SgdStep => &optim::SGD_STEP_F16GRAD,
+            PrecisionOp::GemmF16 => &gemm::GEMM_F16_WMMA_F16OUT,
+        }
+    }
+}
