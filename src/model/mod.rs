@@ -5,6 +5,10 @@
 //!           → flatten 800 → linear 128 + ReLU → linear 10 → softmax cross-entropy
 //! ```
 //!
+//! Every size derives from one description, [`LENET`] (`architecture.rs`): the layer
+//! shapes, the activation buffers, the parameter table [`PARAMS`] and the order
+//! [`BACKWARD_ORDER`] in which the backward pass finishes it.
+//!
 //! One [`Replica`] per device holds the parameters, their gradients, the optimizer state and
 //! the activations of the current shard. Parameters are named and laid out as PyTorch does
 //! (conv OIHW, linear out x in), so checkpoints load into `torch.nn` directly.
@@ -17,10 +21,14 @@ use crate::backend::{
     Backend, BackendError, Conv2dShape, Epilogue, GemmShape, Pool2dShape, Precision, SgdStep,
 };
 
+mod architecture;
+
+pub use architecture::{Architecture, ConvLayer, Linear, LENET};
+
 /// Input image side.
-pub const IMAGE: usize = 28;
+pub const IMAGE: usize = LENET.image;
 /// Classes.
-pub const CLASSES: usize = 10;
+pub const CLASSES: usize = LENET.classes;
 
 /// A parameter tensor: name and PyTorch shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,103 +53,96 @@ impl ParamSpec {
     }
 }
 
-/// The order in which the backward pass finishes the gradient tensors (indices into
-/// [`PARAMS`]): the last layer's first.
-pub const BACKWARD_ORDER: [usize; 8] = [6, 7, 4, 5, 2, 3, 0, 1];
+/// The layers with parameters, in forward order; layer `l`'s weight is [`PARAMS`]`[2l]`
+/// and its bias `[2l + 1]`.
+const LAYERS: usize = 4;
+const CONV1: usize = 0;
+const CONV2: usize = 1;
+const FC1: usize = 2;
+const FC2: usize = 3;
+const fn weight(layer: usize) -> usize {
+    2 * layer
+}
+const fn bias(layer: usize) -> usize {
+    2 * layer + 1
+}
 
-/// The eight parameter tensors, in checkpoint order.
-pub const PARAMS: [ParamSpec; 8] = [
+/// The order in which the backward pass finishes the gradient tensors (indices into
+/// [`PARAMS`]): the last layer's first, each layer's weight before its bias.
+pub const BACKWARD_ORDER: [usize; 2 * LAYERS] = {
+    let mut order = [0; 2 * LAYERS];
+    let mut i = 0;
+    while i < LAYERS {
+        let layer = LAYERS - 1 - i;
+        order[2 * i] = weight(layer);
+        order[2 * i + 1] = bias(layer);
+        i += 1;
+    }
+    order
+};
+
+const C1: ConvLayer = LENET.conv1;
+const C2: ConvLayer = LENET.conv2;
+
+/// The eight parameter tensors, in checkpoint order, with their shapes from [`LENET`].
+pub const PARAMS: [ParamSpec; 2 * LAYERS] = [
     ParamSpec {
         name: "conv1.weight",
-        shape: &[20, 1, 3, 3],
-        fan_in: 9,
+        shape: &[C1.out_c, LENET.in_c, C1.kernel, C1.kernel],
+        fan_in: LENET.in_c * C1.kernel * C1.kernel,
     },
     ParamSpec {
         name: "conv1.bias",
-        shape: &[20],
+        shape: &[C1.out_c],
         fan_in: 0,
     },
     ParamSpec {
         name: "conv2.weight",
-        shape: &[50, 20, 5, 5],
-        fan_in: 500,
+        shape: &[C2.out_c, C1.out_c, C2.kernel, C2.kernel],
+        fan_in: C1.out_c * C2.kernel * C2.kernel,
     },
     ParamSpec {
         name: "conv2.bias",
-        shape: &[50],
+        shape: &[C2.out_c],
         fan_in: 0,
     },
     ParamSpec {
         name: "fc1.weight",
-        shape: &[128, 800],
-        fan_in: 800,
+        shape: &[LENET.hidden, LENET.features()],
+        fan_in: LENET.features(),
     },
     ParamSpec {
         name: "fc1.bias",
-        shape: &[128],
+        shape: &[LENET.hidden],
         fan_in: 0,
     },
     ParamSpec {
         name: "fc2.weight",
-        shape: &[10, 128],
-        fan_in: 128,
+        shape: &[LENET.classes, LENET.hidden],
+        fan_in: LENET.hidden,
     },
     ParamSpec {
         name: "fc2.bias",
-        shape: &[10],
+        shape: &[LENET.classes],
         fan_in: 0,
     },
 ];
 
-/// The shape of conv1: 1→20 channels, 3x3, on 28x28 images.
+/// The shape of conv1 at `batch` images (see [`Architecture::conv1`]).
 pub fn conv1(batch: usize) -> Conv2dShape {
-    Conv2dShape {
-        batch,
-        in_c: 1,
-        in_h: 28,
-        in_w: 28,
-        out_c: 20,
-        k_h: 3,
-        k_w: 3,
-        stride: 1,
-        pad: 0,
-    }
+    LENET.conv1(batch)
 }
-/// The shape of pool1: 2x2 average over conv1's 26x26 planes.
+/// The shape of pool1 (see [`Architecture::pool1`]).
 pub fn pool1(batch: usize) -> Pool2dShape {
-    Pool2dShape {
-        planes: batch * 20,
-        in_h: 26,
-        in_w: 26,
-        k_h: 2,
-        k_w: 2,
-        stride: 2,
-    }
+    LENET.pool1(batch)
 }
-/// The shape of conv2: 20→50 channels, 5x5, on 13x13.
+/// The shape of conv2 (see [`Architecture::conv2`]).
 pub fn conv2(batch: usize) -> Conv2dShape {
-    Conv2dShape {
-        batch,
-        in_c: 20,
-        in_h: 13,
-        in_w: 13,
-        out_c: 50,
-        k_h: 5,
-        k_w: 5,
-        stride: 1,
-        pad: 0,
-    }
+    LENET.conv2(batch)
 }
-/// The shape of pool2: 2x2 average over conv2's 9x9 planes.
+/// The shape of pool2 (see [`Architecture::pool2`]).
 pub fn pool2(batch: usize) -> Pool2dShape {
-    Pool2dShape {
-        planes: batch * 50,
-        in_h: 9,
-        in_w: 9,
-        k_h: 2,
-        k_w: 2,
-        stride: 2,
-    }
+    LENET.pool2(batch)
 }
 /// Rows of a linear layer's activations seen as a 1x1 "convolution" output, so the bias
 /// gradient (a column sum) reuses the convolution's bias-gradient operation.
@@ -258,24 +259,28 @@ struct Activations<B: Backend, T: Activation> {
 impl<B: Backend, T: Activation> Activations<B, T> {
     fn new(dev: &B, batch: usize) -> Result<Self, BackendError> {
         let f = |n| dev.alloc_zeros::<T>(n);
+        let (x, _, c1) = conv1(batch).sizes();
+        let (p1, _, c2) = conv2(batch).sizes();
+        let (hidden, classes) = (batch * LENET.hidden, batch * CLASSES);
+        let p2 = pool2(batch).sizes().1;
         Ok(Activations {
             batch,
-            x: f(batch * IMAGE * IMAGE)?,
+            x: f(x)?,
             labels: dev.alloc_zeros::<u8>(batch)?,
-            c1: f(batch * 20 * 26 * 26)?,
-            p1: f(batch * 20 * 13 * 13)?,
-            c2: f(batch * 50 * 9 * 9)?,
-            p2: f(batch * 800)?,
-            h: f(batch * 128)?,
-            logits: f(batch * CLASSES)?,
+            c1: f(c1)?,
+            p1: f(p1)?,
+            c2: f(c2)?,
+            p2: f(p2)?,
+            h: f(hidden)?,
+            logits: f(classes)?,
             loss: dev.alloc_zeros::<f32>(batch)?,
             correct: dev.alloc_zeros::<i32>(1)?,
-            d_logits: f(batch * CLASSES)?,
-            d_h_lin: f(batch * 128)?,
-            d_h: f(batch * 128)?,
-            d_p2: f(batch * 800)?,
-            d_c2: f(batch * 50 * 9 * 9)?,
-            d_p1: f(batch * 20 * 13 * 13)?,
+            d_logits: f(classes)?,
+            d_h_lin: f(hidden)?,
+            d_h: f(hidden)?,
+            d_p2: f(p2)?,
+            d_c2: f(c2)?,
+            d_p1: f(p1)?,
         })
     }
 }
@@ -453,16 +458,10 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
             &mut a.c2,
             &mut a.p2,
         )?;
-        let fc1 = GemmShape {
-            m: n,
-            n: 128,
-            k: 800,
-            trans_a: false,
-            trans_b: true,
-        };
+        let fc1 = LENET.fc1(n);
         T::gemm(
             dev,
-            &fc1,
+            &fc1.forward(),
             &a.p2,
             w3,
             Some(b3),
@@ -472,16 +471,10 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
                 ..Epilogue::default()
             },
         )?;
-        let fc2 = GemmShape {
-            m: n,
-            n: CLASSES,
-            k: 128,
-            trans_a: false,
-            trans_b: true,
-        };
+        let fc2 = LENET.fc2(n);
         T::gemm(
             dev,
-            &fc2,
+            &fc2.forward(),
             &a.h,
             w4,
             Some(b4),
@@ -515,25 +508,13 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
             unreachable!("eight tensors")
         };
         // fc2: dW = dlogitsᵀ·h, db = Σ dlogits, dh = dlogits·W, then through fc1's ReLU.
-        T::gemm_f32(
-            dev,
-            &GemmShape {
-                m: CLASSES,
-                n: 128,
-                k: n,
-                trans_a: true,
-                trans_b: false,
-            },
-            &a.d_logits,
-            &a.h,
-            g_w4,
-        )?;
-        ready(6, g_w4);
+        T::gemm_f32(dev, &fc2.weight_gradient(), &a.d_logits, &a.h, g_w4)?;
+        ready(weight(FC2), g_w4);
         dev.conv2d_backward_bias(&columns(n, CLASSES), &a.d_logits, g_b4)?;
-        ready(7, g_b4);
+        ready(bias(FC2), g_b4);
         T::gemm(
             dev,
-            &GemmShape::new(n, 128, CLASSES),
+            &fc2.input_gradient(),
             &a.d_logits,
             w4,
             None,
@@ -542,25 +523,13 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
         )?;
         dev.relu_backward(&a.h, &a.d_h_lin, &mut a.d_h)?;
         // fc1: dW = dhᵀ·p2, db = Σ dh, dp2 = dh·W.
-        T::gemm_f32(
-            dev,
-            &GemmShape {
-                m: 128,
-                n: 800,
-                k: n,
-                trans_a: true,
-                trans_b: false,
-            },
-            &a.d_h,
-            &a.p2,
-            g_w3,
-        )?;
-        ready(4, g_w3);
-        dev.conv2d_backward_bias(&columns(n, 128), &a.d_h, g_b3)?;
-        ready(5, g_b3);
+        T::gemm_f32(dev, &fc1.weight_gradient(), &a.d_h, &a.p2, g_w3)?;
+        ready(weight(FC1), g_w3);
+        dev.conv2d_backward_bias(&columns(n, LENET.hidden), &a.d_h, g_b3)?;
+        ready(bias(FC1), g_b3);
         T::gemm(
             dev,
-            &GemmShape::new(n, 800, 128),
+            &fc1.input_gradient(),
             &a.d_h,
             w3,
             None,
@@ -570,12 +539,12 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
         // pool2, conv2's ReLU, conv2.
         dev.avg_pool_relu_backward(&pool2(n), &a.d_p2, &a.c2, &mut a.d_c2)?;
         dev.conv2d_backward(&conv2(n), &a.p1, w2, &a.d_c2, g_w2, g_b2, &mut a.d_p1)?;
-        ready(2, g_w2);
-        ready(3, g_b2);
+        ready(weight(CONV2), g_w2);
+        ready(bias(CONV2), g_b2);
         // pool1, conv1's ReLU, conv1 (no gradient for the images).
         dev.conv2d_relu_avg_pool_backward(&conv1(n), &pool1(n), &a.x, &a.c1, &a.d_p1, g_w1, g_b1)?;
-        ready(0, g_w1);
-        ready(1, g_b1);
+        ready(weight(CONV1), g_w1);
+        ready(bias(CONV1), g_b1);
         Ok(stats)
     }
 
