@@ -6,7 +6,9 @@
 mod common;
 
 use common::reference as r;
-use common::{assert_close, bytes, per_backend, random, rng, wide, Tol, F16, F32, F32_LONG};
+use common::{
+    assert_close, bytes, check_and_record, per_backend, random, rng, wide, Tol, F16, F32, F32_LONG,
+};
 use half::f16;
 use nanoddp::backend::{Backend, Conv2dShape, Pool2dShape, Precision};
 
@@ -81,53 +83,43 @@ fn conv_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce: 
             relu,
         );
         let got = dev.download(&y).unwrap();
-        assert_close(
+        check_and_record(
             &format!("forward {s:?} bias {with_bias} relu {relu}"),
             &got,
-            &want.value,
-            &want.mag,
+            &want,
             tol,
+            &mut out,
         );
-        out.extend(bytes(&got));
 
         let mut dx = dev.upload(&poison(xs)).unwrap();
         dev.conv2d_backward_input(&s, &dy_, &dw_, &mut dx).unwrap();
         let want = r::conv_backward_input(&s, &wide(&dy), &wide(&w));
         let got = dev.download(&dx).unwrap();
-        assert_close(
-            &format!("backward input {s:?}"),
-            &got,
-            &want.value,
-            &want.mag,
-            tol,
-        );
-        out.extend(bytes(&got));
+        check_and_record(&format!("backward input {s:?}"), &got, &want, tol, &mut out);
 
         let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
         dev.conv2d_backward_filter(&s, &dx_, &dy_, &mut dw).unwrap();
         let want = r::conv_backward_filter(&s, &wide(&x), &wide(&dy));
         let got = dev.download(&dw).unwrap();
-        assert_close(
+        check_and_record(
             &format!("backward filter {s:?}"),
             &got,
-            &want.value,
-            &want.mag,
+            &want,
             tol_reduce,
+            &mut out,
         );
-        out.extend(bytes(&got));
 
         let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
         dev.conv2d_backward_bias(&s, &dy_, &mut db).unwrap();
         let want = r::conv_backward_bias(&s, &wide(&dy));
         let got = dev.download(&db).unwrap();
-        assert_close(
+        check_and_record(
             &format!("backward bias {s:?}"),
             &got,
-            &want.value,
-            &want.mag,
+            &want,
             tol_reduce,
+            &mut out,
         );
-        out.extend(bytes(&got));
     }
     out
 }
@@ -264,24 +256,22 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         };
         let want_w = r::conv_backward_filter(&s, &wide(&x), &want);
         let got = dev.download(&dw).unwrap();
-        assert_close(
+        check_and_record(
             &format!("first-layer backward filter {s:?}"),
             &got,
-            &want_w.value,
-            &want_w.mag,
+            &want_w,
             loose,
+            &mut out,
         );
-        out.extend(bytes(&got));
         let want_b = r::conv_backward_bias(&s, &want);
         let got = dev.download(&db).unwrap();
-        assert_close(
+        check_and_record(
             &format!("first-layer backward bias {s:?}"),
             &got,
-            &want_b.value,
-            &want_b.mag,
+            &want_b,
             loose,
+            &mut out,
         );
-        out.extend(bytes(&got));
 
         let dy: Vec<T> = random(&mut g, ys);
         let dy_ = dev.upload(&dy).unwrap();
@@ -291,24 +281,22 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
             .unwrap();
         let want = r::conv_backward_filter(&s, &wide(&x), &wide(&dy));
         let got = dev.download(&dw).unwrap();
-        assert_close(
+        check_and_record(
             &format!("fused filter {s:?}"),
             &got,
-            &want.value,
-            &want.mag,
+            &want,
             tol_reduce,
+            &mut out,
         );
-        out.extend(bytes(&got));
         let want = r::conv_backward_bias(&s, &wide(&dy));
         let got = dev.download(&db).unwrap();
-        assert_close(
+        check_and_record(
             &format!("fused bias {s:?}"),
             &got,
-            &want.value,
-            &want.mag,
+            &want,
             tol_reduce,
+            &mut out,
         );
-        out.extend(bytes(&got));
 
         // The whole backward pass in one call: filter, bias and input gradients.
         let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
@@ -338,14 +326,13 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         ];
         for (what, got, want, tol) in checks {
             let got: Vec<f32> = got.iter().map(|v| *v as f32).collect();
-            assert_close(
+            check_and_record(
                 &format!("whole backward, {what} {s:?}"),
                 &got,
-                &want.value,
-                &want.mag,
+                &want,
                 tol,
+                &mut out,
             );
-            out.extend(bytes(&got));
         }
     }
 

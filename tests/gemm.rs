@@ -7,7 +7,7 @@
 mod common;
 
 use common::reference as r;
-use common::{assert_close, bytes, per_backend, random, rng, wide, Tol, F16, F32, F32_LONG};
+use common::{bytes, check_and_record, per_backend, random, rng, wide, Tol, F16, F32, F32_LONG};
 use half::f16;
 use nanoddp::backend::simt::{EmulatorError, EmulatorFault, SimtBuffer, SimtDevice};
 use nanoddp::backend::simt_module::SimtModule;
@@ -110,14 +110,13 @@ fn run_gemm<B: Backend, A: Precision, C: Precision>(
             &wide(&c_in),
             ep,
         );
-        assert_close(
+        check_and_record(
             &format!("{shape:?} bias {bias} {ep:?}"),
             &got,
-            &want.value,
-            &want.mag,
+            &want,
             tol,
+            &mut out,
         );
-        out.extend(bytes(&got));
     }
     out
 }

@@ -5,7 +5,9 @@
 mod common;
 
 use common::reference as r;
-use common::{assert_close, bytes, per_backend, random, rng, wide, Tol, F16, F32};
+use common::{
+    assert_close, bytes, check_and_record, per_backend, random, rng, wide, Tol, F16, F32,
+};
 use half::f16;
 use nanoddp::backend::{Backend, Pool2dShape, Precision};
 
@@ -65,40 +67,19 @@ fn pool_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol) -> Vec<u8> {
         dev.max_pool_backward(&s, &ddy, &arg, &mut dx).unwrap();
         let want = r::max_pool_backward(&s, &wide(&dy), &want_arg);
         let got = dev.download(&dx).unwrap();
-        assert_close(
-            &format!("max backward {s:?}"),
-            &got,
-            &want.value,
-            &want.mag,
-            tol,
-        );
-        out.extend(bytes(&got));
+        check_and_record(&format!("max backward {s:?}"), &got, &want, tol, &mut out);
 
         let mut y = dev.upload(&vec![T::from_f32(f32::NAN); ys]).unwrap();
         dev.avg_pool_forward(&s, &dx_, &mut y).unwrap();
         let want = r::avg_pool_forward(&s, &wide(&x));
         let got = dev.download(&y).unwrap();
-        assert_close(
-            &format!("avg forward {s:?}"),
-            &got,
-            &want.value,
-            &want.mag,
-            tol,
-        );
-        out.extend(bytes(&got));
+        check_and_record(&format!("avg forward {s:?}"), &got, &want, tol, &mut out);
 
         let mut dx = dev.upload(&vec![T::from_f32(f32::NAN); xs]).unwrap();
         dev.avg_pool_backward(&s, &ddy, &mut dx).unwrap();
         let want = r::avg_pool_backward(&s, &wide(&dy));
         let got = dev.download(&dx).unwrap();
-        assert_close(
-            &format!("avg backward {s:?}"),
-            &got,
-            &want.value,
-            &want.mag,
-            tol,
-        );
-        out.extend(bytes(&got));
+        check_and_record(&format!("avg backward {s:?}"), &got, &want, tol, &mut out);
     }
     out
 }

@@ -15,36 +15,49 @@ use super::{BackendError, DeviceBuffer, Memory};
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
 
-/// A backend's own implementation of the operations, called with validated arguments only
-/// (see the [module docs](self)). Implemented by [`CpuDevice`](super::cpu::CpuDevice) and by
-/// every kernel [`Device`](super::Device).
-#[allow(missing_docs)] // each method is documented on `Backend`
+/// A backend's own implementation of the operations (see the [module docs](self)).
+/// Implemented by [`CpuDevice`](super::cpu::CpuDevice) and by every kernel
+/// [`Device`](super::Device).
+///
+/// # Safety
+///
+/// Every method may assume what the [`Backend`](super::Backend) method of the same name
+/// checks: a valid shape, and buffers of exactly the lengths it implies. A kernel device
+/// launches with those lengths as the kernel's bounds, so a caller that broke this would
+/// have the GPU read and write out of bounds: call them through [`Backend`](super::Backend).
+#[allow(missing_docs, clippy::missing_safety_doc)] // each is documented on `Backend`
 pub trait BackendImpl: Memory {
-    fn fill(&self, out: &mut Buf<Self, f32>, value: f32) -> Result<(), BackendError>;
-    fn scale(&self, x: &mut Buf<Self, f32>, alpha: f32) -> Result<(), BackendError>;
-    fn axpy(
+    unsafe fn fill(&self, out: &mut Buf<Self, f32>, value: f32) -> Result<(), BackendError>;
+    unsafe fn scale(&self, x: &mut Buf<Self, f32>, alpha: f32) -> Result<(), BackendError>;
+    unsafe fn axpy(
         &self,
         alpha: f32,
         x: &Buf<Self, f32>,
         y: &mut Buf<Self, f32>,
     ) -> Result<(), BackendError>;
-    fn add(
+    unsafe fn add(
         &self,
         a: &Buf<Self, f32>,
         b: &Buf<Self, f32>,
         out: &mut Buf<Self, f32>,
     ) -> Result<(), BackendError>;
-    fn cast_to_f16(&self, x: &Buf<Self, f32>, out: &mut Buf<Self, f16>)
-        -> Result<(), BackendError>;
-    fn cast_to_f32(&self, x: &Buf<Self, f16>, out: &mut Buf<Self, f32>)
-        -> Result<(), BackendError>;
-    fn relu_backward<T: Precision>(
+    unsafe fn cast_to_f16(
+        &self,
+        x: &Buf<Self, f32>,
+        out: &mut Buf<Self, f16>,
+    ) -> Result<(), BackendError>;
+    unsafe fn cast_to_f32(
+        &self,
+        x: &Buf<Self, f16>,
+        out: &mut Buf<Self, f32>,
+    ) -> Result<(), BackendError>;
+    unsafe fn relu_backward<T: Precision>(
         &self,
         y: &Buf<Self, T>,
         dy: &Buf<Self, T>,
         dx: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
-    fn gemm(
+    unsafe fn gemm(
         &self,
         shape: &GemmShape,
         a: &Buf<Self, f32>,
@@ -53,7 +66,7 @@ pub trait BackendImpl: Memory {
         c: &mut Buf<Self, f32>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError>;
-    fn gemm_f16<O: Precision>(
+    unsafe fn gemm_f16<O: Precision>(
         &self,
         shape: &GemmShape,
         a: &Buf<Self, f16>,
@@ -62,7 +75,7 @@ pub trait BackendImpl: Memory {
         c: &mut Buf<Self, O>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError>;
-    fn conv2d_forward<T: Precision>(
+    unsafe fn conv2d_forward<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &Buf<Self, T>,
@@ -71,54 +84,54 @@ pub trait BackendImpl: Memory {
         y: &mut Buf<Self, T>,
         relu: bool,
     ) -> Result<(), BackendError>;
-    fn conv2d_backward_input<T: Precision>(
+    unsafe fn conv2d_backward_input<T: Precision>(
         &self,
         shape: &Conv2dShape,
         dy: &Buf<Self, T>,
         w: &Buf<Self, T>,
         dx: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
-    fn conv2d_backward_filter<T: Precision>(
+    unsafe fn conv2d_backward_filter<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &Buf<Self, T>,
         dy: &Buf<Self, T>,
         dw: &mut Buf<Self, f32>,
     ) -> Result<(), BackendError>;
-    fn conv2d_backward_bias<T: Precision>(
+    unsafe fn conv2d_backward_bias<T: Precision>(
         &self,
         shape: &Conv2dShape,
         dy: &Buf<Self, T>,
         db: &mut Buf<Self, f32>,
     ) -> Result<(), BackendError>;
-    fn max_pool_forward<T: Precision>(
+    unsafe fn max_pool_forward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         x: &Buf<Self, T>,
         y: &mut Buf<Self, T>,
         argmax: &mut Buf<Self, i32>,
     ) -> Result<(), BackendError>;
-    fn max_pool_backward<T: Precision>(
+    unsafe fn max_pool_backward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         dy: &Buf<Self, T>,
         argmax: &Buf<Self, i32>,
         dx: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
-    fn avg_pool_forward<T: Precision>(
+    unsafe fn avg_pool_forward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         x: &Buf<Self, T>,
         y: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
-    fn avg_pool_backward<T: Precision>(
+    unsafe fn avg_pool_backward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         dy: &Buf<Self, T>,
         dx: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
     #[allow(clippy::too_many_arguments)]
-    fn softmax_cross_entropy<T: Precision>(
+    unsafe fn softmax_cross_entropy<T: Precision>(
         &self,
         rows: usize,
         classes: usize,
@@ -129,12 +142,12 @@ pub trait BackendImpl: Memory {
         correct: &mut Buf<Self, i32>,
         grad_scale: f32,
     ) -> Result<(), BackendError>;
-    fn grad_check<G: Precision>(
+    unsafe fn grad_check<G: Precision>(
         &self,
         grad: &Buf<Self, G>,
         found: &mut Buf<Self, i32>,
     ) -> Result<(), BackendError>;
-    fn sgd_step<G: Precision>(
+    unsafe fn sgd_step<G: Precision>(
         &self,
         w: &mut Buf<Self, f32>,
         grad: &Buf<Self, G>,
@@ -146,7 +159,7 @@ pub trait BackendImpl: Memory {
 
     /// Default: the convolution with its ReLU, then the pool reading `y` back.
     #[allow(clippy::too_many_arguments)]
-    fn conv2d_relu_avg_pool_forward<T: Precision>(
+    unsafe fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
         conv: &Conv2dShape,
         pool: &Pool2dShape,
@@ -156,11 +169,13 @@ pub trait BackendImpl: Memory {
         y: &mut Buf<Self, T>,
         pooled: &mut Buf<Self, T>,
     ) -> Result<(), BackendError> {
+        // SAFETY (here and in the defaults below): each part is called with buffers whose
+        // lengths the fused operation's checks fixed, workspace allocated to those lengths.
         self.conv2d_forward(conv, x, w, bias, y, true)?;
         self.avg_pool_forward(pool, y, pooled)
     }
     /// Default: the pool's backward into a workspace the size of `y`, then the ReLU's.
-    fn avg_pool_relu_backward<T: Precision>(
+    unsafe fn avg_pool_relu_backward<T: Precision>(
         &self,
         pool: &Pool2dShape,
         d_pooled: &Buf<Self, T>,
@@ -172,7 +187,7 @@ pub trait BackendImpl: Memory {
         self.relu_backward(y, &unmasked, dx)
     }
     /// Default: the filter gradient, then the bias gradient.
-    fn conv2d_backward_filter_bias<T: Precision>(
+    unsafe fn conv2d_backward_filter_bias<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &Buf<Self, T>,
@@ -185,7 +200,7 @@ pub trait BackendImpl: Memory {
     }
     /// Default: filter and bias gradients, then the input gradient.
     #[allow(clippy::too_many_arguments)]
-    fn conv2d_backward<T: Precision>(
+    unsafe fn conv2d_backward<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &Buf<Self, T>,
@@ -201,7 +216,7 @@ pub trait BackendImpl: Memory {
     /// Default: the convolution's output gradient into a workspace the size of `y`
     /// ([`BackendImpl::avg_pool_relu_backward`]), then its filter and bias gradients.
     #[allow(clippy::too_many_arguments)]
-    fn conv2d_relu_avg_pool_backward<T: Precision>(
+    unsafe fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         conv: &Conv2dShape,
         pool: &Pool2dShape,

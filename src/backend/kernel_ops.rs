@@ -83,25 +83,30 @@ fn pool_dims(s: &Pool2dShape) -> [KernelArg; 8] {
 }
 
 impl<D: Device> BackendImpl for D {
-    fn fill(&self, out: &mut Buf<D, f32>, value: f32) -> Result<(), BackendError> {
+    unsafe fn fill(&self, out: &mut Buf<D, f32>, value: f32) -> Result<(), BackendError> {
         let n = out.len();
         // SAFETY: see the module docs.
         unsafe { ew::fill_f32(self, LaunchConfig::flat(n), out, value, n as u64) }
     }
 
-    fn scale(&self, x: &mut Buf<D, f32>, alpha: f32) -> Result<(), BackendError> {
+    unsafe fn scale(&self, x: &mut Buf<D, f32>, alpha: f32) -> Result<(), BackendError> {
         let n = x.len();
         // SAFETY: see the module docs.
         unsafe { ew::scale_f32(self, LaunchConfig::flat(n), x, alpha, n as u64) }
     }
 
-    fn axpy(&self, alpha: f32, x: &Buf<D, f32>, y: &mut Buf<D, f32>) -> Result<(), BackendError> {
+    unsafe fn axpy(
+        &self,
+        alpha: f32,
+        x: &Buf<D, f32>,
+        y: &mut Buf<D, f32>,
+    ) -> Result<(), BackendError> {
         let n = y.len();
         // SAFETY: see the module docs.
         unsafe { ew::axpy_f32(self, LaunchConfig::flat(n), x, y, alpha, n as u64) }
     }
 
-    fn add(
+    unsafe fn add(
         &self,
         a: &Buf<D, f32>,
         b: &Buf<D, f32>,
@@ -112,19 +117,27 @@ impl<D: Device> BackendImpl for D {
         unsafe { ew::add_f32(self, LaunchConfig::flat(n), a, b, out, n as u64) }
     }
 
-    fn cast_to_f16(&self, x: &Buf<D, f32>, out: &mut Buf<D, f16>) -> Result<(), BackendError> {
+    unsafe fn cast_to_f16(
+        &self,
+        x: &Buf<D, f32>,
+        out: &mut Buf<D, f16>,
+    ) -> Result<(), BackendError> {
         let n = x.len();
         // SAFETY: see the module docs.
         unsafe { ew::cast_f32_to_f16(self, LaunchConfig::flat(n), x, out, n as u64) }
     }
 
-    fn cast_to_f32(&self, x: &Buf<D, f16>, out: &mut Buf<D, f32>) -> Result<(), BackendError> {
+    unsafe fn cast_to_f32(
+        &self,
+        x: &Buf<D, f16>,
+        out: &mut Buf<D, f32>,
+    ) -> Result<(), BackendError> {
         let n = x.len();
         // SAFETY: see the module docs.
         unsafe { ew::cast_f16_to_f32(self, LaunchConfig::flat(n), x, out, n as u64) }
     }
 
-    fn relu_backward<T: Precision>(
+    unsafe fn relu_backward<T: Precision>(
         &self,
         y: &Buf<D, T>,
         dy: &Buf<D, T>,
@@ -147,7 +160,7 @@ impl<D: Device> BackendImpl for D {
         }
     }
 
-    fn gemm(
+    unsafe fn gemm(
         &self,
         shape: &GemmShape,
         a: &Buf<D, f32>,
@@ -166,7 +179,7 @@ impl<D: Device> BackendImpl for D {
         unsafe { self.launch(&gemm::GEMM_F32, cfg, &args) }
     }
 
-    fn gemm_f16<O: Precision>(
+    unsafe fn gemm_f16<O: Precision>(
         &self,
         shape: &GemmShape,
         a: &Buf<D, f16>,
@@ -185,7 +198,7 @@ impl<D: Device> BackendImpl for D {
         unsafe { self.launch(O::kernel(PrecisionOp::GemmF16), cfg, &args) }
     }
 
-    fn conv2d_forward<T: Precision>(
+    unsafe fn conv2d_forward<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &Buf<D, T>,
@@ -214,7 +227,7 @@ impl<D: Device> BackendImpl for D {
         unsafe { self.launch(T::kernel(PrecisionOp::Conv2dForward), cfg, &args) }
     }
 
-    fn conv2d_backward_input<T: Precision>(
+    unsafe fn conv2d_backward_input<T: Precision>(
         &self,
         shape: &Conv2dShape,
         dy: &Buf<D, T>,
@@ -241,7 +254,7 @@ impl<D: Device> BackendImpl for D {
         unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardInput), cfg, &args) }
     }
 
-    fn conv2d_backward_filter<T: Precision>(
+    unsafe fn conv2d_backward_filter<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &Buf<D, T>,
@@ -266,7 +279,7 @@ impl<D: Device> BackendImpl for D {
         unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardFilter), cfg, &args) }
     }
 
-    fn conv2d_backward_bias<T: Precision>(
+    unsafe fn conv2d_backward_bias<T: Precision>(
         &self,
         shape: &Conv2dShape,
         dy: &Buf<D, T>,
@@ -288,7 +301,7 @@ impl<D: Device> BackendImpl for D {
         unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardBias), cfg, &args) }
     }
 
-    fn max_pool_forward<T: Precision>(
+    unsafe fn max_pool_forward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         x: &Buf<D, T>,
@@ -312,7 +325,7 @@ impl<D: Device> BackendImpl for D {
         }
     }
 
-    fn max_pool_backward<T: Precision>(
+    unsafe fn max_pool_backward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         dy: &Buf<D, T>,
@@ -336,7 +349,7 @@ impl<D: Device> BackendImpl for D {
         }
     }
 
-    fn avg_pool_forward<T: Precision>(
+    unsafe fn avg_pool_forward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         x: &Buf<D, T>,
@@ -355,7 +368,7 @@ impl<D: Device> BackendImpl for D {
         }
     }
 
-    fn avg_pool_backward<T: Precision>(
+    unsafe fn avg_pool_backward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         dy: &Buf<D, T>,
@@ -374,7 +387,7 @@ impl<D: Device> BackendImpl for D {
         }
     }
 
-    fn softmax_cross_entropy<T: Precision>(
+    unsafe fn softmax_cross_entropy<T: Precision>(
         &self,
         rows: usize,
         classes: usize,
@@ -404,7 +417,7 @@ impl<D: Device> BackendImpl for D {
         unsafe { self.launch(T::kernel(PrecisionOp::SoftmaxCrossEntropy), cfg, &args) }
     }
 
-    fn grad_check<G: Precision>(
+    unsafe fn grad_check<G: Precision>(
         &self,
         grad: &Buf<D, G>,
         found: &mut Buf<D, i32>,
@@ -425,7 +438,7 @@ impl<D: Device> BackendImpl for D {
         }
     }
 
-    fn sgd_step<G: Precision>(
+    unsafe fn sgd_step<G: Precision>(
         &self,
         w: &mut Buf<D, f32>,
         grad: &Buf<D, G>,

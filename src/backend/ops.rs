@@ -242,19 +242,22 @@ fn len<B: Memory, T: super::DeviceScalar>(buf: &Buf<B, T>) -> usize {
     buf.len()
 }
 
-/// The checks, then the backend's own implementation.
+/// The checks, then the backend's own implementation (which may assume them).
 impl<B: BackendImpl> Backend for B {
     fn fill(&self, out: &mut Buf<B, f32>, value: f32) -> Result<(), BackendError> {
-        BackendImpl::fill(self, out, value)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::fill(self, out, value) }
     }
 
     fn scale(&self, x: &mut Buf<B, f32>, alpha: f32) -> Result<(), BackendError> {
-        BackendImpl::scale(self, x, alpha)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::scale(self, x, alpha) }
     }
 
     fn axpy(&self, alpha: f32, x: &Buf<B, f32>, y: &mut Buf<B, f32>) -> Result<(), BackendError> {
         check::same_len("axpy", x.len(), y.len())?;
-        BackendImpl::axpy(self, alpha, x, y)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::axpy(self, alpha, x, y) }
     }
 
     fn add(
@@ -265,17 +268,20 @@ impl<B: BackendImpl> Backend for B {
     ) -> Result<(), BackendError> {
         check::same_len("add", a.len(), b.len())?;
         check::same_len("add", a.len(), out.len())?;
-        BackendImpl::add(self, a, b, out)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::add(self, a, b, out) }
     }
 
     fn cast_to_f16(&self, x: &Buf<B, f32>, out: &mut Buf<B, f16>) -> Result<(), BackendError> {
         check::same_len("cast_f32_to_f16", x.len(), out.len())?;
-        BackendImpl::cast_to_f16(self, x, out)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::cast_to_f16(self, x, out) }
     }
 
     fn cast_to_f32(&self, x: &Buf<B, f16>, out: &mut Buf<B, f32>) -> Result<(), BackendError> {
         check::same_len("cast_f16_to_f32", x.len(), out.len())?;
-        BackendImpl::cast_to_f32(self, x, out)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::cast_to_f32(self, x, out) }
     }
 
     fn relu_backward<T: Precision>(
@@ -286,7 +292,8 @@ impl<B: BackendImpl> Backend for B {
     ) -> Result<(), BackendError> {
         check::same_len("relu_backward", y.len(), dy.len())?;
         check::same_len("relu_backward", y.len(), dx.len())?;
-        BackendImpl::relu_backward(self, y, dy, dx)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::relu_backward(self, y, dy, dx) }
     }
 
     fn gemm(
@@ -299,7 +306,8 @@ impl<B: BackendImpl> Backend for B {
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
         check::gemm(shape, a.len(), b.len(), c.len(), bias.map(len::<B, _>))?;
-        BackendImpl::gemm(self, shape, a, b, bias, c, epilogue)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::gemm(self, shape, a, b, bias, c, epilogue) }
     }
 
     fn gemm_f16<O: Precision>(
@@ -312,7 +320,8 @@ impl<B: BackendImpl> Backend for B {
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
         check::gemm(shape, a.len(), b.len(), c.len(), bias.map(len::<B, _>))?;
-        BackendImpl::gemm_f16(self, shape, a, b, bias, c, epilogue)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::gemm_f16(self, shape, a, b, bias, c, epilogue) }
     }
 
     fn conv2d_forward<T: Precision>(
@@ -325,7 +334,8 @@ impl<B: BackendImpl> Backend for B {
         relu: bool,
     ) -> Result<(), BackendError> {
         check::conv_forward(shape, x.len(), w.len(), y.len(), bias.map(len::<B, _>))?;
-        BackendImpl::conv2d_forward(self, shape, x, w, bias, y, relu)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::conv2d_forward(self, shape, x, w, bias, y, relu) }
     }
 
     fn conv2d_backward_input<T: Precision>(
@@ -336,7 +346,8 @@ impl<B: BackendImpl> Backend for B {
         dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
         check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
-        BackendImpl::conv2d_backward_input(self, shape, dy, w, dx)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::conv2d_backward_input(self, shape, dy, w, dx) }
     }
 
     fn conv2d_backward_filter<T: Precision>(
@@ -347,7 +358,8 @@ impl<B: BackendImpl> Backend for B {
         dw: &mut Buf<B, f32>,
     ) -> Result<(), BackendError> {
         check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
-        BackendImpl::conv2d_backward_filter(self, shape, x, dy, dw)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::conv2d_backward_filter(self, shape, x, dy, dw) }
     }
 
     fn conv2d_backward_bias<T: Precision>(
@@ -357,7 +369,8 @@ impl<B: BackendImpl> Backend for B {
         db: &mut Buf<B, f32>,
     ) -> Result<(), BackendError> {
         check::conv_backward_bias(shape, dy.len(), db.len())?;
-        BackendImpl::conv2d_backward_bias(self, shape, dy, db)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::conv2d_backward_bias(self, shape, dy, db) }
     }
 
     fn max_pool_forward<T: Precision>(
@@ -374,7 +387,8 @@ impl<B: BackendImpl> Backend for B {
             y.len(),
             Some(argmax.len()),
         )?;
-        BackendImpl::max_pool_forward(self, shape, x, y, argmax)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::max_pool_forward(self, shape, x, y, argmax) }
     }
 
     fn max_pool_backward<T: Precision>(
@@ -391,7 +405,8 @@ impl<B: BackendImpl> Backend for B {
             dy.len(),
             Some(argmax.len()),
         )?;
-        BackendImpl::max_pool_backward(self, shape, dy, argmax, dx)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::max_pool_backward(self, shape, dy, argmax, dx) }
     }
 
     fn avg_pool_forward<T: Precision>(
@@ -401,7 +416,8 @@ impl<B: BackendImpl> Backend for B {
         y: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
         check::pool("avg_pool_forward", shape, x.len(), y.len(), None)?;
-        BackendImpl::avg_pool_forward(self, shape, x, y)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::avg_pool_forward(self, shape, x, y) }
     }
 
     fn avg_pool_backward<T: Precision>(
@@ -411,7 +427,8 @@ impl<B: BackendImpl> Backend for B {
         dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
         check::pool("avg_pool_backward", shape, dx.len(), dy.len(), None)?;
-        BackendImpl::avg_pool_backward(self, shape, dy, dx)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::avg_pool_backward(self, shape, dy, dx) }
     }
 
     fn conv2d_relu_avg_pool_forward<T: Precision>(
@@ -427,7 +444,10 @@ impl<B: BackendImpl> Backend for B {
         check::conv_then_pool(conv, pool)?;
         check::conv_forward(conv, x.len(), w.len(), y.len(), bias.map(len::<B, _>))?;
         check::pool("avg_pool_forward", pool, y.len(), pooled.len(), None)?;
-        BackendImpl::conv2d_relu_avg_pool_forward(self, conv, pool, x, w, bias, y, pooled)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe {
+            BackendImpl::conv2d_relu_avg_pool_forward(self, conv, pool, x, w, bias, y, pooled)
+        }
     }
 
     fn avg_pool_relu_backward<T: Precision>(
@@ -439,7 +459,8 @@ impl<B: BackendImpl> Backend for B {
     ) -> Result<(), BackendError> {
         check::pool("avg_pool_backward", pool, dx.len(), d_pooled.len(), None)?;
         check::same_len("relu_backward", y.len(), dx.len())?;
-        BackendImpl::avg_pool_relu_backward(self, pool, d_pooled, y, dx)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::avg_pool_relu_backward(self, pool, d_pooled, y, dx) }
     }
 
     fn conv2d_backward_filter_bias<T: Precision>(
@@ -452,7 +473,8 @@ impl<B: BackendImpl> Backend for B {
     ) -> Result<(), BackendError> {
         check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
         check::conv_backward_bias(shape, dy.len(), db.len())?;
-        BackendImpl::conv2d_backward_filter_bias(self, shape, x, dy, dw, db)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::conv2d_backward_filter_bias(self, shape, x, dy, dw, db) }
     }
 
     fn conv2d_backward<T: Precision>(
@@ -468,7 +490,8 @@ impl<B: BackendImpl> Backend for B {
         check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
         check::conv_backward_bias(shape, dy.len(), db.len())?;
         check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
-        BackendImpl::conv2d_backward(self, shape, x, w, dy, dw, db, dx)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::conv2d_backward(self, shape, x, w, dy, dw, db, dx) }
     }
 
     fn conv2d_relu_avg_pool_backward<T: Precision>(
@@ -485,7 +508,10 @@ impl<B: BackendImpl> Backend for B {
         check::conv_backward_filter(conv, x.len(), y.len(), dw.len())?;
         check::conv_backward_bias(conv, y.len(), db.len())?;
         check::pool("avg_pool_backward", pool, y.len(), d_pooled.len(), None)?;
-        BackendImpl::conv2d_relu_avg_pool_backward(self, conv, pool, x, y, d_pooled, dw, db)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe {
+            BackendImpl::conv2d_relu_avg_pool_backward(self, conv, pool, x, y, d_pooled, dw, db)
+        }
     }
 
     fn softmax_cross_entropy<T: Precision>(
@@ -507,9 +533,12 @@ impl<B: BackendImpl> Backend for B {
             correct: correct.len(),
         };
         check::softmax(rows, classes, lengths)?;
-        BackendImpl::softmax_cross_entropy(
-            self, rows, classes, logits, labels, loss, grad, correct, grad_scale,
-        )
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe {
+            BackendImpl::softmax_cross_entropy(
+                self, rows, classes, logits, labels, loss, grad, correct, grad_scale,
+            )
+        }
     }
 
     fn grad_check<G: Precision>(
@@ -518,7 +547,8 @@ impl<B: BackendImpl> Backend for B {
         found: &mut Buf<B, i32>,
     ) -> Result<(), BackendError> {
         check::expect_len("grad_check", "found", found.len(), 1)?;
-        BackendImpl::grad_check(self, grad, found)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::grad_check(self, grad, found) }
     }
 
     fn sgd_step<G: Precision>(
@@ -538,6 +568,7 @@ impl<B: BackendImpl> Backend for B {
             found: found.map(len::<B, _>),
         };
         check::sgd(lengths)?;
-        BackendImpl::sgd_step(self, w, grad, velocity, w_half, step, found)
+        // SAFETY: the checks above are the ones `BackendImpl` may assume.
+        unsafe { BackendImpl::sgd_step(self, w, grad, velocity, w_half, step, found) }
     }
 }

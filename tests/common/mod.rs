@@ -143,6 +143,19 @@ pub fn cuda_device(ordinal: usize) -> nanoddp::backend::cuda::CudaDevice {
 }
 
 /// Bytes of a result, for the lane-order comparison on the SIMT backend.
+/// Asserts `got` is within `tol` of the float64 reference `want` (see [`assert_close`]) and
+/// appends its bytes to `out`, which the tests compare across backends and lane orders.
+pub fn check_and_record<T: Precision>(
+    what: &str,
+    got: &[T],
+    want: &reference::Ref,
+    tol: Tol,
+    out: &mut Vec<u8>,
+) {
+    assert_close(what, got, &want.value, &want.mag, tol);
+    out.extend(bytes(got));
+}
+
 pub fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
     bytemuck::cast_slice(v).to_vec()
 }

@@ -65,24 +65,43 @@ pub fn gemm(
     out
 }
 
-/// x[n][c][ih][iw] with zero padding outside.
-fn tap(s: &Conv2dShape, x: &[f64], n: usize, c: usize, ih: isize, iw: isize) -> f64 {
-    if ih < 0 || iw < 0 || ih as usize >= s.in_h || iw as usize >= s.in_w {
-        return 0.0;
+/// One multiply of a convolution: the flat indices of the output, the filter tap and the
+/// input pixel it reads (`None` where that pixel is padding).
+struct Tap {
+    y: usize,
+    w: usize,
+    x: Option<usize>,
+}
+
+/// Every (output, filter tap) pair of the convolution, in output order.
+fn taps(s: &Conv2dShape) -> impl Iterator<Item = Tap> + '_ {
+    let (oh, ow) = (s.out_h(), s.out_w());
+    let input = move |p: usize, i: usize, size: usize| {
+        (p * s.stride + i).checked_sub(s.pad).filter(|&r| r < size)
+    };
+    (0..s.batch * s.out_c * oh * ow).flat_map(move |y| {
+        let (q, p) = (y % ow, y / ow % oh);
+        let (o, n) = (y / (ow * oh) % s.out_c, y / (ow * oh * s.out_c));
+        (0..s.in_c * s.k_h * s.k_w).map(move |t| {
+            let (j, i, c) = (t % s.k_w, t / s.k_w % s.k_h, t / (s.k_w * s.k_h));
+            let x = input(p, i, s.in_h)
+                .zip(input(q, j, s.in_w))
+                .map(|(ih, iw)| ((n * s.in_c + c) * s.in_h + ih) * s.in_w + iw);
+            Tap {
+                y,
+                w: (o * s.in_c + c) * s.k_h * s.k_w + t % (s.k_h * s.k_w),
+                x,
+            }
+        })
+    })
+}
+
+impl Ref {
+    /// Adds the term `t` to element `at`.
+    fn add(&mut self, at: usize, t: f64) {
+        self.value[at] += t;
+        self.mag[at] += t.abs();
     }
-    x[((n * s.in_c + c) * s.in_h + ih as usize) * s.in_w + iw as usize]
-}
-
-fn y_index(s: &Conv2dShape, n: usize, o: usize, p: usize, q: usize) -> usize {
-    ((n * s.out_c + o) * s.out_h() + p) * s.out_w() + q
-}
-
-fn w_index(s: &Conv2dShape, o: usize, c: usize, i: usize, j: usize) -> usize {
-    ((o * s.in_c + c) * s.k_h + i) * s.k_w + j
-}
-
-fn input_row(s: &Conv2dShape, p: usize, i: usize) -> isize {
-    (p * s.stride + i) as isize - s.pad as isize
 }
 
 pub fn conv_forward(
@@ -93,28 +112,19 @@ pub fn conv_forward(
     relu: bool,
 ) -> Ref {
     let mut out = Ref::zeros(s.sizes().2);
-    for n in 0..s.batch {
-        for o in 0..s.out_c {
-            for p in 0..s.out_h() {
-                for q in 0..s.out_w() {
-                    let (mut v, mut mag) =
-                        (bias.map_or(0.0, |b| b[o]), bias.map_or(0.0, |b| b[o].abs()));
-                    for c in 0..s.in_c {
-                        for i in 0..s.k_h {
-                            for j in 0..s.k_w {
-                                let t = tap(s, x, n, c, input_row(s, p, i), input_row(s, q, j))
-                                    * w[w_index(s, o, c, i, j)];
-                                v += t;
-                                mag += t.abs();
-                            }
-                        }
-                    }
-                    let at = y_index(s, n, o, p, q);
-                    out.value[at] = if relu { v.max(0.0) } else { v };
-                    out.mag[at] = mag;
-                }
-            }
+    let plane = s.out_h() * s.out_w();
+    if let Some(b) = bias {
+        for at in 0..out.value.len() {
+            out.add(at, b[at / plane % s.out_c]);
         }
+    }
+    for t in taps(s) {
+        if let Some(xi) = t.x {
+            out.add(t.y, x[xi] * w[t.w]);
+        }
+    }
+    if relu {
+        out.value.iter_mut().for_each(|v| *v = v.max(0.0));
     }
     out
 }
@@ -122,31 +132,9 @@ pub fn conv_forward(
 /// dx: every (output, tap) pair that read x[n][c][ih][iw] contributes dy · w.
 pub fn conv_backward_input(s: &Conv2dShape, dy: &[f64], w: &[f64]) -> Ref {
     let mut out = Ref::zeros(s.sizes().0);
-    for n in 0..s.batch {
-        for o in 0..s.out_c {
-            for p in 0..s.out_h() {
-                for q in 0..s.out_w() {
-                    for c in 0..s.in_c {
-                        for i in 0..s.k_h {
-                            for j in 0..s.k_w {
-                                let (ih, iw) = (input_row(s, p, i), input_row(s, q, j));
-                                if ih < 0
-                                    || iw < 0
-                                    || ih as usize >= s.in_h
-                                    || iw as usize >= s.in_w
-                                {
-                                    continue;
-                                }
-                                let t = dy[y_index(s, n, o, p, q)] * w[w_index(s, o, c, i, j)];
-                                let at = ((n * s.in_c + c) * s.in_h + ih as usize) * s.in_w
-                                    + iw as usize;
-                                out.value[at] += t;
-                                out.mag[at] += t.abs();
-                            }
-                        }
-                    }
-                }
-            }
+    for t in taps(s) {
+        if let Some(xi) = t.x {
+            out.add(xi, dy[t.y] * w[t.w]);
         }
     }
     out
@@ -154,23 +142,9 @@ pub fn conv_backward_input(s: &Conv2dShape, dy: &[f64], w: &[f64]) -> Ref {
 
 pub fn conv_backward_filter(s: &Conv2dShape, x: &[f64], dy: &[f64]) -> Ref {
     let mut out = Ref::zeros(s.sizes().1);
-    for n in 0..s.batch {
-        for o in 0..s.out_c {
-            for p in 0..s.out_h() {
-                for q in 0..s.out_w() {
-                    for c in 0..s.in_c {
-                        for i in 0..s.k_h {
-                            for j in 0..s.k_w {
-                                let t = dy[y_index(s, n, o, p, q)]
-                                    * tap(s, x, n, c, input_row(s, p, i), input_row(s, q, j));
-                                let at = w_index(s, o, c, i, j);
-                                out.value[at] += t;
-                                out.mag[at] += t.abs();
-                            }
-                        }
-                    }
-                }
-            }
+    for t in taps(s) {
+        if let Some(xi) = t.x {
+            out.add(t.w, dy[t.y] * x[xi]);
         }
     }
     out
@@ -178,16 +152,9 @@ pub fn conv_backward_filter(s: &Conv2dShape, x: &[f64], dy: &[f64]) -> Ref {
 
 pub fn conv_backward_bias(s: &Conv2dShape, dy: &[f64]) -> Ref {
     let mut out = Ref::zeros(s.out_c);
-    for n in 0..s.batch {
-        for o in 0..s.out_c {
-            for p in 0..s.out_h() {
-                for q in 0..s.out_w() {
-                    let t = dy[y_index(s, n, o, p, q)];
-                    out.value[o] += t;
-                    out.mag[o] += t.abs();
-                }
-            }
-        }
+    let plane = s.out_h() * s.out_w();
+    for (at, &t) in dy.iter().enumerate() {
+        out.add(at / plane % s.out_c, t);
     }
     out
 }

@@ -167,18 +167,18 @@ fn map_into<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&A) -> B + Sy
 }
 
 impl BackendImpl for CpuDevice {
-    fn fill(&self, out: &mut CpuBuffer<f32>, value: f32) -> Result<(), BackendError> {
+    unsafe fn fill(&self, out: &mut CpuBuffer<f32>, value: f32) -> Result<(), BackendError> {
         out.0.par_chunks_mut(FLAT_CHUNK).for_each(|c| c.fill(value));
         Ok(())
     }
 
-    fn scale(&self, x: &mut CpuBuffer<f32>, alpha: f32) -> Result<(), BackendError> {
+    unsafe fn scale(&self, x: &mut CpuBuffer<f32>, alpha: f32) -> Result<(), BackendError> {
         x.0.par_chunks_mut(FLAT_CHUNK)
             .for_each(|c| c.iter_mut().for_each(|v| *v *= alpha));
         Ok(())
     }
 
-    fn axpy(
+    unsafe fn axpy(
         &self,
         alpha: f32,
         x: &CpuBuffer<f32>,
@@ -194,7 +194,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn add(
+    unsafe fn add(
         &self,
         a: &CpuBuffer<f32>,
         b: &CpuBuffer<f32>,
@@ -211,7 +211,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn cast_to_f16(
+    unsafe fn cast_to_f16(
         &self,
         x: &CpuBuffer<f32>,
         out: &mut CpuBuffer<f16>,
@@ -220,7 +220,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn cast_to_f32(
+    unsafe fn cast_to_f32(
         &self,
         x: &CpuBuffer<f16>,
         out: &mut CpuBuffer<f32>,
@@ -229,7 +229,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn relu_backward<T: Precision>(
+    unsafe fn relu_backward<T: Precision>(
         &self,
         y: &CpuBuffer<T>,
         dy: &CpuBuffer<T>,
@@ -251,7 +251,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn gemm(
+    unsafe fn gemm(
         &self,
         shape: &GemmShape,
         a: &CpuBuffer<f32>,
@@ -271,7 +271,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn gemm_f16<O: Precision>(
+    unsafe fn gemm_f16<O: Precision>(
         &self,
         shape: &GemmShape,
         a: &CpuBuffer<f16>,
@@ -299,7 +299,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn conv2d_forward<T: Precision>(
+    unsafe fn conv2d_forward<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &CpuBuffer<T>,
@@ -320,7 +320,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn conv2d_relu_avg_pool_forward<T: Precision>(
+    unsafe fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
         conv: &Conv2dShape,
         pool: &Pool2dShape,
@@ -342,7 +342,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn avg_pool_relu_backward<T: Precision>(
+    unsafe fn avg_pool_relu_backward<T: Precision>(
         &self,
         pool: &Pool2dShape,
         d_pooled: &CpuBuffer<T>,
@@ -353,7 +353,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn conv2d_backward<T: Precision>(
+    unsafe fn conv2d_backward<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &CpuBuffer<T>,
@@ -374,7 +374,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn conv2d_relu_avg_pool_backward<T: Precision>(
+    unsafe fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         conv: &Conv2dShape,
         pool: &Pool2dShape,
@@ -393,7 +393,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn conv2d_backward_filter_bias<T: Precision>(
+    unsafe fn conv2d_backward_filter_bias<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &CpuBuffer<T>,
@@ -412,7 +412,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn conv2d_backward_input<T: Precision>(
+    unsafe fn conv2d_backward_input<T: Precision>(
         &self,
         shape: &Conv2dShape,
         dy: &CpuBuffer<T>,
@@ -423,7 +423,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn conv2d_backward_filter<T: Precision>(
+    unsafe fn conv2d_backward_filter<T: Precision>(
         &self,
         shape: &Conv2dShape,
         x: &CpuBuffer<T>,
@@ -441,7 +441,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn conv2d_backward_bias<T: Precision>(
+    unsafe fn conv2d_backward_bias<T: Precision>(
         &self,
         shape: &Conv2dShape,
         dy: &CpuBuffer<T>,
@@ -451,7 +451,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn max_pool_forward<T: Precision>(
+    unsafe fn max_pool_forward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         x: &CpuBuffer<T>,
@@ -462,7 +462,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn max_pool_backward<T: Precision>(
+    unsafe fn max_pool_backward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         dy: &CpuBuffer<T>,
@@ -473,7 +473,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn avg_pool_forward<T: Precision>(
+    unsafe fn avg_pool_forward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         x: &CpuBuffer<T>,
@@ -483,7 +483,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn avg_pool_backward<T: Precision>(
+    unsafe fn avg_pool_backward<T: Precision>(
         &self,
         shape: &Pool2dShape,
         dy: &CpuBuffer<T>,
@@ -493,7 +493,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn softmax_cross_entropy<T: Precision>(
+    unsafe fn softmax_cross_entropy<T: Precision>(
         &self,
         _rows: usize, // the labels' length, validated
         classes: usize,
@@ -516,7 +516,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn grad_check<G: Precision>(
+    unsafe fn grad_check<G: Precision>(
         &self,
         grad: &CpuBuffer<G>,
         found: &mut CpuBuffer<i32>,
@@ -527,7 +527,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn sgd_step<G: Precision>(
+    unsafe fn sgd_step<G: Precision>(
         &self,
         w: &mut CpuBuffer<f32>,
         grad: &CpuBuffer<G>,
