@@ -22,6 +22,8 @@
 //! two paths differ in the last bits, and each is deterministic (the sum over k always runs
 //! in order).
 
+use super::isa::isa;
+
 /// Rows per packed panel of A (and per register tile).
 pub(super) const MR: usize = 10;
 /// Columns per register tile: two 16-lane vectors.
@@ -88,7 +90,7 @@ pub(super) fn gemm(
     ldc: usize,
     accumulate: bool,
 ) {
-    gemm_on(has_avx512(), a, b, ldb, cols, c, ldc, accumulate);
+    gemm_on(isa().avx512, a, b, ldb, cols, c, ldc, accumulate);
 }
 
 /// [`gemm`] on the AVX-512 tile (when `avx512` and the CPU has it) or the portable one.
@@ -121,7 +123,7 @@ fn gemm_on(
         cols <= ldb && b.len() >= (k - 1) * ldb + cols,
         "B too short"
     );
-    let avx512 = avx512 && has_avx512();
+    let avx512 = avx512 && isa().avx512;
     for j0 in (0..cols).step_by(NR) {
         let width = NR.min(cols - j0);
         for (p, panel) in a.data.chunks_exact(k * MR).enumerate() {
@@ -201,7 +203,7 @@ pub(super) fn gemm_nt(
     ldc: usize,
     accumulate: bool,
 ) {
-    gemm_nt_on(has_avx512(), a, lda, m, b, ldb, n, k, c, ldc, accumulate);
+    gemm_nt_on(isa().avx512, a, lda, m, b, ldb, n, k, c, ldc, accumulate);
 }
 
 /// [`gemm_nt`] on AVX-512 (when `avx512` and the CPU has it) or in portable Rust.
@@ -227,7 +229,7 @@ fn gemm_nt_on(
         assert!(k <= lda && a.len() >= (m - 1) * lda + k, "A too short");
         assert!(k <= ldb && b.len() >= (n - 1) * ldb + k, "B too short");
     }
-    let avx512 = avx512 && has_avx512();
+    let avx512 = avx512 && isa().avx512;
     // Two tiles of B rows per pass over A: the four rows of A each tile pair loads from L2
     // serve both tiles from L1 (ten rows of B and four of A fit in L1 for K up to ~1,000).
     for jb in (0..n).step_by(2 * NT_COLS) {
@@ -307,7 +309,7 @@ pub(super) fn gather_windows(
         "windows outside the plane"
     );
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
+    if isa().avx512 {
         // SAFETY: AVX-512F was detected; bounds asserted above.
         return unsafe { avx512::gather_windows(dst, ld, rows, in_w, k_w, q_n, p_n) };
     }
@@ -350,7 +352,7 @@ pub(super) fn add_windows(
         "taps outside src"
     );
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
+    if isa().avx512 {
         // SAFETY: AVX-512F was detected; bounds asserted above.
         return unsafe { avx512::add_windows(plane, in_w, src, ld, (k_h, k_w), (p_n, q_n)) };
     }
@@ -371,17 +373,11 @@ pub(super) fn add_windows(
 fn run_tile(tile: Tile, avx512: bool) {
     #[cfg(target_arch = "x86_64")]
     if avx512 {
-        // SAFETY: the caller found AVX-512F on this CPU (`has_avx512`).
+        // SAFETY: the caller found AVX-512F on this CPU (`isa().avx512`).
         return unsafe { avx512::tile(tile) };
     }
     let _ = avx512;
     portable_tile(tile);
-}
-
-/// Whether the AVX-512 paths can run: F for every vector routine here and in
-/// `window_gemm`, VL for `gemm_nt`'s and `window_gemm`'s tiles.
-pub(super) fn has_avx512() -> bool {
-    super::isa::isa().avx512
 }
 
 /// The tile in portable Rust: B's row copied into a fixed-size array so the inner loops have
@@ -560,7 +556,7 @@ mod avx512 {
     /// The AVX-512 tile: one or two vectors per row depending on the width.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F (and VL, which `has_avx512` checks).
+    /// The CPU must have AVX-512F (and VL, which `isa().avx512` includes).
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile(t: Tile) {
         assert!(t.in_bounds());
@@ -625,9 +621,9 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
 
-    use super::super::product_check::{assert_product, poisoned};
+    use super::super::product_check::{assert_product, poisoned, tile_paths, uniform};
     use super::*;
 
     /// Both tile paths (the AVX-512 one where the CPU has it) against a float64 product, on
@@ -637,11 +633,7 @@ mod tests {
     #[test]
     fn gemm_matches_float64_on_ragged_shapes() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let paths: &[bool] = if has_avx512() {
-            &[false, true]
-        } else {
-            &[false]
-        };
+        let paths = tile_paths();
         for &(m, k, n) in &[
             (1, 1, 1),
             (10, 13, 32),
@@ -653,9 +645,9 @@ mod tests {
             (31, 2, 15),
         ] {
             let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
-            let a: Vec<f32> = (0..m * lda).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let b: Vec<f32> = (0..k * ldb).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let c0: Vec<f32> = (0..m * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let a = uniform(&mut rng, m * lda);
+            let b = uniform(&mut rng, k * ldb);
+            let c0 = uniform(&mut rng, m * ldc);
             // The same A stored column-major: at[k·m + i] = A[i][k].
             let at: Vec<f32> = (0..k * m).map(|x| a[(x % m) * lda + x / m]).collect();
             for &avx in paths {
@@ -757,11 +749,7 @@ mod tests {
     #[test]
     fn gemm_nt_matches_float64_on_ragged_shapes() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(8);
-        let paths: &[bool] = if has_avx512() {
-            &[false, true]
-        } else {
-            &[false]
-        };
+        let paths = tile_paths();
         for &(m, n, k) in &[
             (1, 1, 1),
             (4, 5, 16),
@@ -772,9 +760,9 @@ mod tests {
             (5, 6, 33),
         ] {
             let (lda, ldb, ldc) = (k + 2, k + 7, n + 1);
-            let a: Vec<f32> = (0..m * lda).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let b: Vec<f32> = (0..n * ldb).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let c0: Vec<f32> = (0..m * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let a = uniform(&mut rng, m * lda);
+            let b = uniform(&mut rng, n * ldb);
+            let c0 = uniform(&mut rng, m * ldc);
             for &avx in paths {
                 for accumulate in [false, true] {
                     let mut c = poisoned(&c0, n, ldc);

@@ -1,4 +1,21 @@
-//! Test helper shared by the GEMM tiles' unit tests: a float64 check of a product.
+//! Test helpers shared by the GEMM tiles' unit tests: the paths to test, random operands,
+//! and a float64 check of a product.
+
+use rand::Rng;
+
+/// The tile paths this CPU can run: the portable one, and the AVX-512 one where present.
+pub(super) fn tile_paths() -> &'static [bool] {
+    if super::isa::isa().avx512 {
+        &[false, true]
+    } else {
+        &[false]
+    }
+}
+
+/// `n` values uniform in [-1, 1).
+pub(super) fn uniform(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
+}
 
 /// `c0` with each row's padding (columns `n..ldc`) set to NaN, to catch stray writes.
 pub(super) fn poisoned(c0: &[f32], n: usize, ldc: usize) -> Vec<f32> {

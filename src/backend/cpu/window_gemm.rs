@@ -22,6 +22,8 @@
 //! both paths sum over k in blocks of [`Windows::block`] steps in order, so each is
 //! deterministic.
 
+use super::isa::isa;
+
 /// Output channels per chunk of W: four 16-lane vectors.
 const CHUNK: usize = 64;
 
@@ -94,7 +96,7 @@ pub(super) struct Windows<'a> {
 /// If `x.steps` is not W's depth long, an offset pair lies outside `x.src`, or C is too
 /// short.
 pub(super) fn window_gemm(x: &Windows, w: &PackedW, c: &mut [f32], ldc: usize, accumulate: bool) {
-    window_gemm_on(super::microkernel::has_avx512(), x, w, c, ldc, accumulate);
+    window_gemm_on(isa().avx512, x, w, c, ldc, accumulate);
 }
 
 /// [`window_gemm`] on AVX-512 (when `avx512` and the CPU has it) or in portable Rust.
@@ -123,7 +125,7 @@ fn window_gemm_on(
         }
         return;
     }
-    let avx512 = avx512 && super::microkernel::has_avx512();
+    let avx512 = avx512 && isa().avx512;
     for (chunk, packed) in w.data.chunks_exact(w.depth * CHUNK).enumerate() {
         let width = CHUNK.min(cols - chunk * CHUNK);
         let c = &mut c[chunk * CHUNK * ldc..];
@@ -265,9 +267,9 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
 
-    use super::super::product_check::{assert_product, poisoned};
+    use super::super::product_check::{assert_product, poisoned, tile_paths, uniform};
     use super::*;
 
     /// Both paths against a float64 product, for offsets shaped like conv2's forward (runs
@@ -278,11 +280,7 @@ mod tests {
     #[test]
     fn window_gemm_matches_float64() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let paths: &[bool] = if super::super::microkernel::has_avx512() {
-            &[false, true]
-        } else {
-            &[false]
-        };
+        let paths = tile_paths();
         let taps: Vec<usize> = (0..50)
             .map(|t| (t / 25) * 169 + (t / 5 % 5) * 13 + t % 5)
             .collect();
@@ -302,13 +300,13 @@ mod tests {
         for (cols, rows, steps) in cases {
             let (n, depth) = (rows.len(), steps.len());
             let len = rows.iter().max().unwrap() + steps.iter().max().unwrap_or(&0) + 1;
-            let src: Vec<f32> = (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let src = uniform(&mut rng, len);
             let ld = depth + 3;
-            let wsrc: Vec<f32> = (0..cols * ld).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let wsrc = uniform(&mut rng, cols * ld);
             let mut w = PackedW::default();
             w.pack_transposed(&wsrc, cols, depth, ld);
             let ldc = n + 2;
-            let c0: Vec<f32> = (0..cols * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let c0 = uniform(&mut rng, cols * ldc);
             for (&avx, accumulate, block) in paths
                 .iter()
                 .flat_map(|a| [(a, false, 7), (a, true, 16), (a, false, usize::MAX)])
