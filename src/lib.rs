@@ -40,6 +40,8 @@
 //! * [`comm`]: collectives (allreduce, reduce-scatter, all-gather, broadcast, barrier):
 //!   algorithms as verified data, executed over peer memory with timeouts.
 //! * [`data`]: IDX files, Fashion-MNIST discovery, epochs of sharded batches.
+//! * [`dtype`]: the element types ([`DType`](dtype::DType)) everything is stored and
+//!   moved in.
 //! * [`model`]: LeNet (the chapter's), forward and backward on any backend.
 //! * [`system`]: the host CPU's description and its measured peak.
 //! * [`train`]: the data-parallel training loop and checkpoints.
@@ -49,6 +51,7 @@
 pub mod backend;
 pub mod comm;
 pub mod data;
+pub mod dtype;
 pub mod kernels;
 pub mod model;
 pub mod system;

@@ -130,13 +130,13 @@ fn gemm_f32<B: Backend>(dev: &B) -> Vec<u8> {
 fn gemm_f16_inputs_f32_output<B: Backend>(dev: &B) -> Vec<u8> {
     // Half inputs are exact in f32, their products exact too: only f32 accumulation rounds.
     run_gemm::<B, f16, f32>(dev, 2, F32_LONG, |dev, s, a, b, bias, c, ep| {
-        dev.gemm_f16(s, a, b, bias, c, ep).unwrap()
+        dev.gemm(s, a, b, bias, c, ep).unwrap()
     })
 }
 
 fn gemm_f16_inputs_f16_output<B: Backend>(dev: &B) -> Vec<u8> {
     run_gemm::<B, f16, f16>(dev, 3, F16, |dev, s, a, b, bias, c, ep| {
-        dev.gemm_f16(s, a, b, bias, c, ep).unwrap()
+        dev.gemm(s, a, b, bias, c, ep).unwrap()
     })
 }
 
@@ -165,6 +165,16 @@ fn bad_gemm_arguments_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
     assert!(dev
         .gemm(&s, &a, &b, Some(&short_bias), &mut c, Epilogue::default())
         .is_err());
+    // f32 inputs with a half result: no kernel, so refused on every backend, C untouched.
+    let mut c_half = dev.upload(&[f16::from_f32(7.0); 4]).unwrap();
+    let e = dev
+        .gemm(&s, &a, &b, None, &mut c_half, Epilogue::default())
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("fp32 inputs with a fp16 result"),
+        "{e}"
+    );
+    assert_eq!(dev.download(&c_half).unwrap(), [f16::from_f32(7.0); 4]);
     bytes(&dev.download(&c).unwrap())
 }
 

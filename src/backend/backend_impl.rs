@@ -57,20 +57,11 @@ pub trait BackendImpl: Memory {
         dy: &Buf<Self, T>,
         dx: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
-    unsafe fn gemm(
+    unsafe fn gemm<A: Precision, O: Precision>(
         &self,
         shape: &GemmShape,
-        a: &Buf<Self, f32>,
-        b: &Buf<Self, f32>,
-        bias: Option<&Buf<Self, f32>>,
-        c: &mut Buf<Self, f32>,
-        epilogue: Epilogue,
-    ) -> Result<(), BackendError>;
-    unsafe fn gemm_f16<O: Precision>(
-        &self,
-        shape: &GemmShape,
-        a: &Buf<Self, f16>,
-        b: &Buf<Self, f16>,
+        a: &Buf<Self, A>,
+        b: &Buf<Self, A>,
         bias: Option<&Buf<Self, f32>>,
         c: &mut Buf<Self, O>,
         epilogue: Epilogue,

@@ -5,6 +5,7 @@
 
 use super::shapes::{Conv2dShape, GemmShape, Pool2dShape};
 use super::BackendError;
+use crate::dtype::DType;
 
 /// Checks that buffer `name` of `op` holds exactly `expected` elements.
 pub(crate) fn expect_len(
@@ -224,4 +225,9 @@ pub(crate) fn gemm(
         expect_len("gemm", "bias", bias, shape.n)?;
     }
     Ok(())
+}
+
+/// Validates a GEMM's element types (inputs `a`, result `c`): a pair some kernel implements.
+pub(crate) fn gemm_types(a: DType, c: DType) -> Result<(), BackendError> {
+    super::precision::gemm_kernel(a, c).map(|_| ())
 }

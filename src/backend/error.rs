@@ -121,6 +121,14 @@ pub enum BackendError {
         /// Bytes asked for.
         bytes: usize,
     },
+    /// An operation asked of types it has no implementation for.
+    #[error("{op}: not implemented for {what}")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// The types asked for.
+        what: String,
+    },
     /// A problem shape an operation cannot run.
     #[error("{op}: invalid shape: {detail}")]
     BadShape {

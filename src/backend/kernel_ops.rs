@@ -10,10 +10,10 @@ use half::f16;
 
 use super::backend_impl::BackendImpl;
 use super::launch::DeviceBuffer;
-use super::precision::{Precision, PrecisionOp};
+use super::precision::{gemm_kernel, Precision, PrecisionOp};
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, Device, KernelArg, LaunchConfig, Memory};
-use crate::kernels::{elementwise as ew, gemm};
+use crate::kernels::elementwise as ew;
 
 type Buf<D, T> = <D as Memory>::Buffer<T>;
 
@@ -160,42 +160,26 @@ impl<D: Device> BackendImpl for D {
         }
     }
 
-    unsafe fn gemm(
+    unsafe fn gemm<A: Precision, O: Precision>(
         &self,
         shape: &GemmShape,
-        a: &Buf<D, f32>,
-        b: &Buf<D, f32>,
-        bias: Option<&Buf<D, f32>>,
-        c: &mut Buf<D, f32>,
-        epilogue: Epilogue,
-    ) -> Result<(), BackendError> {
-        let args = gemm_args::<D, f32, f32>(shape, a, b, bias, c, epilogue);
-        let cfg = LaunchConfig {
-            grid: (blocks(shape.n, 64), blocks(shape.m, 64), 1),
-            block: (256, 1, 1),
-            shared_bytes: 0,
-        };
-        // SAFETY: see the module docs.
-        unsafe { self.launch(&gemm::GEMM_F32, cfg, &args) }
-    }
-
-    unsafe fn gemm_f16<O: Precision>(
-        &self,
-        shape: &GemmShape,
-        a: &Buf<D, f16>,
-        b: &Buf<D, f16>,
+        a: &Buf<D, A>,
+        b: &Buf<D, A>,
         bias: Option<&Buf<D, f32>>,
         c: &mut Buf<D, O>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        let args = gemm_args::<D, f16, O>(shape, a, b, bias, c, epilogue);
+        let kernel = gemm_kernel(A::DTYPE, O::DTYPE)?;
+        let args = gemm_args::<D, A, O>(shape, a, b, bias, c, epilogue);
+        // 64x64 tiles of C: 256 threads on CUDA cores, 4 warps of wmma fragments for half.
+        let threads = if A::DTYPE.is_half() { 128 } else { 256 };
         let cfg = LaunchConfig {
             grid: (blocks(shape.n, 64), blocks(shape.m, 64), 1),
-            block: (128, 1, 1),
+            block: (threads, 1, 1),
             shared_bytes: 0,
         };
         // SAFETY: see the module docs.
-        unsafe { self.launch(O::kernel(PrecisionOp::GemmF16), cfg, &args) }
+        unsafe { self.launch(kernel, cfg, &args) }
     }
 
     unsafe fn conv2d_forward<T: Precision>(

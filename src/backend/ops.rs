@@ -57,22 +57,15 @@ pub trait Backend: Memory {
         dx: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
 
-    /// `C = epilogue(alpha·op(A)·op(B) + beta·C)` in f32, bias per column of C.
-    fn gemm(
+    /// `C = epilogue(alpha·op(A)·op(B) + beta·C)`, bias per column of C, accumulated in f32
+    /// from inputs of type `A` (tensor cores on a GPU for half inputs) into C of type `O`.
+    /// The pairs with a kernel ([`gemm_kernel`](super::gemm_kernel)) run on every backend;
+    /// any other is [`BackendError::Unsupported`].
+    fn gemm<A: Precision, O: Precision>(
         &self,
         shape: &GemmShape,
-        a: &Buf<Self, f32>,
-        b: &Buf<Self, f32>,
-        bias: Option<&Buf<Self, f32>>,
-        c: &mut Buf<Self, f32>,
-        epilogue: Epilogue,
-    ) -> Result<(), BackendError>;
-    /// The same with half inputs and f32 accumulation (tensor cores on a GPU), C in `O`.
-    fn gemm_f16<O: Precision>(
-        &self,
-        shape: &GemmShape,
-        a: &Buf<Self, f16>,
-        b: &Buf<Self, f16>,
+        a: &Buf<Self, A>,
+        b: &Buf<Self, A>,
         bias: Option<&Buf<Self, f32>>,
         c: &mut Buf<Self, O>,
         epilogue: Epilogue,
@@ -296,32 +289,19 @@ impl<B: BackendImpl> Backend for B {
         unsafe { BackendImpl::relu_backward(self, y, dy, dx) }
     }
 
-    fn gemm(
+    fn gemm<A: Precision, O: Precision>(
         &self,
         shape: &GemmShape,
-        a: &Buf<B, f32>,
-        b: &Buf<B, f32>,
-        bias: Option<&Buf<B, f32>>,
-        c: &mut Buf<B, f32>,
-        epilogue: Epilogue,
-    ) -> Result<(), BackendError> {
-        check::gemm(shape, a.len(), b.len(), c.len(), bias.map(len::<B, _>))?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::gemm(self, shape, a, b, bias, c, epilogue) }
-    }
-
-    fn gemm_f16<O: Precision>(
-        &self,
-        shape: &GemmShape,
-        a: &Buf<B, f16>,
-        b: &Buf<B, f16>,
+        a: &Buf<B, A>,
+        b: &Buf<B, A>,
         bias: Option<&Buf<B, f32>>,
         c: &mut Buf<B, O>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
+        check::gemm_types(A::DTYPE, O::DTYPE)?;
         check::gemm(shape, a.len(), b.len(), c.len(), bias.map(len::<B, _>))?;
         // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::gemm_f16(self, shape, a, b, bias, c, epilogue) }
+        unsafe { BackendImpl::gemm(self, shape, a, b, bias, c, epilogue) }
     }
 
     fn conv2d_forward<T: Precision>(

@@ -1,9 +1,11 @@
-//! The storage precisions of activations ([`Precision`]: f32, or f16 computed in f32) and
-//! the kernel that implements each operation at each of them ([`PrecisionOp`]).
+//! The Rust types of the storage [`DType`]s ([`Precision`]: f32, or f16 computed in f32)
+//! and the kernel that implements each operation at each of them ([`PrecisionOp`],
+//! [`gemm_kernel`]).
 
 use half::f16;
 
-use super::DeviceScalar;
+use super::{BackendError, DeviceScalar};
+use crate::dtype::DType;
 use crate::kernels::{conv, elementwise, gemm, loss, optim, pool, KernelSignature};
 
 /// The kernels that exist per storage precision.
@@ -33,12 +35,28 @@ pub enum PrecisionOp {
     GradCheck,
     /// `sgd_step_*grad`
     SgdStep,
-    /// `gemm_f16_wmma_*out` (by output precision)
-    GemmF16,
+}
+
+/// The GEMM kernel for inputs of type `a` and a result of type `c`: f32 CUDA cores for f32,
+/// tensor cores (wmma, f32 accumulation) for half inputs. `None` for a pair no kernel
+/// implements is [`BackendError::Unsupported`], which [`Backend::gemm`](super::Backend::gemm)
+/// returns on every backend.
+pub fn gemm_kernel(a: DType, c: DType) -> Result<&'static KernelSignature, BackendError> {
+    match (a, c) {
+        (DType::F32, DType::F32) => Ok(&gemm::GEMM_F32),
+        (DType::F16, DType::F32) => Ok(&gemm::GEMM_F16_WMMA_F32OUT),
+        (DType::F16, DType::F16) => Ok(&gemm::GEMM_F16_WMMA_F16OUT),
+        (DType::F32, DType::F16) => Err(BackendError::Unsupported {
+            op: "gemm",
+            what: format!("{a} inputs with a {c} result"),
+        }),
+    }
 }
 
 /// Storage precision of activations and gradients: `f32`, or `f16` computed in f32.
 pub trait Precision: DeviceScalar {
+    /// The type's name at run time.
+    const DTYPE: DType;
     /// Widens to f32 (exact).
     fn to_f32(self) -> f32;
     /// Rounds from f32 (to nearest even for f16).
@@ -67,6 +85,7 @@ pub trait Precision: DeviceScalar {
 }
 
 impl Precision for f32 {
+    const DTYPE: DType = DType::F32;
     fn to_f32(self) -> f32 {
         self
     }
@@ -99,12 +118,12 @@ impl Precision for f32 {
             PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F32,
             PrecisionOp::GradCheck => &optim::GRAD_CHECK_F32,
             PrecisionOp::SgdStep => &optim::SGD_STEP_F32GRAD,
-            PrecisionOp::GemmF16 => &gemm::GEMM_F16_WMMA_F32OUT,
         }
     }
 }
 
 impl Precision for f16 {
+    const DTYPE: DType = DType::F16;
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
     }
@@ -131,7 +150,6 @@ impl Precision for f16 {
             PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F16,
             PrecisionOp::GradCheck => &optim::GRAD_CHECK_F16,
             PrecisionOp::SgdStep => &optim::SGD_STEP_F16GRAD,
-            PrecisionOp::GemmF16 => &gemm::GEMM_F16_WMMA_F16OUT,
         }
     }
 }

@@ -18,7 +18,7 @@ use std::any::Any;
 use half::f16;
 
 use crate::backend::{
-    Backend, BackendError, Conv2dShape, Epilogue, GemmShape, Pool2dShape, Precision, SgdStep,
+    Backend, BackendError, Conv2dShape, Epilogue, Pool2dShape, Precision, SgdStep,
 };
 
 mod architecture;
@@ -160,82 +160,8 @@ fn columns(batch: usize, features: usize) -> Conv2dShape {
     }
 }
 
-/// Storage of activations: f32, or f16 for mixed precision (arithmetic is f32 either way;
-/// parameters, their gradients and the optimizer state are always f32).
-pub trait Activation: Precision {
-    /// `c = op(a)·op(b) (+ bias, ReLU)` with activations in and out.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm<B: Backend>(
-        dev: &B,
-        s: &GemmShape,
-        a: &B::Buffer<Self>,
-        b: &B::Buffer<Self>,
-        bias: Option<&B::Buffer<f32>>,
-        c: &mut B::Buffer<Self>,
-        ep: Epilogue,
-    ) -> Result<(), BackendError>;
-    /// The same with an f32 result (weight gradients).
-    fn gemm_f32<B: Backend>(
-        dev: &B,
-        s: &GemmShape,
-        a: &B::Buffer<Self>,
-        b: &B::Buffer<Self>,
-        c: &mut B::Buffer<f32>,
-    ) -> Result<(), BackendError>;
-    /// True for half storage (weights then need a half copy).
-    const HALF: bool;
-}
-
-impl Activation for f32 {
-    fn gemm<B: Backend>(
-        dev: &B,
-        s: &GemmShape,
-        a: &B::Buffer<f32>,
-        b: &B::Buffer<f32>,
-        bias: Option<&B::Buffer<f32>>,
-        c: &mut B::Buffer<f32>,
-        ep: Epilogue,
-    ) -> Result<(), BackendError> {
-        dev.gemm(s, a, b, bias, c, ep)
-    }
-    fn gemm_f32<B: Backend>(
-        dev: &B,
-        s: &GemmShape,
-        a: &B::Buffer<f32>,
-        b: &B::Buffer<f32>,
-        c: &mut B::Buffer<f32>,
-    ) -> Result<(), BackendError> {
-        dev.gemm(s, a, b, None, c, Epilogue::default())
-    }
-    const HALF: bool = false;
-}
-
-impl Activation for f16 {
-    fn gemm<B: Backend>(
-        dev: &B,
-        s: &GemmShape,
-        a: &B::Buffer<f16>,
-        b: &B::Buffer<f16>,
-        bias: Option<&B::Buffer<f32>>,
-        c: &mut B::Buffer<f16>,
-        ep: Epilogue,
-    ) -> Result<(), BackendError> {
-        dev.gemm_f16(s, a, b, bias, c, ep)
-    }
-    fn gemm_f32<B: Backend>(
-        dev: &B,
-        s: &GemmShape,
-        a: &B::Buffer<f16>,
-        b: &B::Buffer<f16>,
-        c: &mut B::Buffer<f32>,
-    ) -> Result<(), BackendError> {
-        dev.gemm_f16(s, a, b, None, c, Epilogue::default())
-    }
-    const HALF: bool = true;
-}
-
 /// Activations of one shard size.
-struct Activations<B: Backend, T: Activation> {
+struct Activations<B: Backend, T: Precision> {
     batch: usize,
     x: B::Buffer<T>,
     labels: B::Buffer<u8>,
@@ -256,7 +182,7 @@ struct Activations<B: Backend, T: Activation> {
     d_p1: B::Buffer<T>,
 }
 
-impl<B: Backend, T: Activation> Activations<B, T> {
+impl<B: Backend, T: Precision> Activations<B, T> {
     fn new(dev: &B, batch: usize) -> Result<Self, BackendError> {
         let f = |n| dev.alloc_zeros::<T>(n);
         let (x, _, c1) = conv1(batch).sizes();
@@ -297,7 +223,7 @@ pub struct ShardStats {
 }
 
 /// One device's copy of the model, with activations stored as `T`.
-pub struct Replica<B: Backend, T: Activation = f32> {
+pub struct Replica<B: Backend, T: Precision = f32> {
     /// The device.
     pub dev: B,
     /// Parameters (f32 master weights), one buffer per tensor of [`PARAMS`].
@@ -312,13 +238,13 @@ pub struct Replica<B: Backend, T: Activation = f32> {
     acts: Option<Activations<B, T>>,
 }
 
-fn to_compute<B: Backend, T: Activation>(dev: &B, w: &[f32]) -> Result<B::Buffer<T>, BackendError> {
+fn to_compute<B: Backend, T: Precision>(dev: &B, w: &[f32]) -> Result<B::Buffer<T>, BackendError> {
     dev.upload(&w.iter().map(|v| T::from_f32(*v)).collect::<Vec<T>>())
 }
 
 /// The weights the passes read: the half copy, or (f32 activations) the master weights,
 /// which then have exactly the type asked for.
-fn compute_weights<'a, B: Backend + 'static, T: Activation>(
+fn compute_weights<'a, B: Backend + 'static, T: Precision>(
     params: &'a [B::Buffer<f32>],
     half: &'a Option<Vec<B::Buffer<T>>>,
 ) -> Vec<&'a B::Buffer<T>> {
@@ -335,14 +261,14 @@ fn compute_weights<'a, B: Backend + 'static, T: Activation>(
     }
 }
 
-impl<B: Backend + 'static, T: Activation> Replica<B, T> {
+impl<B: Backend + 'static, T: Precision> Replica<B, T> {
     /// A replica holding `weights` (host values, one vector per tensor of [`PARAMS`]).
     pub fn new(dev: B, weights: &[Vec<f32>]) -> Result<Self, BackendError> {
         let params = weights
             .iter()
             .map(|w| dev.upload(w))
             .collect::<Result<Vec<_>, _>>()?;
-        let half = if T::HALF {
+        let half = if T::DTYPE.is_half() {
             Some(
                 weights
                     .iter()
@@ -459,8 +385,7 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
             &mut a.p2,
         )?;
         let fc1 = LENET.fc1(n);
-        T::gemm(
-            dev,
+        dev.gemm(
             &fc1.forward(),
             &a.p2,
             w3,
@@ -472,8 +397,7 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
             },
         )?;
         let fc2 = LENET.fc2(n);
-        T::gemm(
-            dev,
+        dev.gemm(
             &fc2.forward(),
             &a.h,
             w4,
@@ -508,12 +432,12 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
             unreachable!("eight tensors")
         };
         // fc2: dW = dlogitsᵀ·h, db = Σ dlogits, dh = dlogits·W, then through fc1's ReLU.
-        T::gemm_f32(dev, &fc2.weight_gradient(), &a.d_logits, &a.h, g_w4)?;
+        let dw = Epilogue::default();
+        dev.gemm::<T, f32>(&fc2.weight_gradient(), &a.d_logits, &a.h, None, g_w4, dw)?;
         ready(weight(FC2), g_w4);
         dev.conv2d_backward_bias(&columns(n, CLASSES), &a.d_logits, g_b4)?;
         ready(bias(FC2), g_b4);
-        T::gemm(
-            dev,
+        dev.gemm(
             &fc2.input_gradient(),
             &a.d_logits,
             w4,
@@ -523,12 +447,12 @@ impl<B: Backend + 'static, T: Activation> Replica<B, T> {
         )?;
         dev.relu_backward(&a.h, &a.d_h_lin, &mut a.d_h)?;
         // fc1: dW = dhᵀ·p2, db = Σ dh, dp2 = dh·W.
-        T::gemm_f32(dev, &fc1.weight_gradient(), &a.d_h, &a.p2, g_w3)?;
+        let dw = Epilogue::default();
+        dev.gemm::<T, f32>(&fc1.weight_gradient(), &a.d_h, &a.p2, None, g_w3, dw)?;
         ready(weight(FC1), g_w3);
         dev.conv2d_backward_bias(&columns(n, LENET.hidden), &a.d_h, g_b3)?;
         ready(bias(FC1), g_b3);
-        T::gemm(
-            dev,
+        dev.gemm(
             &fc1.input_gradient(),
             &a.d_h,
             w3,

@@ -13,12 +13,12 @@ use std::time::Instant;
 use thiserror::Error;
 
 use crate::backend::SgdStep;
-use crate::backend::{Backend, BackendError, Fence, Memory};
+use crate::backend::{Backend, BackendError, Fence, Memory, Precision};
 use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
 use crate::comm::schedule::Algorithm;
 use crate::comm::transport::CommDevice;
 use crate::data::{Batches, Dataset};
-use crate::model::{Activation, Replica, ShardStats, BACKWARD_ORDER, IMAGE, PARAMS};
+use crate::model::{Replica, ShardStats, BACKWARD_ORDER, IMAGE, PARAMS};
 use half::f16;
 
 /// What can stop training.
@@ -434,7 +434,7 @@ fn reduce_stats<C: Collective>(rank: &mut C, s: ShardStats) -> Result<ShardStats
 }
 
 /// Evaluates the test set, sharded over the ranks; returns the global accuracy.
-fn evaluate<C: Collective, T: Activation>(
+fn evaluate<C: Collective, T: Precision>(
     rank: &mut C,
     replica: &mut Replica<C::Device, T>,
     data: &Dataset,
@@ -480,7 +480,7 @@ fn step_and_reduce<C, T>(
 where
     C: Collective,
     <C::Device as Memory>::Buffer<f32>: Send,
-    T: Activation,
+    T: Precision,
 {
     // The replica computes on its own queue (a fork of the rank's device handle): each bucket
     // travels with a fence marking the backward work that produced it, and the communication
@@ -533,7 +533,7 @@ where
 }
 
 /// One device's training loop.
-fn run_rank<C: Collective, T: Activation>(
+fn run_rank<C: Collective, T: Precision>(
     mut rank: C,
     start: &checkpoint::Checkpoint,
     data: &Dataset,
@@ -547,8 +547,8 @@ where
     // Its own queue, so that the gradients' reduction (on the rank's queue) overlaps backward.
     let mut replica = Replica::<C::Device, T>::new(rank.device().fork()?, &start.weights)?;
     let mut scaler = match start.loss_scale {
-        Some((scale, clean)) if T::HALF => LossScaler::restored(scale, clean),
-        _ => LossScaler::new(T::HALF),
+        Some((scale, clean)) if T::DTYPE.is_half() => LossScaler::restored(scale, clean),
+        _ => LossScaler::new(T::DTYPE.is_half()),
     };
     let mut found = replica.dev.alloc_zeros::<i32>(1)?;
     if let Some(velocity) = &start.velocity {

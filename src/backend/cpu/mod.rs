@@ -251,51 +251,36 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    unsafe fn gemm(
+    unsafe fn gemm<A: Precision, O: Precision>(
         &self,
         shape: &GemmShape,
-        a: &CpuBuffer<f32>,
-        b: &CpuBuffer<f32>,
-        bias: Option<&CpuBuffer<f32>>,
-        c: &mut CpuBuffer<f32>,
-        epilogue: Epilogue,
-    ) -> Result<(), BackendError> {
-        gemm::gemm_f32(
-            shape,
-            &a.0,
-            &b.0,
-            bias.map(|b| b.as_slice()),
-            &mut c.0,
-            epilogue,
-        );
-        Ok(())
-    }
-
-    unsafe fn gemm_f16<O: Precision>(
-        &self,
-        shape: &GemmShape,
-        a: &CpuBuffer<f16>,
-        b: &CpuBuffer<f16>,
+        a: &CpuBuffer<A>,
+        b: &CpuBuffer<A>,
         bias: Option<&CpuBuffer<f32>>,
         c: &mut CpuBuffer<O>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        let wide = |h: &[f16]| {
-            let mut out = vec![0.0f32; h.len()];
-            f16::widen_slice(h, &mut out);
-            out
+        // Half operands are widened once (F16C), then the f32 product runs on them.
+        let scratch = |n| {
+            if A::DTYPE.is_half() {
+                vec![0.0f32; n]
+            } else {
+                Vec::new()
+            }
         };
-        let mut c32 = vec![0.0f32; c.0.len()];
-        O::widen_slice(&c.0, &mut c32);
-        gemm::gemm_f32(
-            shape,
-            &wide(&a.0),
-            &wide(&b.0),
-            bias.map(|b| b.as_slice()),
-            &mut c32,
-            epilogue,
-        );
-        O::narrow_slice(&c32, &mut c.0);
+        let (mut wide_a, mut wide_b) = (scratch(a.len()), scratch(b.len()));
+        let (a32, b32) = (widened(&a.0, &mut wide_a), widened(&b.0, &mut wide_b));
+        let bias = bias.map(|b| b.as_slice());
+        match O::as_f32_mut(&mut c.0) {
+            Some(c32) => gemm::gemm_f32(shape, a32, b32, bias, c32, epilogue),
+            None => {
+                // C is read when beta != 0: widened, computed on, rounded back.
+                let mut c32 = vec![0.0f32; c.0.len()];
+                O::widen_slice(&c.0, &mut c32);
+                gemm::gemm_f32(shape, a32, b32, bias, &mut c32, epilogue);
+                O::narrow_slice(&c32, &mut c.0);
+            }
+        }
         Ok(())
     }
 

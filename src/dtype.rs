@@ -1,0 +1,85 @@
+//! The element types data is stored in and moved in: one vocabulary for the kernels, the
+//! backends, the collectives, MPI, the trainer, checkpoints and the command line.
+//!
+//! [`DType`] names a type at run time (a setting, a wire code, a message); the Rust type
+//! that holds it implements [`Precision`](crate::backend::Precision), whose
+//! [`DTYPE`](crate::backend::Precision::DTYPE) links the two. A new type is a variant here,
+//! a `Precision` implementation and its kernels.
+
+use crate::kernels::Scalar;
+
+/// A floating-point storage type: of activations and weight copies, of gradients on the
+/// wire, of a training run. Arithmetic and accumulation are f32 whatever the storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum DType {
+    /// IEEE binary32: everything in f32.
+    #[cfg_attr(feature = "cli", value(name = "fp32"))]
+    F32,
+    /// IEEE binary16 storage, computed and summed in f32 (mixed precision: f32 master
+    /// weights, gradients and optimizer state, loss scaling).
+    #[cfg_attr(feature = "cli", value(name = "fp16"))]
+    F16,
+}
+
+impl DType {
+    /// Every type, in wire-code order.
+    pub const ALL: [DType; 2] = [DType::F32, DType::F16];
+
+    /// The kernels' C type.
+    pub const fn scalar(self) -> Scalar {
+        match self {
+            DType::F32 => Scalar::F32,
+            DType::F16 => Scalar::F16,
+        }
+    }
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        self.scalar().size()
+    }
+
+    /// The name the command line, checkpoints and reports use (`fp32`, `fp16`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "fp32",
+            DType::F16 => "fp16",
+        }
+    }
+
+    /// Narrower than f32: stored in half a word, so activations need a copy of the weights in
+    /// this type and gradients need loss scaling.
+    pub const fn is_half(self) -> bool {
+        !matches!(self, DType::F32)
+    }
+
+    /// The code this type travels as between processes (its index in [`DType::ALL`]).
+    pub const fn code(self) -> u64 {
+        self as u64
+    }
+
+    /// The type with wire code `code`, if any.
+    pub fn from_code(code: u64) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.code() == code)
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DType;
+
+    #[test]
+    fn codes_round_trip_and_sizes_match_the_kernels() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_code(d.code()), Some(d));
+        }
+        assert_eq!(DType::from_code(DType::ALL.len() as u64), None);
+        assert_eq!((DType::F32.size(), DType::F16.size()), (4, 2));
+    }
+}
