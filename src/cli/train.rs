@@ -353,17 +353,13 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
         RecipeArg::Chapter => Recipe::Chapter,
         RecipeArg::Default => Recipe::Default,
     };
-    let (lr, momentum, wd) = match recipe {
-        Recipe::Chapter => (0.2, 0.0, 0.0),
-        Recipe::Default => (0.05, 0.9, 5e-4),
-    };
     let cfg = TrainConfig {
         recipe,
         epochs: args.epochs,
         batch: args.batch,
-        lr: args.lr.unwrap_or(lr),
-        momentum: args.momentum.unwrap_or(momentum),
-        weight_decay: args.weight_decay.unwrap_or(wd),
+        lr: args.lr.unwrap_or(recipe.lr()),
+        momentum: args.momentum.unwrap_or(recipe.momentum()),
+        weight_decay: args.weight_decay.unwrap_or(recipe.weight_decay()),
         seed: args.seed,
         shuffle: args.shuffle == ShuffleArg::Epoch,
         max_steps: args.max_steps,

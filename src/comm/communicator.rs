@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use super::model::CostModel;
+use super::cost::CostModel;
 use super::patience::Patience;
 use super::schedule::{self, Algorithm, Buffer, Schedule};
 use super::transport::{ensure_scratch, CommDevice, DType, MAX_RANKS};
@@ -52,7 +52,7 @@ pub struct CommConfig {
     /// Largest in-place one-shot (it needs a scratch copy of the buffer), in bytes.
     pub oneshot_max_bytes: usize,
     /// How `auto` picks an algorithm.
-    pub model: CostModel,
+    pub cost: CostModel,
 }
 
 impl CommConfig {
@@ -72,7 +72,7 @@ impl Default for CommConfig {
             timeout: Duration::from_secs(300),
             slice_bytes: 256 << 10,
             oneshot_max_bytes: 4 << 20,
-            model: CostModel::default(),
+            cost: CostModel::default(),
         }
     }
 }
@@ -394,7 +394,7 @@ impl<D: CommDevice> Rank<D> {
     pub fn auto_algorithm<T: CommScalar>(&self, count: usize) -> Algorithm {
         self.shared
             .config
-            .model
+            .cost
             .choose(self.shared.n, count * T::DTYPE.size())
     }
 

@@ -1,4 +1,5 @@
-//! Collectives: allreduce and friends, hand-rolled.
+//! Collectives (the NCCL layer): allreduce and friends, hand-rolled. The training loop
+//! ([`crate::train`], the DDP layer) sees them only through [`collective::Collective`].
 //!
 //! * [`schedule`]: the algorithms (ring, double binary tree, direct two-shot, one-shot) as
 //!   pure data: per rank, steps that read peers' memory and write their own.
@@ -8,11 +9,15 @@
 //! * [`transport`]: how a backend moves a step's data (CPU loops over peer memory, or the
 //!   `collective.cu` kernel dereferencing peer pointers).
 //! * [`communicator`]: ranks, the announce/execute/drain protocol, timeouts and aborts.
+//! * [`collective`]: the [`Collective`](collective::Collective) trait a trainer's rank
+//!   implements (sum a device buffer over all ranks), and its impl for an in-process rank.
 //! * [`messages`]: the same schedules as message programs (sends, receives, local steps)
 //!   for ranks that share no memory, e.g. MPI processes.
 //! * `mpi` (feature `mpi`): the schedules over MPI point-to-point, and MPI's own allreduce.
+//! * `hierarchical` (feature `mpi`): a [`Collective`](collective::Collective) over MPI
+//!   processes, each with several local devices: in process first, then across processes.
 //! * [`patience`]: timeouts that leave out the time this process was stopped.
-//! * [`model`]: the α-β model `auto` uses to pick an algorithm.
+//! * [`cost`]: the α-β cost model `auto` uses to pick an algorithm.
 //! * [`picture`]: a schedule drawn as SVG (`nanoddp schedule --svg`).
 //!
 //! ```
@@ -36,9 +41,12 @@
 //! }
 //! # Ok::<(), nanoddp::comm::communicator::CommError>(())
 //! ```
+pub mod collective;
 pub mod communicator;
+pub mod cost;
+#[cfg(feature = "mpi")]
+pub mod hierarchical;
 pub mod messages;
-pub mod model;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod patience;

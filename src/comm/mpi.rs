@@ -152,7 +152,7 @@ impl MpiComm {
 
     /// What `auto` picks for `bytes` (the in-process cost model).
     pub fn auto_algorithm(&self, bytes: usize) -> Algorithm {
-        self.config.model.choose(self.n, bytes)
+        self.config.cost.choose(self.n, bytes)
     }
 
     /// Reduces `buf` across the ranks, in place. `None` picks a schedule by size.
