@@ -406,7 +406,14 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
         (_, Some(path)) => {
             let ckpt = checkpoint::load(path).map_err(|e| e.to_string())?;
             cfg.check_resume(&ckpt, ranks, train_images)
-                .map_err(|e| format!("--resume {}: {e}", path.display()))?;
+                .map_err(|e| match e {
+                    TrainError::ResumeMismatch { .. } => format!(
+                        "--resume {}: {e}: resume with that run's settings, or start a new run \
+                         from its weights with --init",
+                        path.display()
+                    ),
+                    e => format!("--resume {}: {e}", path.display()),
+                })?;
             if ckpt.step >= total_steps {
                 return Ok(Plan::NothingToDo(format!(
                     "nothing to do: {} already took all {} steps of its run; to train on, \
@@ -537,15 +544,17 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
             .progress_chars("=> "),
     );
     let mut on_event = |event: Event| -> Result<(), TrainError> {
-        let io = |e: std::io::Error| TrainError::Config(format!("writing metrics: {e}"));
+        let io = |source: std::io::Error| TrainError::Io {
+            what: "the metrics".into(),
+            source,
+        };
         match event {
             Event::Step(s) => {
                 if !s.loss.is_finite() {
                     // Diverged: stop before an epoch's checkpoint could save it (the last one
                     // written stays as it was).
-                    return Err(TrainError::Config(format!(
-                        "training diverged: the loss is {} at step {} (epoch {}); lower --lr, \
-                         or resume from the last checkpoint with a smaller one",
+                    return Err(TrainError::Diverged(format!(
+                        "the loss is {} at step {} (epoch {})",
                         s.loss, s.step, s.epoch
                     )));
                 }
@@ -576,9 +585,8 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
                 // A NaN can sit in the weights while the reported loss stays finite: never
                 // save such a state over the last good checkpoint.
                 if state.weights.iter().flatten().any(|w| !w.is_finite()) {
-                    return Err(TrainError::Config(format!(
-                        "training diverged: the weights are not finite after epoch {} (the \
-                         last checkpoint, if any, is kept); lower --lr",
+                    return Err(TrainError::Diverged(format!(
+                        "the weights are not finite after epoch {}",
                         e.epoch
                     )));
                 }
@@ -613,11 +621,12 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
                     test_acc: e.test_acc,
                 });
                 if let Some(path) = &plot_path {
-                    super::plot::draw(path, &curves).map_err(TrainError::Config)?;
+                    super::plot::draw(path, &curves).map_err(|e| {
+                        TrainError::Handler(format!("drawing the plot: {e}").into())
+                    })?;
                 }
                 if let Some(path) = &save_path {
-                    checkpoint::save(path, &state)
-                        .map_err(|e| TrainError::Config(e.to_string()))?;
+                    checkpoint::save(path, &state)?;
                 }
             }
             _ => {}
@@ -657,6 +666,13 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
                  loaded machine or a slow first step are: raise --timeout if that was it; \
                  with --save, --resume continues from the last checkpoint",
                 args.timeout
+            )
+            .into(),
+        )),
+        Err(e @ TrainError::Diverged(_)) => Err(Failure::Running(
+            format!(
+                "{e}: lower --lr, or resume from the last checkpoint (kept as it was) with a \
+                 smaller one"
             )
             .into(),
         )),

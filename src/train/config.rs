@@ -98,11 +98,9 @@ impl TrainConfig {
         if differ.is_empty() {
             return Ok(());
         }
-        Err(TrainError::Config(format!(
-            "the checkpoint belongs to a run with other settings ({}): resume with that run's \
-             settings, or start a new run from its weights with --init",
-            differ.join("; ")
-        )))
+        Err(TrainError::ResumeMismatch {
+            differences: differ,
+        })
     }
 }
 

@@ -36,12 +36,13 @@ pub fn check_data(data: &Dataset) -> Result<(), TrainError> {
         ("test", &data.test_images),
     ] {
         if images.rows != IMAGE || images.cols != IMAGE {
-            return Err(TrainError::Config(format!(
-                "{}: LeNet expects 28x28 images, the {what} images are {}x{}",
-                data.dir.display(),
-                images.rows,
-                images.cols
-            )));
+            return Err(TrainError::Data {
+                dir: data.dir.clone(),
+                problem: format!(
+                    "LeNet expects 28x28 images, the {what} images are {}x{}",
+                    images.rows, images.cols
+                ),
+            });
         }
     }
     Ok(())
@@ -149,9 +150,7 @@ where
         // compute queue first, so that its tail is not counted as waiting for the reduction.
         let finished = compute.synchronize();
         let t = Instant::now();
-        let reduced = comm
-            .join()
-            .map_err(|_| TrainError::Config("the gradient communication thread panicked".into()))?;
+        let reduced = comm.join().map_err(|_| TrainError::CommThreadPanicked)?;
         let exposed = t.elapsed().as_secs_f64();
         let stats = computed?;
         reduced?;
@@ -323,7 +322,7 @@ where
     <D as Memory>::Buffer<f32>: Send,
 {
     if devices.is_empty() {
-        return Err(TrainError::Config("no device to train on".into()));
+        return Err(TrainError::NoDevices);
     }
     let ranks = communicator(devices, cfg.comm)?;
     train_ranks(ranks, data, start, cfg, on_event)
@@ -344,22 +343,24 @@ where
     <C::Device as Memory>::Buffer<f32>: Send,
 {
     if cfg.batch == 0 || cfg.epochs == 0 {
-        return Err(TrainError::Config(
-            "--batch and --epochs must be at least 1".into(),
-        ));
+        return Err(TrainError::Config(format!(
+            "the batch and the number of epochs must be at least 1 (batch {}, epochs {})",
+            cfg.batch, cfg.epochs
+        )));
     }
     let total = ranks.first().map_or(0, |r| r.size());
     if total > cfg.batch {
         return Err(TrainError::Config(format!(
-            "{total} devices need a batch of at least {total} images"
+            "{total} ranks need a batch of at least {total} images, not {}",
+            cfg.batch
         )));
     }
     check_data(data)?;
     if data.train_labels.is_empty() {
-        return Err(TrainError::Config(format!(
-            "{}: the training set has no images",
-            data.dir.display()
-        )));
+        return Err(TrainError::Data {
+            dir: data.dir.clone(),
+            problem: "the training set has no images".into(),
+        });
     }
     cfg.check_resume(&start, total, data.train_labels.len())?;
     let (tx, rx) = mpsc::channel();
@@ -394,7 +395,7 @@ where
                     failure.get_or_insert(e);
                 }
                 Err(_) => {
-                    failure.get_or_insert(TrainError::Panicked(i));
+                    failure.get_or_insert(TrainError::RankPanicked(i));
                 }
             }
         }
@@ -445,9 +446,9 @@ where
                 })
             })
             .collect();
-        let mut acc = Err(TrainError::Config("no device".into()));
+        let mut acc = Err(TrainError::NoDevices);
         for (i, h) in handles.into_iter().enumerate() {
-            let r = h.join().map_err(|_| TrainError::Panicked(i))?;
+            let r = h.join().map_err(|_| TrainError::RankPanicked(i))?;
             if i == 0 {
                 acc = r;
             } else {
