@@ -12,23 +12,23 @@
 //!
 //! Flags are 64-bit and only grow: `sequence << 32 | (1 + steps completed)`, so a flag never
 //! has to be reset and a slow rank can never mistake an old collective's progress for the
-//! current one's. Each sits alone on its own cache lines. A wait spins briefly, yields, then
-//! sleeps on the flag's doorbell (woken by the flag's owner), so eight ranks on two cores
-//! still progress. Every wait gives up after the configured timeout, and watches the abort
+//! current one's. Each sits alone on its own cache lines. A wait ([`super::wait`]) spins
+//! briefly, yields, then sleeps on the flag's doorbell (woken by the flag's owner), so eight
+//! ranks on two cores still progress. Every wait gives up after the configured timeout, and watches the abort
 //! flag and the peer's departure: a rank that panics or drops its handle mid-collective
 //! aborts the communicator, and every other rank returns [`CommError`] instead of hanging.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use thiserror::Error;
 
 use super::cost::CostModel;
-use super::patience::Patience;
 use super::schedule::{self, Algorithm, Buffer, Schedule};
 use super::transport::{ensure_scratch, CommDevice, DType, MAX_RANKS};
+use super::wait::{Signal, WaitEnd};
 use crate::backend::{BackendError, DeviceBuffer, DeviceScalar};
 
 /// How a communicator behaves.
@@ -230,16 +230,11 @@ impl Announce {
     }
 }
 
-/// A value alone on its cache lines (two, for the adjacent-line prefetcher).
-#[repr(align(128))]
-struct Padded<T>(T);
-
 struct Shared {
     n: usize,
     config: CommConfig,
-    flags: Vec<Padded<AtomicU64>>,
-    sleepers: Vec<Padded<AtomicUsize>>,
-    bells: Vec<(Mutex<()>, Condvar)>,
+    /// Each rank's progress flag and doorbell.
+    signals: Vec<Signal>,
     slots: Vec<Mutex<[Option<Announce>; 2]>>,
     departed: Vec<AtomicBool>,
     aborted: AtomicBool,
@@ -248,16 +243,6 @@ struct Shared {
 }
 
 impl Shared {
-    fn ring_bell(&self, rank: usize) {
-        if self.sleepers[rank].0.load(Ordering::SeqCst) > 0 {
-            let _guard = self.bells[rank]
-                .0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            self.bells[rank].1.notify_all();
-        }
-    }
-
     fn abort(&self, reason: String, timed_out: bool) {
         {
             let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
@@ -266,9 +251,8 @@ impl Shared {
             }
         }
         self.aborted.store(true, Ordering::SeqCst);
-        for (lock, bell) in &self.bells {
-            let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
-            bell.notify_all();
+        for signal in &self.signals {
+            signal.wake();
         }
     }
 
@@ -297,9 +281,7 @@ pub fn communicator<D: CommDevice>(
     let shared = Arc::new(Shared {
         n,
         config: config.scaled_for(&devices),
-        flags: (0..n).map(|_| Padded(AtomicU64::new(0))).collect(),
-        sleepers: (0..n).map(|_| Padded(AtomicUsize::new(0))).collect(),
-        bells: (0..n).map(|_| (Mutex::new(()), Condvar::new())).collect(),
+        signals: (0..n).map(|_| Signal::default()).collect(),
         slots: (0..n).map(|_| Mutex::new([None, None])).collect(),
         departed: (0..n).map(|_| AtomicBool::new(false)).collect(),
         aborted: AtomicBool::new(false),
@@ -335,11 +317,6 @@ pub fn communicator<D: CommDevice>(
 
 type ScheduleKey = (Kind, usize, bool);
 
-/// How long a waiter spins (when every rank has a core) before yielding its core.
-const SPIN: Duration = Duration::from_micros(20);
-/// How long a waiter yields before it sleeps on the doorbell.
-const YIELD: Duration = Duration::from_millis(1);
-
 /// One rank of a communicator: its device and its side of every collective.
 pub struct Rank<D: CommDevice> {
     shared: Arc<Shared>,
@@ -367,8 +344,8 @@ impl<D: CommDevice> Drop for Rank<D> {
                 false,
             );
         } else {
-            for r in 0..self.shared.n {
-                self.shared.ring_bell(r);
+            for signal in &self.shared.signals {
+                signal.ring();
             }
         }
     }
@@ -614,13 +591,10 @@ impl<D: CommDevice> Rank<D> {
     }
 
     fn publish(&self, value: u64) {
-        self.shared.flags[self.rank]
-            .0
-            .store(value, Ordering::SeqCst);
-        self.shared.ring_bell(self.rank);
+        self.shared.signals[self.rank].raise(value);
     }
 
-    /// Waits until `peer`'s flag reaches `target`.
+    /// Waits until `peer`'s flag reaches `target` ([`Signal::wait_for`]).
     fn wait_for(
         &self,
         peer: usize,
@@ -628,69 +602,32 @@ impl<D: CommDevice> Rank<D> {
         what: &dyn Fn() -> String,
     ) -> Result<(), CommError> {
         let sh = &*self.shared;
-        let flag = &sh.flags[peer].0;
-        if flag.load(Ordering::Acquire) >= target {
-            return Ok(());
-        }
-        let start = Instant::now();
-        let mut patience = Patience::new(sh.config.timeout);
-        loop {
-            if flag.load(Ordering::Acquire) >= target {
-                return Ok(());
-            }
-            if sh.aborted.load(Ordering::SeqCst) {
-                let (reason, timed_out) = sh.reason();
-                return Err(CommError::Aborted {
-                    me: self.rank,
-                    reason,
-                    timed_out,
-                });
-            }
-            if sh.departed[peer].load(Ordering::SeqCst) {
-                // It may have raised the flag just before leaving.
-                if flag.load(Ordering::SeqCst) >= target {
-                    return Ok(());
+        let me = self.rank;
+        sh.signals[peer]
+            .wait_for(
+                target,
+                &sh.aborted,
+                &sh.departed[peer],
+                sh.config.timeout,
+                self.oversubscribed,
+            )
+            .map_err(|end| match end {
+                WaitEnd::Aborted => {
+                    let (reason, timed_out) = sh.reason();
+                    CommError::Aborted {
+                        me,
+                        reason,
+                        timed_out,
+                    }
                 }
-                return Err(CommError::PeerGone {
-                    me: self.rank,
-                    peer,
-                });
-            }
-            if patience.expired() {
-                return Err(CommError::Timeout {
-                    me: self.rank,
+                WaitEnd::Departed => CommError::PeerGone { me, peer },
+                WaitEnd::TimedOut(waited) => CommError::Timeout {
+                    me,
                     peer,
                     what: what(),
-                    seconds: patience.waited().as_secs_f64(),
-                });
-            }
-            let waited = start.elapsed();
-            // With a core per rank the peer is running: spin a few microseconds. With more
-            // ranks than cores it may need this core: yield it (what MPI's
-            // mpi_yield_when_idle does). After a millisecond, sleep until the peer's flag
-            // moves (its owner rings the doorbell) or a millisecond passes.
-            if waited < SPIN && !self.oversubscribed {
-                std::hint::spin_loop();
-            } else if waited < YIELD {
-                std::thread::yield_now();
-            } else {
-                sh.sleepers[peer].0.fetch_add(1, Ordering::SeqCst);
-                let guard = sh.bells[peer]
-                    .0
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if flag.load(Ordering::SeqCst) < target
-                    && !sh.aborted.load(Ordering::SeqCst)
-                    && !sh.departed[peer].load(Ordering::SeqCst)
-                {
-                    let _ = sh.bells[peer]
-                        .1
-                        .wait_timeout(guard, Duration::from_millis(1))
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-                sh.sleepers[peer].0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
+                    seconds: waited.as_secs_f64(),
+                },
+            })
     }
 
     fn announce_and_execute(&mut self, sched: &Schedule, ours: Announce) -> Result<(), CommError> {

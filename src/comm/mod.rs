@@ -16,6 +16,8 @@
 //! * `mpi` (feature `mpi`): the schedules over MPI point-to-point, and MPI's own allreduce.
 //! * `hierarchical` (feature `mpi`): a [`Collective`](collective::Collective) over MPI
 //!   processes, each with several local devices: in process first, then across processes.
+//! * [`wait`]: how a rank waits for a peer's progress flag (spin, yield, doorbell), with
+//!   abort, departure and timeout.
 //! * [`patience`]: timeouts that leave out the time this process was stopped.
 //! * [`cost`]: the α-β cost model `auto` uses to pick an algorithm.
 //! * [`picture`]: a schedule drawn as SVG (`nanoddp schedule --svg`).
@@ -55,3 +57,4 @@ pub mod schedule;
 pub mod transport;
 pub mod tree;
 pub mod verify;
+pub mod wait;
