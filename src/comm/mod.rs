@@ -4,6 +4,8 @@
 //! * [`schedule`]: the algorithms (ring, double binary tree, direct two-shot, one-shot) as
 //!   pure data: per rank, steps that read peers' memory and write their own.
 //! * [`tree`]: the double binary tree.
+//! * [`happens_before`]: the vector clocks of a schedule's waits, shared by the verifier and
+//!   the lowering to messages.
 //! * [`verify`]: proves a schedule race-free under every interleaving its waits allow and
 //!   computes what it leaves in every rank's output.
 //! * [`transport`]: how a backend moves a step's data (CPU loops over peer memory, or the
@@ -46,6 +48,7 @@
 pub mod collective;
 pub mod communicator;
 pub mod cost;
+pub mod happens_before;
 #[cfg(feature = "mpi")]
 pub mod hierarchical;
 pub mod messages;
