@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use super::agreement::{self, Call};
 use super::cost::CostModel;
 use super::schedule::{self, Algorithm, Buffer, Schedule};
 use super::transport::{ensure_scratch, CommDevice, DType, MAX_RANKS};
@@ -185,49 +186,15 @@ impl CommScalar for half::f16 {
     const DTYPE: DType = DType::F16;
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Kind {
-    AllReduce(Algorithm, ReduceOp),
-    ReduceScatter(ReduceOp),
-    AllGather,
-    Broadcast(usize),
-    Barrier,
-}
+type Kind = agreement::Kind<Algorithm>;
 
-/// One rank's call, as announced to the others.
+/// One rank's call, as announced to the others: what every rank must agree on, and where
+/// this rank's buffers are.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Announce {
-    seq: u64,
-    kind: Kind,
-    dtype: DType,
-    count: usize,
-    in_place: bool,
+    call: Call<Algorithm>,
     /// Input, Output, Scratch base addresses.
     bases: [u64; 3],
-}
-
-impl Announce {
-    fn agrees_with(&self, other: &Announce) -> bool {
-        (self.seq, self.kind, self.dtype, self.count, self.in_place)
-            == (
-                other.seq,
-                other.kind,
-                other.dtype,
-                other.count,
-                other.in_place,
-            )
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "{:?} of {} {:?} elements{} (collective #{})",
-            self.kind,
-            self.count,
-            self.dtype,
-            if self.in_place { " in place" } else { "" },
-            self.seq
-        )
-    }
 }
 
 struct Shared {
@@ -572,11 +539,13 @@ impl<D: CommDevice> Rank<D> {
         self.seq += 1;
         let seq = self.seq;
         let ours = Announce {
-            seq,
-            kind,
-            dtype,
-            count,
-            in_place,
+            call: Call {
+                seq,
+                kind,
+                dtype,
+                count,
+                in_place,
+            },
             bases: [input, output, scratch],
         };
         self.busy = true;
@@ -631,7 +600,7 @@ impl<D: CommDevice> Rank<D> {
     }
 
     fn announce_and_execute(&mut self, sched: &Schedule, ours: Announce) -> Result<(), CommError> {
-        let (me, n, seq) = (self.rank, self.shared.n, ours.seq);
+        let (me, n, seq) = (self.rank, self.shared.n, ours.call.seq);
         let hi = seq << 32;
         self.shared.slots[me]
             .lock()
@@ -645,18 +614,18 @@ impl<D: CommDevice> Rank<D> {
             let theirs = self.shared.slots[p]
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)[(seq % 2) as usize];
-            let Some(theirs) = theirs.filter(|t| t.seq == seq) else {
+            let Some(theirs) = theirs.filter(|t| t.call.seq == seq) else {
                 return Err(CommError::Invalid {
                     me,
                     detail: format!("rank {p} announced no collective #{seq}"),
                 });
             };
-            if !theirs.agrees_with(&ours) {
+            if theirs.call != ours.call {
                 return Err(CommError::Mismatch {
                     me,
                     rank: p,
-                    ours: ours.describe(),
-                    theirs: theirs.describe(),
+                    ours: ours.call.describe(),
+                    theirs: theirs.call.describe(),
                 });
             }
             *base = theirs.bases;
@@ -666,7 +635,7 @@ impl<D: CommDevice> Rank<D> {
             Buffer::Output => 1,
             Buffer::Scratch => 2,
         };
-        let esize = ours.dtype.size() as u64;
+        let esize = ours.call.dtype.size() as u64;
         let (mut sources, mut dsts) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for (i, step) in sched.steps[me].iter().enumerate() {
             for &(p, k) in &step.waits {
@@ -692,8 +661,14 @@ impl<D: CommDevice> Rank<D> {
                 // address lies inside a buffer its owner lent to this collective (lengths
                 // agreed in the announce).
                 unsafe {
-                    self.device
-                        .reduce(&mut self.state, ours.dtype, &dsts, &sources, step.len, 1.0)
+                    self.device.reduce(
+                        &mut self.state,
+                        ours.call.dtype,
+                        &dsts,
+                        &sources,
+                        step.len,
+                        1.0,
+                    )
                 }
                 .map_err(|source| CommError::Device { me, source })?;
             }
@@ -705,20 +680,20 @@ impl<D: CommDevice> Rank<D> {
             })?;
         }
         let avg = matches!(
-            ours.kind,
+            ours.call.kind,
             Kind::AllReduce(_, ReduceOp::Avg) | Kind::ReduceScatter(ReduceOp::Avg)
         );
-        if avg && ours.count > 0 && n > 1 {
+        if avg && ours.call.count > 0 && n > 1 {
             // Every peer is done with our output (drained): scale it where it lies.
             let out = bases[me][1];
             // SAFETY: our own output, `count` elements, no longer read by anyone.
             unsafe {
                 self.device.reduce(
                     &mut self.state,
-                    ours.dtype,
+                    ours.call.dtype,
                     &[out],
                     &[out],
-                    ours.count,
+                    ours.call.count,
                     1.0 / n as f32,
                 )
             }

@@ -10,6 +10,8 @@
 //!   computes what it leaves in every rank's output.
 //! * [`transport`]: how a backend moves a step's data (CPU loops over peer memory, or the
 //!   `collective.cu` kernel dereferencing peer pointers).
+//! * [`agreement`]: the typed descriptor of a call that ranks agree on before a collective,
+//!   compared in process and exchanged as wire words over MPI.
 //! * [`communicator`]: ranks, the announce/execute/drain protocol, timeouts and aborts.
 //! * [`collective`]: the [`Collective`](collective::Collective) trait a trainer's rank
 //!   implements (sum a device buffer over all ranks), and its impl for an in-process rank.
@@ -45,6 +47,7 @@
 //! }
 //! # Ok::<(), nanoddp::comm::communicator::CommError>(())
 //! ```
+pub mod agreement;
 pub mod collective;
 pub mod communicator;
 pub mod cost;
