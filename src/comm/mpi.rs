@@ -173,14 +173,6 @@ impl MpiComm {
         op: ReduceOp,
         algorithm: Option<MpiAlgorithm>,
     ) -> Result<(), CommError> {
-        let me = self.me;
-        if let Some((reason, timed_out)) = &self.aborted {
-            return Err(CommError::Aborted {
-                me,
-                reason: reason.clone(),
-                timed_out: *timed_out,
-            });
-        }
         self.checked(None, buf, op, algorithm)
     }
 

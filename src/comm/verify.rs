@@ -191,7 +191,9 @@ pub fn verify(
     let mut accesses: HashMap<(usize, Buffer), Vec<Access>> = HashMap::new();
     for r in 0..n {
         for (i, step) in s.steps[r].iter().enumerate() {
-            for o in &step.sources {
+            let operands = (step.sources.iter().map(|o| (o, false)))
+                .chain(step.dsts.iter().map(|d| (d, true)));
+            for (o, write) in operands {
                 accesses
                     .entry(memory(o.rank, o.buffer))
                     .or_default()
@@ -199,18 +201,7 @@ pub fn verify(
                         rank: r,
                         step: i,
                         range: o.offset..o.offset + step.len,
-                        write: false,
-                    });
-            }
-            for d in &step.dsts {
-                accesses
-                    .entry(memory(d.rank, d.buffer))
-                    .or_default()
-                    .push(Access {
-                        rank: r,
-                        step: i,
-                        range: d.offset..d.offset + step.len,
-                        write: true,
+                        write,
                     });
             }
         }
