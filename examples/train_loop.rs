@@ -49,9 +49,10 @@ fn replica_loop(
             }
             replica.update(
                 SgdStep {
-                    lr: 0.05,
+                    // Our recipe's constant peak rate and momentum, without its weight decay.
+                    lr: Recipe::Default.lr(),
                     inv_scale: 1.0,
-                    momentum: 0.9,
+                    momentum: Recipe::Default.momentum(),
                     weight_decay: 0.0,
                 },
                 None,

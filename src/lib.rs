@@ -37,14 +37,16 @@
 //!   run-time compilation by NVRTC, which also runs without a GPU on the CPU stand-in for the
 //!   driver that `cargo build` puts in [`STANDIN_DIR`](backend::cuda::STANDIN_DIR); the SIMT backend, which runs the same kernel sources on
 //!   the CPU with compute-sanitizer-like checks; the native CPU backend.
-//! * [`comm`]: collectives (allreduce, reduce-scatter, all-gather, broadcast, barrier):
-//!   algorithms as verified data, executed over peer memory with timeouts.
+//! * [`comm`]: the NCCL layer: collectives (allreduce, reduce-scatter, all-gather, broadcast,
+//!   barrier) as verified data, executed over peer memory with timeouts, or as messages over
+//!   MPI; the [`Collective`](comm::collective::Collective) a trainer's rank sums through.
 //! * [`data`]: IDX files, Fashion-MNIST discovery, epochs of sharded batches.
 //! * [`dtype`]: the element types ([`DType`](dtype::DType)) everything is stored and
 //!   moved in.
 //! * [`model`]: LeNet (the chapter's), forward and backward on any backend.
 //! * [`system`]: the host CPU's description and its measured peak.
-//! * [`train`]: the data-parallel training loop and checkpoints.
+//! * [`train`]: the DDP layer: the data-parallel training loop, gradient buckets, loss
+//!   scaling, recipes and their defaults, configuration, reports and checkpoints.
 
 #![warn(missing_docs)]
 

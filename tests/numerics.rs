@@ -16,8 +16,9 @@ use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::{Backend, Conv2dShape, Epilogue, GemmShape};
 use nanoddp::comm::communicator::CommConfig;
 use nanoddp::data::locate;
+use nanoddp::dtype::DType;
 use nanoddp::model::{self, PARAMS};
-use nanoddp::train::{from_weights, initial_weights, train, Event, Recipe, Storage, TrainConfig};
+use nanoddp::train::{from_weights, initial_weights, train, Event, Recipe, TrainConfig};
 use rand::Rng;
 
 fn uniform(g: &mut impl Rng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
@@ -385,7 +386,7 @@ fn twelve_sgd_steps_stay_on_the_float64_trajectory() {
         algorithm: None,
         bucket_bytes: 64 << 10,
         stop_after: None,
-        precision: Storage::Fp32,
+        precision: DType::F32,
         comm: CommConfig::default(),
     };
     for devices in [1, 4] {

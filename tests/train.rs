@@ -11,10 +11,11 @@ use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::comm::communicator::CommConfig;
 use nanoddp::data::{locate, read_images, read_labels, Dataset};
+use nanoddp::dtype::DType;
 use nanoddp::train::checkpoint::Checkpoint;
 use nanoddp::train::{
-    checkpoint, from_weights, initial_weights, train, Event, LossScaler, Recipe, Storage,
-    TrainConfig, TrainError,
+    checkpoint, from_weights, initial_weights, train, Event, LossScaler, Recipe, TrainConfig,
+    TrainError,
 };
 
 fn subset() -> Dataset {
@@ -26,16 +27,16 @@ fn config(batch: usize, epochs: usize, max_steps: Option<usize>) -> TrainConfig 
         recipe: Recipe::Default,
         epochs,
         batch,
-        lr: 0.05,
-        momentum: 0.9,
-        weight_decay: 5e-4,
+        lr: Recipe::Default.lr(),
+        momentum: Recipe::Default.momentum(),
+        weight_decay: Recipe::Default.weight_decay(),
         seed: 7,
         shuffle: true,
         max_steps,
         algorithm: None,
         bucket_bytes: 64 << 10,
         stop_after: None,
-        precision: Storage::Fp32,
+        precision: DType::F32,
         comm: CommConfig::default(),
     }
 }
@@ -323,7 +324,7 @@ fn the_command_line_reports_user_errors_with_exit_code_2() {
 
 #[test]
 fn a_resumed_run_ends_exactly_where_the_uninterrupted_one_does() {
-    for precision in [Storage::Fp32, Storage::Fp16] {
+    for precision in [DType::F32, DType::F16] {
         resume_matches(TrainConfig {
             precision,
             ..config(100, 2, None)
@@ -369,7 +370,7 @@ fn resume_matches(cfg: TrainConfig) {
     assert_eq!(saved.epoch, 1);
     assert_eq!(
         saved.loss_scale.is_some(),
-        cfg.precision == Storage::Fp16,
+        cfg.precision == DType::F16,
         "the loss scale is saved exactly for fp16 runs"
     );
     let mut resumed_losses = Vec::new();
@@ -395,7 +396,7 @@ fn resume_matches(cfg: TrainConfig) {
 fn mixed_precision_trains_and_the_loss_scale_backs_off_on_overflow() {
     let data = subset();
     let cfg = TrainConfig {
-        precision: Storage::Fp16,
+        precision: DType::F16,
         ..config(64, 3, None)
     };
     let (finals, losses, accs) = run(vec![CpuDevice::new(); 2], &data, &cfg);
@@ -405,7 +406,7 @@ fn mixed_precision_trains_and_the_loss_scale_backs_off_on_overflow() {
     assert_eq!(finals[0], finals[1], "fp16 replicas stay identical");
     // The f16 kernels under the emulator agree with the CPU backend's f16 path.
     let short = TrainConfig {
-        precision: Storage::Fp16,
+        precision: DType::F16,
         ..config(32, 1, Some(2))
     };
     let (_, l_simt, _) = run((0..2).map(SimtDevice::new).collect(), &data, &short);

@@ -11,9 +11,10 @@ use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::comm::communicator::CommConfig;
 use nanoddp::data::{find_dataset, locate, Dataset};
+use nanoddp::dtype::DType;
 use nanoddp::train::{
     check_data, checkpoint, from_weights, initial_weights, test_accuracy, train, Event, Recipe,
-    Storage, TrainConfig, TrainError,
+    TrainConfig, TrainError,
 };
 
 use super::bench_allreduce::{AlgoArg, CommArg};
@@ -353,25 +354,21 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
         RecipeArg::Chapter => Recipe::Chapter,
         RecipeArg::Default => Recipe::Default,
     };
-    let (lr, momentum, wd) = match recipe {
-        Recipe::Chapter => (0.2, 0.0, 0.0),
-        Recipe::Default => (0.05, 0.9, 5e-4),
-    };
     let cfg = TrainConfig {
         recipe,
         epochs: args.epochs,
         batch: args.batch,
-        lr: args.lr.unwrap_or(lr),
-        momentum: args.momentum.unwrap_or(momentum),
-        weight_decay: args.weight_decay.unwrap_or(wd),
+        lr: args.lr.unwrap_or(recipe.lr()),
+        momentum: args.momentum.unwrap_or(recipe.momentum()),
+        weight_decay: args.weight_decay.unwrap_or(recipe.weight_decay()),
         seed: args.seed,
         shuffle: args.shuffle == ShuffleArg::Epoch,
         max_steps: args.max_steps,
         algorithm: args.algo.algorithm(),
         stop_after: None,
         precision: match args.precision {
-            PrecisionArg::Fp32 => Storage::Fp32,
-            PrecisionArg::Fp16 => Storage::Fp16,
+            PrecisionArg::Fp32 => DType::F32,
+            PrecisionArg::Fp16 => DType::F16,
         },
         bucket_bytes: args.bucket_kb.saturating_mul(1024),
         comm: CommConfig {
@@ -410,7 +407,14 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
         (_, Some(path)) => {
             let ckpt = checkpoint::load(path).map_err(|e| e.to_string())?;
             cfg.check_resume(&ckpt, ranks, train_images)
-                .map_err(|e| format!("--resume {}: {e}", path.display()))?;
+                .map_err(|e| match e {
+                    TrainError::ResumeMismatch { .. } => format!(
+                        "--resume {}: {e}: resume with that run's settings, or start a new run \
+                         from its weights with --init",
+                        path.display()
+                    ),
+                    e => format!("--resume {}: {e}", path.display()),
+                })?;
             if ckpt.step >= total_steps {
                 return Ok(Plan::NothingToDo(format!(
                     "nothing to do: {} already took all {} steps of its run; to train on, \
@@ -541,15 +545,17 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
             .progress_chars("=> "),
     );
     let mut on_event = |event: Event| -> Result<(), TrainError> {
-        let io = |e: std::io::Error| TrainError::Config(format!("writing metrics: {e}"));
+        let io = |source: std::io::Error| TrainError::Io {
+            what: "the metrics".into(),
+            source,
+        };
         match event {
             Event::Step(s) => {
                 if !s.loss.is_finite() {
                     // Diverged: stop before an epoch's checkpoint could save it (the last one
                     // written stays as it was).
-                    return Err(TrainError::Config(format!(
-                        "training diverged: the loss is {} at step {} (epoch {}); lower --lr, \
-                         or resume from the last checkpoint with a smaller one",
+                    return Err(TrainError::Diverged(format!(
+                        "the loss is {} at step {} (epoch {})",
                         s.loss, s.step, s.epoch
                     )));
                 }
@@ -580,9 +586,8 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
                 // A NaN can sit in the weights while the reported loss stays finite: never
                 // save such a state over the last good checkpoint.
                 if state.weights.iter().flatten().any(|w| !w.is_finite()) {
-                    return Err(TrainError::Config(format!(
-                        "training diverged: the weights are not finite after epoch {} (the \
-                         last checkpoint, if any, is kept); lower --lr",
+                    return Err(TrainError::Diverged(format!(
+                        "the weights are not finite after epoch {}",
                         e.epoch
                     )));
                 }
@@ -617,11 +622,12 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
                     test_acc: e.test_acc,
                 });
                 if let Some(path) = &plot_path {
-                    super::plot::draw(path, &curves).map_err(TrainError::Config)?;
+                    super::plot::draw(path, &curves).map_err(|e| {
+                        TrainError::Handler(format!("drawing the plot: {e}").into())
+                    })?;
                 }
                 if let Some(path) = &save_path {
-                    checkpoint::save(path, &state)
-                        .map_err(|e| TrainError::Config(e.to_string()))?;
+                    checkpoint::save(path, &state)?;
                 }
             }
             _ => {}
@@ -661,6 +667,13 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
                  loaded machine or a slow first step are: raise --timeout if that was it; \
                  with --save, --resume continues from the last checkpoint",
                 args.timeout
+            )
+            .into(),
+        )),
+        Err(e @ TrainError::Diverged(_)) => Err(Failure::Running(
+            format!(
+                "{e}: lower --lr, or resume from the last checkpoint (kept as it was) with a \
+                 smaller one"
             )
             .into(),
         )),

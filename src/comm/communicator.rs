@@ -12,23 +12,24 @@
 //!
 //! Flags are 64-bit and only grow: `sequence << 32 | (1 + steps completed)`, so a flag never
 //! has to be reset and a slow rank can never mistake an old collective's progress for the
-//! current one's. Each sits alone on its own cache lines. A wait spins briefly, yields, then
-//! sleeps on the flag's doorbell (woken by the flag's owner), so eight ranks on two cores
-//! still progress. Every wait gives up after the configured timeout, and watches the abort
+//! current one's. Each sits alone on its own cache lines. A wait ([`super::wait`]) spins
+//! briefly, yields, then sleeps on the flag's doorbell (woken by the flag's owner), so eight
+//! ranks on two cores still progress. Every wait gives up after the configured timeout, and watches the abort
 //! flag and the peer's departure: a rank that panics or drops its handle mid-collective
 //! aborts the communicator, and every other rank returns [`CommError`] instead of hanging.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use thiserror::Error;
 
-use super::model::CostModel;
-use super::patience::Patience;
+use super::agreement::{self, Call};
+use super::cost::CostModel;
 use super::schedule::{self, Algorithm, Buffer, Schedule};
 use super::transport::{ensure_scratch, CommDevice, DType, MAX_RANKS};
+use super::wait::{Signal, WaitEnd};
 use crate::backend::{BackendError, DeviceBuffer, DeviceScalar};
 
 /// How a communicator behaves.
@@ -52,7 +53,7 @@ pub struct CommConfig {
     /// Largest in-place one-shot (it needs a scratch copy of the buffer), in bytes.
     pub oneshot_max_bytes: usize,
     /// How `auto` picks an algorithm.
-    pub model: CostModel,
+    pub cost: CostModel,
 }
 
 impl CommConfig {
@@ -72,7 +73,7 @@ impl Default for CommConfig {
             timeout: Duration::from_secs(300),
             slice_bytes: 256 << 10,
             oneshot_max_bytes: 4 << 20,
-            model: CostModel::default(),
+            cost: CostModel::default(),
         }
     }
 }
@@ -185,61 +186,22 @@ impl CommScalar for half::f16 {
     const DTYPE: DType = DType::F16;
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Kind {
-    AllReduce(Algorithm, ReduceOp),
-    ReduceScatter(ReduceOp),
-    AllGather,
-    Broadcast(usize),
-    Barrier,
-}
+type Kind = agreement::Kind<Algorithm>;
 
-/// One rank's call, as announced to the others.
+/// One rank's call, as announced to the others: what every rank must agree on, and where
+/// this rank's buffers are.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Announce {
-    seq: u64,
-    kind: Kind,
-    dtype: DType,
-    count: usize,
-    in_place: bool,
+    call: Call<Algorithm>,
     /// Input, Output, Scratch base addresses.
     bases: [u64; 3],
 }
 
-impl Announce {
-    fn agrees_with(&self, other: &Announce) -> bool {
-        (self.seq, self.kind, self.dtype, self.count, self.in_place)
-            == (
-                other.seq,
-                other.kind,
-                other.dtype,
-                other.count,
-                other.in_place,
-            )
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "{:?} of {} {:?} elements{} (collective #{})",
-            self.kind,
-            self.count,
-            self.dtype,
-            if self.in_place { " in place" } else { "" },
-            self.seq
-        )
-    }
-}
-
-/// A value alone on its cache lines (two, for the adjacent-line prefetcher).
-#[repr(align(128))]
-struct Padded<T>(T);
-
 struct Shared {
     n: usize,
     config: CommConfig,
-    flags: Vec<Padded<AtomicU64>>,
-    sleepers: Vec<Padded<AtomicUsize>>,
-    bells: Vec<(Mutex<()>, Condvar)>,
+    /// Each rank's progress flag and doorbell.
+    signals: Vec<Signal>,
     slots: Vec<Mutex<[Option<Announce>; 2]>>,
     departed: Vec<AtomicBool>,
     aborted: AtomicBool,
@@ -248,16 +210,6 @@ struct Shared {
 }
 
 impl Shared {
-    fn ring_bell(&self, rank: usize) {
-        if self.sleepers[rank].0.load(Ordering::SeqCst) > 0 {
-            let _guard = self.bells[rank]
-                .0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            self.bells[rank].1.notify_all();
-        }
-    }
-
     fn abort(&self, reason: String, timed_out: bool) {
         {
             let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
@@ -266,9 +218,8 @@ impl Shared {
             }
         }
         self.aborted.store(true, Ordering::SeqCst);
-        for (lock, bell) in &self.bells {
-            let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
-            bell.notify_all();
+        for signal in &self.signals {
+            signal.wake();
         }
     }
 
@@ -297,9 +248,7 @@ pub fn communicator<D: CommDevice>(
     let shared = Arc::new(Shared {
         n,
         config: config.scaled_for(&devices),
-        flags: (0..n).map(|_| Padded(AtomicU64::new(0))).collect(),
-        sleepers: (0..n).map(|_| Padded(AtomicUsize::new(0))).collect(),
-        bells: (0..n).map(|_| (Mutex::new(()), Condvar::new())).collect(),
+        signals: (0..n).map(|_| Signal::default()).collect(),
         slots: (0..n).map(|_| Mutex::new([None, None])).collect(),
         departed: (0..n).map(|_| AtomicBool::new(false)).collect(),
         aborted: AtomicBool::new(false),
@@ -335,11 +284,6 @@ pub fn communicator<D: CommDevice>(
 
 type ScheduleKey = (Kind, usize, bool);
 
-/// How long a waiter spins (when every rank has a core) before yielding its core.
-const SPIN: Duration = Duration::from_micros(20);
-/// How long a waiter yields before it sleeps on the doorbell.
-const YIELD: Duration = Duration::from_millis(1);
-
 /// One rank of a communicator: its device and its side of every collective.
 pub struct Rank<D: CommDevice> {
     shared: Arc<Shared>,
@@ -367,8 +311,8 @@ impl<D: CommDevice> Drop for Rank<D> {
                 false,
             );
         } else {
-            for r in 0..self.shared.n {
-                self.shared.ring_bell(r);
+            for signal in &self.shared.signals {
+                signal.ring();
             }
         }
     }
@@ -394,7 +338,7 @@ impl<D: CommDevice> Rank<D> {
     pub fn auto_algorithm<T: CommScalar>(&self, count: usize) -> Algorithm {
         self.shared
             .config
-            .model
+            .cost
             .choose(self.shared.n, count * T::DTYPE.size())
     }
 
@@ -595,11 +539,13 @@ impl<D: CommDevice> Rank<D> {
         self.seq += 1;
         let seq = self.seq;
         let ours = Announce {
-            seq,
-            kind,
-            dtype,
-            count,
-            in_place,
+            call: Call {
+                seq,
+                kind,
+                dtype,
+                count,
+                in_place,
+            },
             bases: [input, output, scratch],
         };
         self.busy = true;
@@ -614,13 +560,10 @@ impl<D: CommDevice> Rank<D> {
     }
 
     fn publish(&self, value: u64) {
-        self.shared.flags[self.rank]
-            .0
-            .store(value, Ordering::SeqCst);
-        self.shared.ring_bell(self.rank);
+        self.shared.signals[self.rank].raise(value);
     }
 
-    /// Waits until `peer`'s flag reaches `target`.
+    /// Waits until `peer`'s flag reaches `target` ([`Signal::wait_for`]).
     fn wait_for(
         &self,
         peer: usize,
@@ -628,73 +571,36 @@ impl<D: CommDevice> Rank<D> {
         what: &dyn Fn() -> String,
     ) -> Result<(), CommError> {
         let sh = &*self.shared;
-        let flag = &sh.flags[peer].0;
-        if flag.load(Ordering::Acquire) >= target {
-            return Ok(());
-        }
-        let start = Instant::now();
-        let mut patience = Patience::new(sh.config.timeout);
-        loop {
-            if flag.load(Ordering::Acquire) >= target {
-                return Ok(());
-            }
-            if sh.aborted.load(Ordering::SeqCst) {
-                let (reason, timed_out) = sh.reason();
-                return Err(CommError::Aborted {
-                    me: self.rank,
-                    reason,
-                    timed_out,
-                });
-            }
-            if sh.departed[peer].load(Ordering::SeqCst) {
-                // It may have raised the flag just before leaving.
-                if flag.load(Ordering::SeqCst) >= target {
-                    return Ok(());
+        let me = self.rank;
+        sh.signals[peer]
+            .wait_for(
+                target,
+                &sh.aborted,
+                &sh.departed[peer],
+                sh.config.timeout,
+                self.oversubscribed,
+            )
+            .map_err(|end| match end {
+                WaitEnd::Aborted => {
+                    let (reason, timed_out) = sh.reason();
+                    CommError::Aborted {
+                        me,
+                        reason,
+                        timed_out,
+                    }
                 }
-                return Err(CommError::PeerGone {
-                    me: self.rank,
-                    peer,
-                });
-            }
-            if patience.expired() {
-                return Err(CommError::Timeout {
-                    me: self.rank,
+                WaitEnd::Departed => CommError::PeerGone { me, peer },
+                WaitEnd::TimedOut(waited) => CommError::Timeout {
+                    me,
                     peer,
                     what: what(),
-                    seconds: patience.waited().as_secs_f64(),
-                });
-            }
-            let waited = start.elapsed();
-            // With a core per rank the peer is running: spin a few microseconds. With more
-            // ranks than cores it may need this core: yield it (what MPI's
-            // mpi_yield_when_idle does). After a millisecond, sleep until the peer's flag
-            // moves (its owner rings the doorbell) or a millisecond passes.
-            if waited < SPIN && !self.oversubscribed {
-                std::hint::spin_loop();
-            } else if waited < YIELD {
-                std::thread::yield_now();
-            } else {
-                sh.sleepers[peer].0.fetch_add(1, Ordering::SeqCst);
-                let guard = sh.bells[peer]
-                    .0
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if flag.load(Ordering::SeqCst) < target
-                    && !sh.aborted.load(Ordering::SeqCst)
-                    && !sh.departed[peer].load(Ordering::SeqCst)
-                {
-                    let _ = sh.bells[peer]
-                        .1
-                        .wait_timeout(guard, Duration::from_millis(1))
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-                sh.sleepers[peer].0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
+                    seconds: waited.as_secs_f64(),
+                },
+            })
     }
 
     fn announce_and_execute(&mut self, sched: &Schedule, ours: Announce) -> Result<(), CommError> {
-        let (me, n, seq) = (self.rank, self.shared.n, ours.seq);
+        let (me, n, seq) = (self.rank, self.shared.n, ours.call.seq);
         let hi = seq << 32;
         self.shared.slots[me]
             .lock()
@@ -708,18 +614,18 @@ impl<D: CommDevice> Rank<D> {
             let theirs = self.shared.slots[p]
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)[(seq % 2) as usize];
-            let Some(theirs) = theirs.filter(|t| t.seq == seq) else {
+            let Some(theirs) = theirs.filter(|t| t.call.seq == seq) else {
                 return Err(CommError::Invalid {
                     me,
                     detail: format!("rank {p} announced no collective #{seq}"),
                 });
             };
-            if !theirs.agrees_with(&ours) {
+            if theirs.call != ours.call {
                 return Err(CommError::Mismatch {
                     me,
                     rank: p,
-                    ours: ours.describe(),
-                    theirs: theirs.describe(),
+                    ours: ours.call.describe(),
+                    theirs: theirs.call.describe(),
                 });
             }
             *base = theirs.bases;
@@ -729,7 +635,7 @@ impl<D: CommDevice> Rank<D> {
             Buffer::Output => 1,
             Buffer::Scratch => 2,
         };
-        let esize = ours.dtype.size() as u64;
+        let esize = ours.call.dtype.size() as u64;
         let (mut sources, mut dsts) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for (i, step) in sched.steps[me].iter().enumerate() {
             for &(p, k) in &step.waits {
@@ -755,8 +661,14 @@ impl<D: CommDevice> Rank<D> {
                 // address lies inside a buffer its owner lent to this collective (lengths
                 // agreed in the announce).
                 unsafe {
-                    self.device
-                        .reduce(&mut self.state, ours.dtype, &dsts, &sources, step.len, 1.0)
+                    self.device.reduce(
+                        &mut self.state,
+                        ours.call.dtype,
+                        &dsts,
+                        &sources,
+                        step.len,
+                        1.0,
+                    )
                 }
                 .map_err(|source| CommError::Device { me, source })?;
             }
@@ -768,20 +680,20 @@ impl<D: CommDevice> Rank<D> {
             })?;
         }
         let avg = matches!(
-            ours.kind,
+            ours.call.kind,
             Kind::AllReduce(_, ReduceOp::Avg) | Kind::ReduceScatter(ReduceOp::Avg)
         );
-        if avg && ours.count > 0 && n > 1 {
+        if avg && ours.call.count > 0 && n > 1 {
             // Every peer is done with our output (drained): scale it where it lies.
             let out = bases[me][1];
             // SAFETY: our own output, `count` elements, no longer read by anyone.
             unsafe {
                 self.device.reduce(
                     &mut self.state,
-                    ours.dtype,
+                    ours.call.dtype,
                     &[out],
                     &[out],
-                    ours.count,
+                    ours.call.count,
                     1.0 / n as f32,
                 )
             }

@@ -4,7 +4,7 @@
 //! receives and local steps, then runs such a program over any [`Wire`].
 //!
 //! The lowering follows the happens-before order the schedule's waits define (vector
-//! clocks, as in [`super::verify`]):
+//! clocks, [`super::happens_before`], as the verifier's):
 //! * a step of rank r that **reads** peer p's memory receives those elements from p; p sends
 //!   them right after completing the steps that happen before the read (the verifier's
 //!   race freedom guarantees p writes them neither later nor concurrently);
@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use half::f16;
 
 use super::communicator::CommError;
+use super::happens_before::{self, Stuck};
 use super::schedule::{Buffer, Operand, Schedule};
 
 /// A contiguous range of one of the executing rank's own buffers.
@@ -130,49 +131,13 @@ fn same_buffer(a: Buffer, b: Buffer, in_place: bool) -> bool {
 pub fn lower(schedule: &Schedule, in_place: bool) -> Result<Program, String> {
     let n = schedule.n;
     let steps = &schedule.steps;
-    // done[r][k]: vector clock once rank r has completed k steps; start[r][j]: when step j starts.
-    let mut done: Vec<Vec<Option<Vec<usize>>>> =
-        steps.iter().map(|s| vec![None; s.len() + 1]).collect();
-    let mut start: Vec<Vec<Vec<usize>>> = steps.iter().map(|s| vec![vec![]; s.len()]).collect();
-    for (r, d) in done.iter_mut().enumerate() {
-        d[0] = Some(vec![0; n]);
-        let _ = r;
-    }
-    let mut progress = vec![0usize; n];
-    loop {
-        let mut moved = false;
-        for r in 0..n {
-            while progress[r] < steps[r].len() {
-                let j = progress[r];
-                let mut vc = done[r][j].clone().expect("own previous step");
-                let mut ready = true;
-                for &(p, k) in &steps[r][j].waits {
-                    match done.get(p).and_then(|d| d.get(k)).and_then(|v| v.as_ref()) {
-                        Some(w) => vc.iter_mut().zip(w).for_each(|(a, b)| *a = (*a).max(*b)),
-                        None => {
-                            ready = false;
-                            break;
-                        }
-                    }
-                }
-                if !ready {
-                    break;
-                }
-                start[r][j] = vc.clone();
-                vc[r] = j + 1;
-                done[r][j + 1] = Some(vc);
-                progress[r] += 1;
-                moved = true;
-            }
-        }
-        if !moved {
-            break;
-        }
-    }
-    if (0..n).any(|r| progress[r] < steps[r].len()) {
-        return Err(format!("the schedule deadlocks: progress {progress:?}"));
-    }
-    let done_vc = |r: usize, k: usize| done[r][k].as_ref().expect("all steps ran");
+    let clocks = happens_before::clocks(schedule, |_, _| Ok::<(), std::convert::Infallible>(()))
+        .map_err(|stuck| match stuck {
+            Stuck::Deadlock(progress) => format!("the schedule deadlocks: progress {progress:?}"),
+            Stuck::Refused(never) => match never {},
+        })?;
+    let (start, done) = (&clocks.start, &clocks.done);
+    let done_vc = |r: usize, k: usize| &done[r][k];
     let sum = |v: &[usize]| v.iter().sum::<usize>();
 
     // Positioned actions: (rank, position = steps completed before it, order key, action).

@@ -23,10 +23,12 @@ use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::traits::Communicator;
 
+use super::agreement::{AlgorithmCode, BadCode, Call, Kind as CallKind, WORDS};
 use super::communicator::{CommConfig, CommError, ReduceOp};
 use super::messages::{execute, lower, Program, Wire, WireScalar};
 use super::patience::Patience;
 use super::schedule::{all_reduce, Algorithm};
+use super::transport::DType;
 
 /// How an MPI allreduce is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,27 +47,36 @@ impl MpiAlgorithm {
             MpiAlgorithm::Native => "mpi",
         }
     }
+}
 
+impl AlgorithmCode for MpiAlgorithm {
     fn code(self) -> u64 {
         match self {
-            MpiAlgorithm::Schedule(a) => {
-                1 + Algorithm::ALL.iter().position(|x| *x == a).unwrap_or(0) as u64
-            }
+            MpiAlgorithm::Schedule(a) => a.code(),
             MpiAlgorithm::Native => 99,
         }
+    }
+    fn from_code(code: u64) -> Option<Self> {
+        match code {
+            99 => Some(MpiAlgorithm::Native),
+            code => Algorithm::from_code(code).map(MpiAlgorithm::Schedule),
+        }
+    }
+    fn name(self) -> &'static str {
+        MpiAlgorithm::name(self)
     }
 }
 
 /// Element types the MPI transport moves.
 pub trait MpiScalar: WireScalar {
-    /// 0 for f32, 1 for f16 (in the agreement descriptor).
-    const CODE: u64;
+    /// The element type, in the agreement descriptor.
+    const DTYPE: DType;
 }
 impl MpiScalar for f32 {
-    const CODE: u64 = 0;
+    const DTYPE: DType = DType::F32;
 }
 impl MpiScalar for f16 {
-    const CODE: u64 = 1;
+    const DTYPE: DType = DType::F16;
 }
 
 /// MPI itself, initialized for this process (finalized when dropped: keep it alive as long
@@ -152,7 +163,7 @@ impl MpiComm {
 
     /// What `auto` picks for `bytes` (the in-process cost model).
     pub fn auto_algorithm(&self, bytes: usize) -> Algorithm {
-        self.config.model.choose(self.n, bytes)
+        self.config.cost.choose(self.n, bytes)
     }
 
     /// Reduces `buf` across the ranks, in place. `None` picks a schedule by size.
@@ -162,14 +173,6 @@ impl MpiComm {
         op: ReduceOp,
         algorithm: Option<MpiAlgorithm>,
     ) -> Result<(), CommError> {
-        let me = self.me;
-        if let Some((reason, timed_out)) = &self.aborted {
-            return Err(CommError::Aborted {
-                me,
-                reason: reason.clone(),
-                timed_out: *timed_out,
-            });
-        }
         self.checked(None, buf, op, algorithm)
     }
 
@@ -227,19 +230,14 @@ impl MpiComm {
         algo: MpiAlgorithm,
     ) -> Result<(), CommError> {
         self.seq += 1;
-        let op_code = match op {
-            ReduceOp::Sum => 0,
-            ReduceOp::Avg => 1,
-        };
         let in_place = input.is_none();
-        self.agree([
-            self.seq,
-            buf.len() as u64,
-            T::CODE,
-            op_code,
-            algo.code(),
-            u64::from(in_place),
-        ])?;
+        self.agree(Call {
+            seq: self.seq,
+            kind: CallKind::AllReduce(algo, op),
+            dtype: T::DTYPE,
+            count: buf.len(),
+            in_place,
+        })?;
         let scale = match op {
             ReduceOp::Sum => 1.0,
             ReduceOp::Avg => 1.0 / self.n as f32,
@@ -270,8 +268,9 @@ impl MpiComm {
         }
     }
 
-    /// Every rank contributes `desc`; all must be equal (else an error on every rank).
-    fn agree(&mut self, desc: [u64; 6]) -> Result<(), CommError> {
+    /// Every rank contributes its `call`; all must be equal (else an error on every rank).
+    fn agree(&mut self, call: Call<MpiAlgorithm>) -> Result<(), CommError> {
+        let desc = call.encode();
         let mine: Vec<u8> = bytemuck::cast_slice(&desc).to_vec();
         let mut all = vec![0u8; mine.len() * self.n];
         let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -294,33 +293,20 @@ impl MpiComm {
         })?;
         drop(mine);
         let theirs: Vec<u64> = bytemuck::pod_collect_to_vec(&all);
-        let describe = |d: &[u64]| {
-            let algo = match d[4] {
-                99 => "mpi",
-                c => Algorithm::ALL
-                    .get((c as usize).wrapping_sub(1))
-                    .map_or("?", |a| a.name()),
-            };
-            format!(
-                "all_reduce #{} of {} {} elements ({}, {algo}, {})",
-                d[0],
-                d[1],
-                if d[2] == 0 { "f32" } else { "f16" },
-                if d[3] == 0 { "sum" } else { "avg" },
-                if d[5] == 1 {
-                    "in place"
-                } else {
-                    "out of place"
-                }
-            )
-        };
-        for (rank, d) in theirs.chunks(desc.len()).enumerate() {
+        for (rank, d) in theirs.chunks(WORDS).enumerate() {
             if d != desc {
+                let theirs = <[u64; WORDS]>::try_from(d)
+                    .map_err(|_| BadCode {
+                        field: "length",
+                        code: d.len() as u64,
+                    })
+                    .and_then(|words| Call::<MpiAlgorithm>::decode(&words))
+                    .map_or_else(|bad| bad.to_string(), |c| c.describe());
                 return Err(CommError::Mismatch {
                     me: self.me,
                     rank,
-                    ours: describe(&desc),
-                    theirs: describe(d),
+                    ours: call.describe(),
+                    theirs,
                 });
             }
         }

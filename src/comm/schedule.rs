@@ -142,14 +142,27 @@ impl Builder {
     fn done(&self, rank: usize) -> usize {
         self.steps[rank].len()
     }
-}
 
-/// Final waits making each rank outlive every read of its memory: everyone waits for
-/// everyone (one all-to-all of flags; cheap next to the data movement).
-fn all_done(b: &Builder, n: usize) -> Vec<Vec<(usize, usize)>> {
-    (0..n)
-        .map(|r| (0..n).filter(|&p| p != r).map(|p| (p, b.done(p))).collect())
-        .collect()
+    /// The schedule of the steps pushed, with `scratch` elements of scratch per rank and
+    /// final waits making each rank outlive every read of its memory: everyone waits for
+    /// everyone (one all-to-all of flags; cheap next to the data movement).
+    fn finish(self, scratch: usize) -> Schedule {
+        let n = self.steps.len();
+        let final_waits = (0..n)
+            .map(|r| {
+                (0..n)
+                    .filter(|&p| p != r)
+                    .map(|p| (p, self.done(p)))
+                    .collect()
+            })
+            .collect();
+        Schedule {
+            n,
+            final_waits,
+            steps: self.steps,
+            scratch,
+        }
+    }
 }
 
 /// The allreduce schedule of `algorithm` for `n` ranks and `count` elements. `slice` is the
@@ -261,12 +274,7 @@ fn ring(n: usize, count: usize, slice: usize) -> Schedule {
             }
         }
     }
-    Schedule {
-        n,
-        final_waits: all_done(&b, n),
-        steps: b.steps,
-        scratch: 0,
-    }
+    b.finish(0)
 }
 
 /// Pipelined double binary tree. The data is halved, one half per tree; each half is cut in
@@ -350,12 +358,7 @@ fn tree(n: usize, count: usize, slice: usize) -> Schedule {
             }
         }
     }
-    Schedule {
-        n,
-        final_waits: all_done(&b, n),
-        steps: b.steps,
-        scratch: 0,
-    }
+    b.finish(0)
 }
 
 /// Direct (two-shot, fused): rank r reads chunk r of every rank's input, sums it (in rank
@@ -377,12 +380,7 @@ fn direct(n: usize, count: usize) -> Schedule {
             },
         );
     }
-    Schedule {
-        n,
-        final_waits: all_done(&b, n),
-        steps: b.steps,
-        scratch: 0,
-    }
+    b.finish(0)
 }
 
 /// One-shot: every rank sums every rank's input (rank order). In place, the sum goes to
@@ -402,12 +400,7 @@ fn one_shot(n: usize, count: usize, in_place: bool) -> Schedule {
                 },
             );
         }
-        return Schedule {
-            n,
-            final_waits: all_done(&b, n),
-            steps: b.steps,
-            scratch: 0,
-        };
+        return b.finish(0);
     }
     let summed: Vec<usize> = (0..n)
         .map(|r| {
@@ -434,12 +427,7 @@ fn one_shot(n: usize, count: usize, in_place: bool) -> Schedule {
             },
         );
     }
-    Schedule {
-        n,
-        final_waits: all_done(&b, n),
-        steps: b.steps,
-        scratch: count,
-    }
+    b.finish(count)
 }
 
 /// Reduce-scatter: rank r's output (count elements) is the sum over ranks of their input
@@ -458,12 +446,7 @@ pub fn reduce_scatter(n: usize, count: usize) -> Schedule {
             },
         );
     }
-    Schedule {
-        n,
-        final_waits: all_done(&b, n),
-        steps: b.steps,
-        scratch: 0,
-    }
+    b.finish(0)
 }
 
 /// All-gather: rank r's output (n·count) holds every rank's input (count) in rank order.
@@ -483,12 +466,7 @@ pub fn all_gather(n: usize, count: usize) -> Schedule {
             );
         }
     }
-    Schedule {
-        n,
-        final_waits: all_done(&b, n),
-        steps: b.steps,
-        scratch: 0,
-    }
+    b.finish(0)
 }
 
 /// Broadcast from `root`: every rank's output becomes the root's input (in place, the root's
@@ -506,12 +484,7 @@ pub fn broadcast(n: usize, count: usize, root: usize, in_place: bool) -> Schedul
             },
         );
     }
-    Schedule {
-        n,
-        final_waits: all_done(&b, n),
-        steps: b.steps,
-        scratch: 0,
-    }
+    b.finish(0)
 }
 
 /// Barrier: no data, everyone waits for everyone to arrive.

@@ -3,7 +3,7 @@
 //! 1. **Liveness**: the steps can all run under the waits (no wait names a step that can
 //!    never complete); simulated to the end.
 //! 2. **Race freedom under every interleaving**: the waits define a happens-before order
-//!    (vector clocks). Every two accesses to overlapping memory of which one writes must be
+//!    (vector clocks, [`super::happens_before`]). Every two accesses to overlapping memory of which one writes must be
 //!    ordered by it, including the caller's reuse of a rank's buffers after that rank returns.
 //!    Then every execution the waits allow computes the same thing.
 //! 3. **Values**: one execution is run symbolically; each element is an expression over the
@@ -15,6 +15,7 @@ use std::fmt;
 use std::ops::Range;
 use std::rc::Rc;
 
+use super::happens_before::{self, Stuck};
 use super::schedule::{Buffer, Schedule};
 
 /// A symbolic value.
@@ -141,104 +142,58 @@ pub fn verify(
         );
     }
 
-    // Execute in rounds, recording each step's vector clock at its start.
-    let mut done = vec![0usize; n];
-    let mut after: Vec<Vec<Vec<usize>>> = vec![Vec::new(); n]; // after[r][i] = clock once step i completed
-    let mut start: Vec<Vec<Vec<usize>>> = vec![Vec::new(); n];
-    let join = |into: &mut Vec<usize>, other: &[usize]| {
-        into.iter_mut()
-            .zip(other)
-            .for_each(|(a, b)| *a = (*a).max(*b))
-    };
-    loop {
-        let mut progressed = false;
-        for r in 0..n {
-            while done[r] < s.steps[r].len() {
-                let i = done[r];
-                let step = &s.steps[r][i];
-                if !step.waits.iter().all(|&(p, k)| done[p] >= k) {
-                    break;
-                }
-                let mut clock = if i == 0 {
-                    vec![0; n]
-                } else {
-                    after[r][i - 1].clone()
-                };
-                for &(p, k) in &step.waits {
-                    if k > 0 {
-                        join(&mut clock, &after[p][k - 1]);
-                    }
-                }
-                // Symbolic execution.
-                if step
-                    .dsts
+    // Execute one interleaving symbolically, in the order the clocks' rounds run the steps.
+    let mut run = |r: usize, i: usize| -> Result<(), VerifyError> {
+        let step = &s.steps[r][i];
+        if step
+            .dsts
+            .iter()
+            .chain(&step.sources)
+            .any(|o| o.rank >= n || o.offset + step.len > len_of(o.buffer))
+        {
+            return Err(VerifyError::OutOfBounds { at: (r, i) });
+        }
+        let values: Vec<Rc<Expr>> = (0..step.len)
+            .map(|j| {
+                let parts: Vec<Rc<Expr>> = step
+                    .sources
                     .iter()
-                    .chain(&step.sources)
-                    .any(|o| o.rank >= n || o.offset + step.len > len_of(o.buffer))
-                {
-                    return Err(VerifyError::OutOfBounds { at: (r, i) });
-                }
-                let values: Vec<Rc<Expr>> = (0..step.len)
-                    .map(|j| {
-                        let parts: Vec<Rc<Expr>> = step
-                            .sources
-                            .iter()
-                            .map(|o| state[&memory(o.rank, o.buffer)][o.offset + j].clone())
-                            .collect();
-                        if parts.len() == 1 {
-                            parts[0].clone()
-                        } else {
-                            Rc::new(Expr::Sum(parts))
-                        }
-                    })
+                    .map(|o| state[&memory(o.rank, o.buffer)][o.offset + j].clone())
                     .collect();
-                for d in &step.dsts {
-                    let dst = state
-                        .get_mut(&memory(d.rank, d.buffer))
-                        .expect("buffer exists");
-                    dst[d.offset..d.offset + step.len].clone_from_slice(&values);
+                if parts.len() == 1 {
+                    parts[0].clone()
+                } else {
+                    Rc::new(Expr::Sum(parts))
                 }
-                start[r].push(clock.clone());
-                clock[r] = i + 1;
-                after[r].push(clock);
-                done[r] += 1;
-                progressed = true;
-            }
+            })
+            .collect();
+        for d in &step.dsts {
+            let dst = state
+                .get_mut(&memory(d.rank, d.buffer))
+                .expect("buffer exists");
+            dst[d.offset..d.offset + step.len].clone_from_slice(&values);
         }
-        if done.iter().zip(&s.steps).all(|(d, st)| *d == st.len()) {
-            break;
-        }
-        if !progressed {
-            return Err(VerifyError::Deadlock { progress: done });
-        }
-    }
-    for (r, waits) in s.final_waits.iter().enumerate() {
-        if waits.iter().any(|&(p, k)| k > s.steps[p].len()) {
-            return Err(VerifyError::Deadlock {
-                progress: done.clone(),
-            });
-        }
-        let _ = r;
-    }
-
+        Ok(())
+    };
+    let clocks = happens_before::clocks(s, &mut run).map_err(|stuck| match stuck {
+        Stuck::Deadlock(progress) => VerifyError::Deadlock { progress },
+        Stuck::Refused(e) => e,
+    })?;
     // Clock of each rank's return: its last step plus its final waits.
-    let finals: Vec<Vec<usize>> = (0..n)
-        .map(|r| {
-            let mut c = after[r].last().cloned().unwrap_or_else(|| vec![0; n]);
-            for &(p, k) in &s.final_waits[r] {
-                if k > 0 {
-                    join(&mut c, &after[p][k - 1]);
-                }
-            }
-            c
-        })
-        .collect();
+    let finals = (0..n)
+        .map(|r| clocks.at_return(r, &s.final_waits[r]))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| VerifyError::Deadlock {
+            progress: s.steps.iter().map(Vec::len).collect(),
+        })?;
 
     // Race check, per memory location.
     let mut accesses: HashMap<(usize, Buffer), Vec<Access>> = HashMap::new();
     for r in 0..n {
         for (i, step) in s.steps[r].iter().enumerate() {
-            for o in &step.sources {
+            let operands = (step.sources.iter().map(|o| (o, false)))
+                .chain(step.dsts.iter().map(|d| (d, true)));
+            for (o, write) in operands {
                 accesses
                     .entry(memory(o.rank, o.buffer))
                     .or_default()
@@ -246,18 +201,7 @@ pub fn verify(
                         rank: r,
                         step: i,
                         range: o.offset..o.offset + step.len,
-                        write: false,
-                    });
-            }
-            for d in &step.dsts {
-                accesses
-                    .entry(memory(d.rank, d.buffer))
-                    .or_default()
-                    .push(Access {
-                        rank: r,
-                        step: i,
-                        range: d.offset..d.offset + step.len,
-                        write: true,
+                        write,
                     });
             }
         }
@@ -276,7 +220,7 @@ pub fn verify(
         if a.step == usize::MAX {
             &finals[a.rank]
         } else {
-            &start[a.rank][a.step]
+            &clocks.start[a.rank][a.step]
         }
     };
     // a happens before b: b's clock has seen a complete (a's own later program order included).

@@ -1,4 +1,4 @@
-//! Training across MPI processes (feature `mpi`), hierarchically as NCCL does across nodes:
+//! Reduction across MPI processes (feature `mpi`), hierarchically as NCCL does across nodes:
 //! each process drives `k` local devices (one in-process rank each); a sum first runs over
 //! the local ranks with the in-process transport, then the process's leader (local rank 0)
 //! sums across processes over MPI, then the leader's result is broadcast locally. Global
@@ -7,12 +7,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{Collective, TrainError};
+use super::collective::Collective;
+use super::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
+use super::mpi::{MpiAlgorithm, MpiComm};
+use super::schedule::Algorithm;
+use super::transport::CommDevice;
 use crate::backend::{Backend, Memory};
-use crate::comm::communicator::{communicator, CommConfig, Rank, ReduceOp};
-use crate::comm::mpi::{MpiAlgorithm, MpiComm};
-use crate::comm::schedule::Algorithm;
-use crate::comm::transport::CommDevice;
 
 /// One local rank of one MPI process.
 pub struct Hierarchical<D: CommDevice> {
@@ -29,17 +29,21 @@ impl<D: CommDevice + Backend + Clone + 'static> Hierarchical<D> {
         devices: Vec<D>,
         mpi: MpiComm,
         across: Option<MpiAlgorithm>,
-    ) -> Result<Vec<Hierarchical<D>>, TrainError> {
+    ) -> Result<Vec<Hierarchical<D>>, CommError> {
         let mut mpi = mpi;
         let k = devices.len();
         let mut counts = vec![k as f32];
         mpi.all_reduce(&mut counts, ReduceOp::Sum, Some(MpiAlgorithm::Native))?;
         if counts[0] != (k * mpi.size()) as f32 {
-            return Err(TrainError::Config(format!(
-                "every process must drive the same number of devices: this one has {k}, the {} processes {} in all",
-                mpi.size(),
-                counts[0]
-            )));
+            return Err(CommError::Invalid {
+                me: mpi.rank(),
+                detail: format!(
+                    "every process must drive the same number of devices: this one has {k}, \
+                     the {} processes {} in all",
+                    mpi.size(),
+                    counts[0]
+                ),
+            });
         }
         let global = Arc::new(Mutex::new(mpi));
         Ok(communicator(devices, CommConfig::default())?
@@ -79,21 +83,23 @@ impl<D: CommDevice + Backend + Clone + 'static> Collective for Hierarchical<D> {
         &mut self,
         buf: &mut <D as Memory>::Buffer<f32>,
         algorithm: Option<Algorithm>,
-    ) -> Result<(), TrainError> {
+    ) -> Result<(), CommError> {
         if self.local.size() > 1 {
             self.local.all_reduce(buf, ReduceOp::Sum, algorithm)?;
         }
         if self.local.rank() == 0 {
+            let me = Collective::rank(self);
+            let device = |source| CommError::Device { me, source };
             let dev = self.local.device().clone();
-            let mut host = dev.download(buf)?;
+            let mut host = dev.download(buf).map_err(device)?;
             let across = self.across.or(algorithm.map(MpiAlgorithm::Schedule));
             self.global
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .all_reduce(&mut host, ReduceOp::Sum, across)?;
-            dev.write(&host, buf)?;
+            dev.write(&host, buf).map_err(device)?;
             // A collective returns with its result in place: the replica's queue reads it next.
-            dev.synchronize()?;
+            dev.synchronize().map_err(device)?;
         }
         if self.local.size() > 1 {
             self.local.broadcast(buf, 0)?;

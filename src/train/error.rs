@@ -1,0 +1,66 @@
+//! What can stop training, in the library's terms: [`TrainError`]. Each variant says what
+//! happened; advice in terms of a front end (a command line's flags) is the front end's to add.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use super::checkpoint::CheckpointError;
+use crate::backend::BackendError;
+use crate::comm::communicator::CommError;
+
+/// What can stop training.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// A device failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A collective failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// Settings that cannot work together (a zero batch, more ranks than images a batch).
+    #[error("{0}")]
+    Config(String),
+    /// There is no device to run on.
+    #[error("no device to run on")]
+    NoDevices,
+    /// The data set cannot be trained or evaluated on.
+    #[error("{}: {problem}", dir.display())]
+    Data {
+        /// The data set's folder.
+        dir: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The checkpoint to resume from was written by a run with other settings
+    /// ([`TrainConfig::run_settings`](super::TrainConfig::run_settings)).
+    #[error("the checkpoint belongs to a run with other settings ({})", differences.join("; "))]
+    ResumeMismatch {
+        /// Each setting that differs, with the checkpoint's value and this run's.
+        differences: Vec<String>,
+    },
+    /// A rank's thread panicked.
+    #[error("the thread of rank {0} panicked")]
+    RankPanicked(usize),
+    /// The thread that reduces a rank's gradients during the backward pass panicked.
+    #[error("the gradient communication thread of a rank panicked")]
+    CommThreadPanicked,
+    /// The loss or the weights are no longer finite numbers.
+    #[error("training diverged: {0}")]
+    Diverged(String),
+    /// Saving or loading a checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Writing one of the run's output files failed.
+    #[error("writing {what}: {source}")]
+    Io {
+        /// What was being written.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The caller's event handler stopped the run for a reason of its own.
+    #[error("{0}")]
+    Handler(Box<dyn std::error::Error + Send + Sync>),
+}

@@ -1,0 +1,461 @@
+//! The training loop: one thread and one model replica per rank, each step's forward and
+//! backward with the gradients' reduction overlapped bucket by bucket, the SGD update, the
+//! epoch's evaluation and report; [`train`] and [`train_ranks`] run it on every rank, and
+//! [`test_accuracy`] evaluates weights data-parallel.
+
+use std::sync::mpsc;
+use std::time::Instant;
+
+use half::f16;
+
+use super::{
+    checkpoint, gradient_buckets, learning_rate, EpochReport, Event, LossScaler, StepReport,
+    TrainConfig, TrainError,
+};
+use crate::backend::SgdStep;
+use crate::backend::{Backend, BackendError, Fence, Memory, Precision};
+use crate::comm::collective::Collective;
+use crate::comm::communicator::{communicator, CommConfig};
+use crate::comm::schedule::Algorithm;
+use crate::comm::transport::CommDevice;
+use crate::data::{Batches, Dataset};
+use crate::dtype::DType;
+use crate::model::{Replica, ShardStats, IMAGE, PARAMS};
+
+fn gather(data: &crate::data::Images, labels: &[u8], indices: &[usize]) -> (Vec<u8>, Vec<u8>) {
+    let mut pixels = Vec::with_capacity(indices.len() * data.size());
+    for &i in indices {
+        pixels.extend_from_slice(data.image(i));
+    }
+    (pixels, indices.iter().map(|&i| labels[i]).collect())
+}
+
+/// Checks that `data` holds images LeNet takes: 28x28, training and test alike.
+pub fn check_data(data: &Dataset) -> Result<(), TrainError> {
+    for (what, images) in [
+        ("training", &data.train_images),
+        ("test", &data.test_images),
+    ] {
+        if images.rows != IMAGE || images.cols != IMAGE {
+            return Err(TrainError::Data {
+                dir: data.dir.clone(),
+                problem: format!(
+                    "LeNet expects 28x28 images, the {what} images are {}x{}",
+                    images.rows, images.cols
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Sums `stats` over all ranks. The buffer lives on the rank's own queue, which the
+/// collective waits for before peers read it.
+fn reduce_stats<C: Collective>(rank: &mut C, s: ShardStats) -> Result<ShardStats, TrainError> {
+    let dev = rank.device().clone();
+    let mut buf = dev.upload(&[s.loss_sum as f32, s.correct as f32, s.count as f32])?;
+    rank.sum(&mut buf, Some(Algorithm::OneShot))?;
+    let v = dev.download(&buf)?;
+    Ok(ShardStats {
+        loss_sum: v[0] as f64,
+        correct: v[1] as usize,
+        count: v[2] as usize,
+    })
+}
+
+/// Evaluates the test set, sharded over the ranks; returns the global accuracy.
+fn evaluate<C: Collective, T: Precision>(
+    rank: &mut C,
+    replica: &mut Replica<C::Device, T>,
+    data: &Dataset,
+    batch: usize,
+    progress: Option<&mpsc::Sender<Event>>,
+) -> Result<f64, TrainError> {
+    let (n, me) = (rank.size(), rank.rank());
+    let total = data.test_labels.len();
+    let (lo, hi) = (total * me / n, total * (me + 1) / n);
+    let mut mine = ShardStats::default();
+    let mut start = lo;
+    while start < hi {
+        let end = (start + batch).min(hi);
+        let idx: Vec<usize> = (start..end).collect();
+        let (images, labels) = gather(&data.test_images, &data.test_labels, &idx);
+        let s = replica.step(&images, &labels, None)?;
+        mine.correct += s.correct;
+        mine.count += s.count;
+        start = end;
+        if let Some(events) = progress {
+            let _ = events.send(Event::Evaluating {
+                done: start - lo,
+                total: hi - lo,
+            });
+        }
+    }
+    let all = reduce_stats(rank, mine)?;
+    Ok(all.correct as f64 / all.count.max(1) as f64)
+}
+
+/// Forward and backward on this rank's shard with the gradients' allreduce overlapped: a
+/// communication thread owns the rank for the step and reduces each bucket (tensor by tensor,
+/// in bucket order, the same on every rank) as soon as the backward pass hands it over.
+/// Returns the shard's statistics and the seconds the compute thread waited for
+/// communication after its backward pass (the part not hidden behind compute).
+fn step_and_reduce<C, T>(
+    rank: &mut C,
+    replica: &mut Replica<C::Device, T>,
+    (images, labels, grad_scale): (&[u8], &[u8], f32),
+    bucket_of: &[usize; PARAMS.len()],
+    algorithm: Option<Algorithm>,
+) -> Result<(ShardStats, f64), TrainError>
+where
+    C: Collective,
+    <C::Device as Memory>::Buffer<f32>: Send,
+    T: Precision,
+{
+    // The replica computes on its own queue (a fork of the rank's device handle): each bucket
+    // travels with a fence marking the backward work that produced it, and the communication
+    // thread waits for that fence, not for the whole queue, before the peers may read it.
+    let compute = replica.dev.clone();
+    type Bucket<'b, D> = (
+        Vec<&'b mut <D as Memory>::Buffer<f32>>,
+        Result<Fence, BackendError>,
+    );
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<Bucket<'_, C::Device>>();
+        let comm = scope.spawn(move || -> Result<(), TrainError> {
+            for (bucket, fence) in rx {
+                fence?.wait()?;
+                for g in bucket {
+                    rank.sum(g, algorithm)?;
+                }
+            }
+            Ok(())
+        });
+        let mut open = Vec::new();
+        let mut filled = [0usize; PARAMS.len()];
+        let mut sizes = [0usize; PARAMS.len()];
+        for &b in bucket_of {
+            sizes[b] += 1;
+        }
+        let computed = replica.step_with(images, labels, Some(grad_scale), |i, g| {
+            open.push(g);
+            filled[bucket_of[i]] += 1;
+            if filled[bucket_of[i]] == sizes[bucket_of[i]] {
+                // A failed send means the communication thread already stopped on an
+                // error, which its join below reports.
+                let _ = tx.send((std::mem::take(&mut open), compute.fence()));
+            }
+        });
+        drop(tx);
+        // What follows backward on the device is communication left exposed: finish the
+        // compute queue first, so that its tail is not counted as waiting for the reduction.
+        let finished = compute.synchronize();
+        let t = Instant::now();
+        let reduced = comm.join().map_err(|_| TrainError::CommThreadPanicked)?;
+        let exposed = t.elapsed().as_secs_f64();
+        let stats = computed?;
+        reduced?;
+        finished?;
+        Ok((stats, exposed))
+    })
+}
+
+/// One device's training loop.
+fn run_rank<C: Collective, T: Precision>(
+    mut rank: C,
+    start: &checkpoint::Checkpoint,
+    data: &Dataset,
+    cfg: &TrainConfig,
+    events: &mpsc::Sender<Event>,
+) -> Result<Vec<Vec<f32>>, TrainError>
+where
+    <C::Device as Memory>::Buffer<f32>: Send,
+{
+    let (n, me) = (rank.size(), rank.rank());
+    // Its own queue, so that the gradients' reduction (on the rank's queue) overlaps backward.
+    let mut replica = Replica::<C::Device, T>::new(rank.device().fork()?, &start.weights)?;
+    let mut scaler = match start.loss_scale {
+        Some((scale, clean)) if T::DTYPE.is_half() => LossScaler::restored(scale, clean),
+        _ => LossScaler::new(T::DTYPE.is_half()),
+    };
+    let mut found = replica.dev.alloc_zeros::<i32>(1)?;
+    if let Some(velocity) = &start.velocity {
+        for (buf, v) in replica.velocity.iter_mut().zip(velocity) {
+            replica.dev.write(v, buf)?;
+        }
+    }
+    let steps_per_epoch = data.train_labels.len().div_ceil(cfg.batch);
+    let total_steps = cfg
+        .max_steps
+        .unwrap_or(usize::MAX)
+        .min(steps_per_epoch * cfg.epochs);
+    let mut bucket_of = [0; PARAMS.len()];
+    let buckets = gradient_buckets(cfg.bucket_bytes);
+    for (b, tensors) in buckets.iter().enumerate() {
+        for &i in tensors {
+            bucket_of[i] = b;
+        }
+    }
+    // The step count places a resumed run: a checkpoint written when `max_steps` stopped an
+    // epoch early continues inside that epoch, at the batch after the last one it took.
+    let mut step = start.step;
+    let first_epoch = step / steps_per_epoch + 1;
+    let last_epoch = cfg.stop_after.unwrap_or(cfg.epochs).min(cfg.epochs);
+    for epoch in first_epoch..=last_epoch {
+        if step >= total_steps {
+            break;
+        }
+        let batches = Batches::new(
+            data.train_labels.len(),
+            cfg.batch,
+            cfg.shuffle,
+            cfg.seed,
+            epoch as u64,
+        );
+        let (start, mut allreduce_s) = (Instant::now(), 0.0);
+        let mut epoch_stats = ShardStats::default();
+        let first_batch = if epoch == first_epoch {
+            step % steps_per_epoch
+        } else {
+            0
+        };
+        for b in first_batch..batches.len() {
+            if step >= total_steps {
+                break;
+            }
+            let shards = batches.shards(b, n);
+            let global: usize = shards.iter().map(|s| s.indices.len()).sum();
+            let (images, labels) =
+                gather(&data.train_images, &data.train_labels, &shards[me].indices);
+            let grad_scale = scaler.scale / global as f32;
+            let (local, exposed) = step_and_reduce(
+                &mut rank,
+                &mut replica,
+                (&images, &labels, grad_scale),
+                &bucket_of,
+                cfg.algorithm,
+            )?;
+            allreduce_s += exposed;
+            let lr = learning_rate(cfg, step, total_steps);
+            let sgd = SgdStep {
+                lr,
+                inv_scale: 1.0 / scaler.scale,
+                momentum: cfg.momentum,
+                weight_decay: cfg.weight_decay,
+            };
+            let loss_scale = scaler.scale;
+            if scaler.enabled {
+                // Every replica holds the same reduced gradients, so every replica decides alike.
+                replica.dev.write(&[0], &mut found)?;
+                replica.check_gradients(&mut found)?;
+                replica.update(sgd, Some(&found))?;
+                scaler.update(replica.dev.download(&found)?[0] != 0);
+            } else {
+                replica.update(sgd, None)?;
+            }
+            let s = reduce_stats(&mut rank, local)?;
+            epoch_stats.loss_sum += s.loss_sum;
+            epoch_stats.correct += s.correct;
+            epoch_stats.count += s.count;
+            step += 1;
+            if me == 0 {
+                let _ = events.send(Event::Step(StepReport {
+                    step,
+                    epoch,
+                    loss: s.loss_sum / s.count.max(1) as f64,
+                    lr,
+                    loss_scale,
+                }));
+            }
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let test_acc = evaluate(
+            &mut rank,
+            &mut replica,
+            data,
+            cfg.batch,
+            (me == 0).then_some(events),
+        )?;
+        if me == 0 {
+            let report = EpochReport {
+                epoch,
+                step,
+                complete: first_batch == 0 && step == epoch * steps_per_epoch,
+                train_loss: epoch_stats.loss_sum / epoch_stats.count.max(1) as f64,
+                train_acc: epoch_stats.correct as f64 / epoch_stats.count.max(1) as f64,
+                test_acc,
+                seconds,
+                images_per_s: epoch_stats.count as f64 / seconds,
+                allreduce_share: allreduce_s / seconds,
+            };
+            let velocity = replica
+                .velocity
+                .iter()
+                .map(|v| replica.dev.download(v))
+                .collect::<Result<Vec<_>, _>>()?;
+            let state = checkpoint::Checkpoint {
+                weights: replica.weights()?,
+                velocity: Some(velocity),
+                epoch: step / steps_per_epoch,
+                step,
+                loss_scale: scaler.enabled.then(|| scaler.state()),
+                settings: cfg.run_settings(n, data.train_labels.len()),
+            };
+            let _ = events.send(Event::Epoch(report, state));
+        }
+    }
+    Ok(replica.weights()?)
+}
+
+/// Trains from `start` (weights, and optionally the optimizer state and the epochs and steps
+/// already done, to resume a run) on `devices` (one replica each). Progress arrives through `on_event`
+/// on the calling thread. Returns every replica's final weights, in device order (they are
+/// identical: every replica applies the same update to the same reduced gradients).
+pub fn train<D>(
+    devices: Vec<D>,
+    data: &Dataset,
+    start: checkpoint::Checkpoint,
+    cfg: &TrainConfig,
+    on_event: impl FnMut(Event) -> Result<(), TrainError>,
+) -> Result<Vec<Vec<Vec<f32>>>, TrainError>
+where
+    D: CommDevice + Backend + Clone + Send + 'static,
+    <D as Memory>::Buffer<f32>: Send,
+{
+    if devices.is_empty() {
+        return Err(TrainError::NoDevices);
+    }
+    let ranks = communicator(devices, cfg.comm)?;
+    train_ranks(ranks, data, start, cfg, on_event)
+}
+
+/// [`train`] over ranks already connected: this process's share of all the ranks (every
+/// rank of an in-process communicator, or the local ranks of one MPI process). Events come
+/// from global rank 0 only; returns this process's replicas' final weights.
+pub fn train_ranks<C>(
+    ranks: Vec<C>,
+    data: &Dataset,
+    start: checkpoint::Checkpoint,
+    cfg: &TrainConfig,
+    mut on_event: impl FnMut(Event) -> Result<(), TrainError>,
+) -> Result<Vec<Vec<Vec<f32>>>, TrainError>
+where
+    C: Collective,
+    <C::Device as Memory>::Buffer<f32>: Send,
+{
+    if cfg.batch == 0 || cfg.epochs == 0 {
+        return Err(TrainError::Config(format!(
+            "the batch and the number of epochs must be at least 1 (batch {}, epochs {})",
+            cfg.batch, cfg.epochs
+        )));
+    }
+    let total = ranks.first().map_or(0, |r| r.size());
+    if total > cfg.batch {
+        return Err(TrainError::Config(format!(
+            "{total} ranks need a batch of at least {total} images, not {}",
+            cfg.batch
+        )));
+    }
+    check_data(data)?;
+    if data.train_labels.is_empty() {
+        return Err(TrainError::Data {
+            dir: data.dir.clone(),
+            problem: "the training set has no images".into(),
+        });
+    }
+    cfg.check_resume(&start, total, data.train_labels.len())?;
+    let (tx, rx) = mpsc::channel();
+    let local = ranks.len();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|rank| {
+                let tx = tx.clone();
+                let start = &start;
+                scope.spawn(move || {
+                    let _pool = rank_thread_pool(local);
+                    match cfg.precision {
+                        DType::F32 => run_rank::<C, f32>(rank, start, data, cfg, &tx),
+                        DType::F16 => run_rank::<C, f16>(rank, start, data, cfg, &tx),
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        let mut failure = None;
+        for event in rx {
+            if let Err(e) = on_event(event) {
+                failure.get_or_insert(e);
+            }
+        }
+        let mut finals = Vec::new();
+        for (i, h) in handles.into_iter().enumerate() {
+            match h.join() {
+                Ok(Ok(w)) => finals.push(w),
+                Ok(Err(e)) => {
+                    failure.get_or_insert(e);
+                }
+                Err(_) => {
+                    failure.get_or_insert(TrainError::RankPanicked(i));
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(finals),
+        }
+    })
+}
+
+/// With several local ranks, gives the calling rank thread its own rayon pool of its share
+/// of the cores, the thread itself being the pool's first worker (`use_current_thread`).
+/// The CPU backend's parallel loops then run on the rank's own thread(s) instead of all
+/// ranks queueing every operation on the one global pool and sleeping until a worker
+/// finishes it: with 4 ranks on 2 cores each rank computes inline and the OS shares the
+/// cores. One rank keeps the global pool (all cores). The pool lives as long as the value.
+fn rank_thread_pool(local_ranks: usize) -> Option<rayon::ThreadPool> {
+    if local_ranks < 2 {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads((cores / local_ranks).max(1))
+        .use_current_thread()
+        .build()
+        .ok()
+}
+
+/// Test accuracy of `weights`, evaluated data-parallel over `devices`.
+pub fn test_accuracy<D>(
+    devices: Vec<D>,
+    data: &Dataset,
+    weights: &[Vec<f32>],
+    batch: usize,
+) -> Result<f64, TrainError>
+where
+    D: CommDevice + Backend + Clone + Send + 'static,
+{
+    check_data(data)?;
+    let ranks = communicator(devices, CommConfig::default())?;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|mut rank| {
+                scope.spawn(move || -> Result<f64, TrainError> {
+                    let mut replica = Replica::<D, f32>::new(rank.device().clone(), weights)?;
+                    evaluate(&mut rank, &mut replica, data, batch.max(1), None)
+                })
+            })
+            .collect();
+        let mut acc = Err(TrainError::NoDevices);
+        for (i, h) in handles.into_iter().enumerate() {
+            let r = h.join().map_err(|_| TrainError::RankPanicked(i))?;
+            if i == 0 {
+                acc = r;
+            } else {
+                r?;
+            }
+        }
+        acc
+    })
+}
