@@ -13,7 +13,8 @@ use half::f16;
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::simt::{same_under_lane_orders, LaneOrder};
 use nanoddp::backend::{BackendError, DeviceBuffer, Precision};
-use nanoddp::comm::transport::{CommDevice, DType};
+use nanoddp::comm::transport::CommDevice;
+use nanoddp::dtype::DType;
 
 /// Around one pass of the capped grid (3 blocks · 256 threads · 4 elements = 3072), lengths
 /// that are not a multiple of 4, and enough for many passes.

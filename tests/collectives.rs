@@ -15,11 +15,10 @@ use half::f16;
 use nanoddp::backend::cpu::{CpuBuffer, CpuDevice};
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::backend::{BackendError, DeviceScalar, Memory};
-use nanoddp::comm::communicator::{
-    communicator, CommConfig, CommError, CommScalar, Rank, ReduceOp,
-};
+use nanoddp::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
 use nanoddp::comm::schedule::Algorithm;
-use nanoddp::comm::transport::{CommDevice, DType};
+use nanoddp::comm::transport::CommDevice;
+use nanoddp::dtype::DType;
 
 const ALGOS: [Option<Algorithm>; 5] = [
     Some(Algorithm::Ring),
@@ -65,7 +64,7 @@ fn all_reduce_exact<D, T>(
     op: ReduceOp,
 ) where
     D: CommDevice + Clone + 'static,
-    T: CommScalar + nanoddp::backend::Precision,
+    T: nanoddp::backend::Precision,
 {
     let devices: Vec<D> = (0..n).map(&make).collect();
     let ranks = communicator(devices, CommConfig::default()).unwrap();

@@ -11,7 +11,7 @@ use thiserror::Error;
 
 use super::communicator::ReduceOp;
 use super::schedule::Algorithm;
-use super::transport::DType;
+use crate::dtype::DType;
 
 /// An algorithm choice that travels in an agreement descriptor as a number.
 pub trait AlgorithmCode: Copy + Debug + PartialEq + Eq + Hash {
@@ -109,10 +109,7 @@ impl<A: AlgorithmCode> Call<A> {
             Kind::Broadcast(root) => (4, root as u64, 0),
             Kind::Barrier => (5, 0, 0),
         };
-        let dtype = match self.dtype {
-            DType::F32 => 0,
-            DType::F16 => 1,
-        };
+        let dtype = self.dtype.code();
         [
             self.seq,
             kind,
@@ -142,11 +139,7 @@ impl<A: AlgorithmCode> Call<A> {
         Ok(Call {
             seq,
             kind,
-            dtype: match dtype {
-                0 => DType::F32,
-                1 => DType::F16,
-                code => return Err(bad("element type", code)),
-            },
+            dtype: DType::from_code(dtype).ok_or_else(|| bad("element type", dtype))?,
             count: usize::try_from(count).map_err(|_| bad("count", count))?,
             in_place: match in_place {
                 0 => false,
@@ -172,10 +165,7 @@ impl<A: AlgorithmCode> Call<A> {
         format!(
             "{kind} of {} {} elements{} (collective #{})",
             self.count,
-            match self.dtype {
-                DType::F32 => "f32",
-                DType::F16 => "f16",
-            },
+            self.dtype,
             if self.in_place { " in place" } else { "" },
             self.seq
         )

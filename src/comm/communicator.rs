@@ -28,9 +28,10 @@ use thiserror::Error;
 use super::agreement::{self, Call};
 use super::cost::CostModel;
 use super::schedule::{self, Algorithm, Buffer, Schedule};
-use super::transport::{ensure_scratch, CommDevice, DType, MAX_RANKS};
+use super::transport::{ensure_scratch, CommDevice, MAX_RANKS};
 use super::wait::{Signal, WaitEnd};
-use crate::backend::{BackendError, DeviceBuffer, DeviceScalar};
+use crate::backend::{BackendError, DeviceBuffer, Precision};
+use crate::dtype::DType;
 
 /// How a communicator behaves.
 #[derive(Debug, Clone, Copy)]
@@ -172,18 +173,6 @@ impl CommError {
             _ => false,
         }
     }
-}
-
-/// Element types collectives accept.
-pub trait CommScalar: DeviceScalar {
-    /// The transport's element type.
-    const DTYPE: DType;
-}
-impl CommScalar for f32 {
-    const DTYPE: DType = DType::F32;
-}
-impl CommScalar for half::f16 {
-    const DTYPE: DType = DType::F16;
 }
 
 type Kind = agreement::Kind<Algorithm>;
@@ -335,7 +324,7 @@ impl<D: CommDevice> Rank<D> {
     }
 
     /// What `auto` would pick for `count` elements of `T`.
-    pub fn auto_algorithm<T: CommScalar>(&self, count: usize) -> Algorithm {
+    pub fn auto_algorithm<T: Precision>(&self, count: usize) -> Algorithm {
         self.shared
             .config
             .cost
@@ -349,7 +338,7 @@ impl<D: CommDevice> Rank<D> {
     /// reductions have finished. A buffer produced through another handle with its own
     /// queue ([`Memory::fork`](crate::backend::Memory::fork)) must be finished by the caller
     /// first: `synchronize` that handle, or wait for a [`Fence`](crate::backend::Fence).
-    pub fn all_reduce<T: CommScalar>(
+    pub fn all_reduce<T: Precision>(
         &mut self,
         buf: &mut D::Buffer<T>,
         op: ReduceOp,
@@ -362,7 +351,7 @@ impl<D: CommDevice> Rank<D> {
     }
 
     /// Sums (or averages) `src` across ranks into `dst` (same length).
-    pub fn all_reduce_into<T: CommScalar>(
+    pub fn all_reduce_into<T: Precision>(
         &mut self,
         src: &D::Buffer<T>,
         dst: &mut D::Buffer<T>,
@@ -389,7 +378,7 @@ impl<D: CommDevice> Rank<D> {
     }
 
     /// Rank r's `dst` (count elements) = the reduction over ranks of block r of `src` (size·count).
-    pub fn reduce_scatter<T: CommScalar>(
+    pub fn reduce_scatter<T: Precision>(
         &mut self,
         src: &D::Buffer<T>,
         dst: &mut D::Buffer<T>,
@@ -414,7 +403,7 @@ impl<D: CommDevice> Rank<D> {
     }
 
     /// Every rank's `dst` (size·count) = all ranks' `src` (count each), in rank order.
-    pub fn all_gather<T: CommScalar>(
+    pub fn all_gather<T: Precision>(
         &mut self,
         src: &D::Buffer<T>,
         dst: &mut D::Buffer<T>,
@@ -438,7 +427,7 @@ impl<D: CommDevice> Rank<D> {
     }
 
     /// Copies `root`'s `buf` into every other rank's `buf`.
-    pub fn broadcast<T: CommScalar>(
+    pub fn broadcast<T: Precision>(
         &mut self,
         buf: &mut D::Buffer<T>,
         root: usize,

@@ -20,11 +20,10 @@
 
 use std::collections::HashMap;
 
-use half::f16;
-
 use super::communicator::CommError;
 use super::happens_before::{self, Stuck};
 use super::schedule::{Buffer, Operand, Schedule};
+use crate::backend::Precision;
 
 /// A contiguous range of one of the executing rank's own buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,32 +248,6 @@ pub fn lower(schedule: &Schedule, in_place: bool) -> Result<Program, String> {
     })
 }
 
-/// Elements a wire carries.
-pub trait WireScalar: Copy + Default + bytemuck::Pod + Send + 'static {
-    /// To the f32 accumulator.
-    fn widen(self) -> f32;
-    /// From it, rounded to nearest even.
-    fn narrow(v: f32) -> Self;
-}
-
-impl WireScalar for f32 {
-    fn widen(self) -> f32 {
-        self
-    }
-    fn narrow(v: f32) -> Self {
-        v
-    }
-}
-
-impl WireScalar for f16 {
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-}
-
 /// Point-to-point transport between the ranks of a program.
 pub trait Wire {
     /// Starts sending `bytes` to `to` (must not block on the receiver).
@@ -290,7 +263,7 @@ const BLOCK: usize = 1024;
 
 /// Runs rank `me`'s program over `wire`: `output` starts as the input (in place) or
 /// `input` is given separately; `scale` multiplies every result (1 for sum, 1/n for avg).
-pub fn execute<T: WireScalar>(
+pub fn execute<T: Precision>(
     program: &Program,
     me: usize,
     input: Option<&[T]>,
@@ -298,7 +271,7 @@ pub fn execute<T: WireScalar>(
     scale: f32,
     wire: &mut impl Wire,
 ) -> Result<(), CommError> {
-    let mut scratch = vec![T::default(); program.scratch];
+    let mut scratch = vec![T::zeroed(); program.scratch];
     let invalid = |detail: String| CommError::Invalid { me, detail };
     for action in &program.actions[me] {
         match action {
@@ -339,7 +312,7 @@ pub fn execute<T: WireScalar>(
                         received.push(bytemuck::pod_collect_to_vec(&bytes));
                     }
                 }
-                let mut result = vec![T::default(); *len];
+                let mut result = vec![T::zeroed(); *len];
                 let mut acc = [0.0f32; BLOCK];
                 let mut startb = 0;
                 while startb < *len {
@@ -362,18 +335,18 @@ pub fn execute<T: WireScalar>(
                             acc[..m]
                                 .iter_mut()
                                 .zip(src)
-                                .for_each(|(a, v)| *a = v.widen());
+                                .for_each(|(a, v)| *a = v.to_f32());
                         } else {
                             acc[..m]
                                 .iter_mut()
                                 .zip(src)
-                                .for_each(|(a, v)| *a += v.widen());
+                                .for_each(|(a, v)| *a += v.to_f32());
                         }
                     }
                     result[startb..startb + m]
                         .iter_mut()
                         .zip(&acc[..m])
-                        .for_each(|(d, a)| *d = T::narrow(a * scale));
+                        .for_each(|(d, a)| *d = T::from_f32(a * scale));
                     startb += m;
                 }
                 for r in local {

@@ -18,17 +18,16 @@ use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
 
-use half::f16;
 use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::traits::Communicator;
 
 use super::agreement::{AlgorithmCode, BadCode, Call, Kind as CallKind, WORDS};
 use super::communicator::{CommConfig, CommError, ReduceOp};
-use super::messages::{execute, lower, Program, Wire, WireScalar};
+use super::messages::{execute, lower, Program, Wire};
 use super::patience::Patience;
 use super::schedule::{all_reduce, Algorithm};
-use super::transport::DType;
+use crate::backend::Precision;
 
 /// How an MPI allreduce is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,18 +64,6 @@ impl AlgorithmCode for MpiAlgorithm {
     fn name(self) -> &'static str {
         MpiAlgorithm::name(self)
     }
-}
-
-/// Element types the MPI transport moves.
-pub trait MpiScalar: WireScalar {
-    /// The element type, in the agreement descriptor.
-    const DTYPE: DType;
-}
-impl MpiScalar for f32 {
-    const DTYPE: DType = DType::F32;
-}
-impl MpiScalar for f16 {
-    const DTYPE: DType = DType::F16;
 }
 
 /// MPI itself, initialized for this process (finalized when dropped: keep it alive as long
@@ -167,7 +154,7 @@ impl MpiComm {
     }
 
     /// Reduces `buf` across the ranks, in place. `None` picks a schedule by size.
-    pub fn all_reduce<T: MpiScalar>(
+    pub fn all_reduce<T: Precision>(
         &mut self,
         buf: &mut [T],
         op: ReduceOp,
@@ -177,7 +164,7 @@ impl MpiComm {
     }
 
     /// Reduces `src` across the ranks into `dst` (same length), leaving `src` untouched.
-    pub fn all_reduce_into<T: MpiScalar>(
+    pub fn all_reduce_into<T: Precision>(
         &mut self,
         src: &[T],
         dst: &mut [T],
@@ -197,7 +184,7 @@ impl MpiComm {
         self.checked(Some(src), dst, op, algorithm)
     }
 
-    fn checked<T: MpiScalar>(
+    fn checked<T: Precision>(
         &mut self,
         input: Option<&[T]>,
         buf: &mut [T],
@@ -222,7 +209,7 @@ impl MpiComm {
         result
     }
 
-    fn run<T: MpiScalar>(
+    fn run<T: Precision>(
         &mut self,
         input: Option<&[T]>,
         buf: &mut [T],
@@ -340,7 +327,7 @@ impl MpiComm {
         })
     }
 
-    fn native<T: MpiScalar>(
+    fn native<T: Precision>(
         &mut self,
         input: Option<&[T]>,
         buf: &mut [T],
@@ -349,7 +336,7 @@ impl MpiComm {
         if buf.is_empty() {
             return Ok(());
         }
-        let send: Vec<f32> = input.unwrap_or(buf).iter().map(|v| v.widen()).collect();
+        let send: Vec<f32> = input.unwrap_or(buf).iter().map(|v| v.to_f32()).collect();
         let mut recv = vec![0.0f32; buf.len()];
         let count = c_int::try_from(buf.len()).map_err(|_| CommError::Invalid {
             me: self.me,
@@ -373,7 +360,7 @@ impl MpiComm {
             self.wait_collective(&mut req, (send, recv), || "MPI_Iallreduce".to_string())?;
         drop(send);
         for (b, v) in buf.iter_mut().zip(&recv) {
-            *b = T::narrow(v * scale);
+            *b = T::from_f32(v * scale);
         }
         Ok(())
     }

@@ -7,26 +7,8 @@ use half::f16;
 
 use crate::backend::cpu::CpuDevice;
 use crate::backend::{BackendError, Device, DeviceBuffer, KernelArg, LaunchConfig, Memory};
+use crate::dtype::DType;
 use crate::kernels::collective;
-
-/// Element types the collectives move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DType {
-    /// f32
-    F32,
-    /// IEEE half, summed in f32.
-    F16,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 => 2,
-        }
-    }
-}
 
 /// A backend whose devices can take part in collectives.
 pub trait CommDevice: Memory + Send {
