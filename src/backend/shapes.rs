@@ -6,6 +6,14 @@ fn bad(op: &'static str, detail: String) -> BackendError {
     BackendError::BadShape { op, detail }
 }
 
+/// `BadShape` naming the first of `dims` that is 0.
+fn nonzero(op: &'static str, dims: &[(&str, usize)]) -> Result<(), BackendError> {
+    match dims.iter().find(|(_, v)| *v == 0) {
+        Some((what, _)) => Err(bad(op, format!("{what} is 0"))),
+        None => Ok(()),
+    }
+}
+
 fn fits_i32(op: &'static str, what: &str, v: usize) -> Result<i32, BackendError> {
     i32::try_from(v).map_err(|_| bad(op, format!("{what} = {v} exceeds 2^31 - 1")))
 }
@@ -48,17 +56,13 @@ impl GemmShape {
 
     /// Checks the sizes kernels can index.
     pub fn validate(&self) -> Result<(), BackendError> {
-        for (what, v) in [("M", self.m), ("N", self.n), ("K", self.k)] {
-            fits_i32("gemm", what, v)?;
-            if v == 0 {
-                return Err(bad("gemm", format!("{what} is 0")));
-            }
-        }
-        for (what, v) in [
+        let dims = [("M", self.m), ("N", self.n), ("K", self.k)];
+        nonzero("gemm", &dims)?;
+        for (what, v) in dims.into_iter().chain([
             ("M·K", self.m * self.k),
             ("K·N", self.k * self.n),
             ("M·N", self.m * self.n),
-        ] {
+        ]) {
             fits_i32("gemm", what, v)?;
         }
         Ok(())
@@ -143,21 +147,19 @@ impl Conv2dShape {
     /// Checks the shape is a convolution the kernels can run.
     pub fn validate(&self) -> Result<(), BackendError> {
         let op = "conv2d";
-        let dims = [
-            ("batch", self.batch),
-            ("in_c", self.in_c),
-            ("in_h", self.in_h),
-            ("in_w", self.in_w),
-            ("out_c", self.out_c),
-            ("k_h", self.k_h),
-            ("k_w", self.k_w),
-            ("stride", self.stride),
-        ];
-        for (what, v) in dims {
-            if v == 0 {
-                return Err(bad(op, format!("{what} is 0")));
-            }
-        }
+        nonzero(
+            op,
+            &[
+                ("batch", self.batch),
+                ("in_c", self.in_c),
+                ("in_h", self.in_h),
+                ("in_w", self.in_w),
+                ("out_c", self.out_c),
+                ("k_h", self.k_h),
+                ("k_w", self.k_w),
+                ("stride", self.stride),
+            ],
+        )?;
         if self.k_h > self.in_h + 2 * self.pad || self.k_w > self.in_w + 2 * self.pad {
             return Err(bad(
                 op,
@@ -231,18 +233,17 @@ impl Pool2dShape {
     /// Checks the window fits and sizes are indexable.
     pub fn validate(&self) -> Result<(), BackendError> {
         let op = "pool2d";
-        for (what, v) in [
-            ("planes", self.planes),
-            ("in_h", self.in_h),
-            ("in_w", self.in_w),
-            ("k_h", self.k_h),
-            ("k_w", self.k_w),
-            ("stride", self.stride),
-        ] {
-            if v == 0 {
-                return Err(bad(op, format!("{what} is 0")));
-            }
-        }
+        nonzero(
+            op,
+            &[
+                ("planes", self.planes),
+                ("in_h", self.in_h),
+                ("in_w", self.in_w),
+                ("k_h", self.k_h),
+                ("k_w", self.k_w),
+                ("stride", self.stride),
+            ],
+        )?;
         if self.k_h > self.in_h || self.k_w > self.in_w {
             return Err(bad(
                 op,
