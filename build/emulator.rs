@@ -45,7 +45,7 @@ pub(crate) fn host_build(modules: &[Module], kernel_dir: &Path, out: &Path) {
                 .params
                 .iter()
                 .enumerate()
-                .map(|(i, p)| format!("*static_cast<{} const*>(params[{i}])", p.c_type()))
+                .map(|(i, p)| format!("*static_cast<{} const*>(params[{i}])", p.kind.c_type()))
                 .collect();
             let _ = writeln!(
                 shim,

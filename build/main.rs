@@ -19,7 +19,8 @@
 //! One job per module:
 //! * [`nvcc`]: finding nvcc and compiling a kernel file to a fatbin;
 //! * [`flatten`]: inlining a kernel file's local includes;
-//! * [`kernel_files`]: the kernel files and the entry points they declare;
+//! * [`kernel_files`]: the kernel files and the entry points they declare, read by
+//!   [`declarations`] (`src/kernels/declarations.rs`, shared with the library);
 //! * [`rust_gen`]: the generated Rust (signatures, typed launchers, module table);
 //! * [`emulator`]: the host C++ shims and static library of the SIMT emulator;
 //! * [`standin`]: the CUDA driver stand-in.
@@ -39,6 +40,11 @@ mod standin;
 // (nanoddp::backend::simt_module): one implementation for both.
 #[path = "../src/kernels/lowering.rs"]
 mod lowering;
+// The kernel-declaration parser and table of C types, shared with run-time module builds
+// the same way. The library uses parts of it the build script does not.
+#[allow(dead_code)]
+#[path = "../src/kernels/declarations.rs"]
+mod declarations;
 
 use kernel_files::Module;
 

@@ -5,8 +5,9 @@ use std::env;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::declarations::ParamKind;
 use crate::emulator::simt_entry_symbol;
-use crate::kernel_files::{Kernel, Module, Mutability};
+use crate::kernel_files::{Kernel, Module};
 use crate::nvcc::{PTX_ARCH, SASS_ARCHS};
 
 pub(crate) fn generate_rust(
@@ -118,18 +119,21 @@ fn generate_kernel(g: &mut String, m: &Module, k: &Kernel) {
         .params
         .iter()
         .map(|p| {
-            let kind = match p.pointer {
-                None => format!("ParamKind::Value(Scalar::{})", p.scalar),
-                Some(Mutability::Const) => format!("ParamKind::ConstPtr(Scalar::{})", p.scalar),
-                Some(Mutability::Mut) => format!("ParamKind::MutPtr(Scalar::{})", p.scalar),
+            let (variant, scalar) = match p.kind {
+                ParamKind::Value(s) => ("Value", s),
+                ParamKind::ConstPtr(s) => ("ConstPtr", s),
+                ParamKind::MutPtr(s) => ("MutPtr", s),
             };
-            format!("Param {{ name: {:?}, kind: {kind} }}", p.name)
+            format!(
+                "Param {{ name: {:?}, kind: ParamKind::{variant}(Scalar::{scalar:?}) }}",
+                p.name
+            )
         })
         .collect();
     let _ = writeln!(
         g,
         "    /// Signature of `{}` (kernels/{}.cu:{}).\n    pub static {upper}: KernelSignature = KernelSignature {{ \
-         module: {:?}, name: {:?}, line: {}, params: &[{}], max_threads: {:?} }};\n",
+         module: {:?}, name: {:?}, line: {}, params: &[{}], max_threads: {:?}, min_blocks: {:?} }};\n",
         k.name,
         m.name,
         k.line,
@@ -137,48 +141,31 @@ fn generate_kernel(g: &mut String, m: &Module, k: &Kernel) {
         k.name,
         k.line,
         params.join(", "),
-        k.max_threads
+        k.launch_bounds.map(|b| b.max_threads),
+        k.launch_bounds.and_then(|b| b.min_blocks),
     );
 
     let mut args = Vec::new();
     let mut values = Vec::new();
     for p in &k.params {
         let ident = rust_ident(&p.name);
-        match p.pointer {
-            None => {
-                args.push(format!("{ident}: {}", p.rust));
-                values.push(format!("KernelArg::{}({ident})", p.scalar));
-            }
+        let rust = p.kind.scalar().rust_type();
+        let (arg, value) = match p.kind {
+            ParamKind::Value(s) => (rust.to_string(), format!("{s:?}")),
             // `x_or_null` parameters are optional buffers: `None` passes a null pointer.
-            Some(mutability) => {
-                let reference = if mutability == Mutability::Mut {
-                    "&mut "
-                } else {
-                    "&"
-                };
+            ParamKind::ConstPtr(_) | ParamKind::MutPtr(_) => {
+                let writes = matches!(p.kind, ParamKind::MutPtr(_));
+                let buffer = format!("{}D::Buffer<{rust}>", if writes { "&mut " } else { "&" });
+                let suffix = if writes { "_mut" } else { "" };
                 if p.name.ends_with("_or_null") {
-                    args.push(format!("{ident}: Option<{reference}D::Buffer<{}>>", p.rust));
-                    values.push(format!(
-                        "KernelArg::{}({ident})",
-                        if mutability == Mutability::Mut {
-                            "optional_mut"
-                        } else {
-                            "optional"
-                        }
-                    ));
+                    (format!("Option<{buffer}>"), format!("optional{suffix}"))
                 } else {
-                    args.push(format!("{ident}: {reference}D::Buffer<{}>", p.rust));
-                    values.push(format!(
-                        "KernelArg::{}({ident})",
-                        if mutability == Mutability::Mut {
-                            "buffer_mut"
-                        } else {
-                            "buffer"
-                        }
-                    ));
+                    (buffer, format!("buffer{suffix}"))
                 }
             }
-        }
+        };
+        args.push(format!("{ident}: {arg}"));
+        values.push(format!("KernelArg::{value}({ident})"));
     }
     let _ = writeln!(
         g,

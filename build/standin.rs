@@ -5,8 +5,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::declarations::ParamKind;
 use crate::emulator::simt_entry_symbol;
-use crate::kernel_files::{Module, Mutability};
+use crate::kernel_files::Module;
 
 /// The CUDA driver stand-in (`cuda-standin/`): a `libcuda.so.1` that runs the kernels on
 /// the CPU, built into `target/<profile>/cuda-standin/` (with a `libcuda.so` link) so that
@@ -39,13 +40,11 @@ pub(crate) fn standin_build(modules: &[Module], root: &Path, out: &Path) {
             let params: String = k
                 .params
                 .iter()
-                .map(|p| match (p.pointer, p.scalar) {
-                    (Some(Mutability::Const), _) => 'r',
-                    (Some(Mutability::Mut), _) => 'w',
-                    (None, "U8") => '1',
-                    (None, "F16") => '2',
-                    (None, "F32" | "I32" | "U32") => '4',
-                    (None, _) => '8',
+                .map(|p| match p.kind {
+                    ParamKind::ConstPtr(_) => 'r',
+                    ParamKind::MutPtr(_) => 'w',
+                    // By value: its size in bytes, one digit.
+                    ParamKind::Value(s) => char::from(b'0' + s.size() as u8),
                 })
                 .collect();
             let _ = writeln!(
@@ -55,7 +54,7 @@ pub(crate) fn standin_build(modules: &[Module], root: &Path, out: &Path) {
                 k.name,
                 simt_entry_symbol(m, k),
                 params,
-                k.max_threads.unwrap_or(0)
+                k.launch_bounds.map_or(0, |b| b.max_threads)
             );
             count += 1;
         }

@@ -48,7 +48,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 // Static shared memory: one copy per worker OS thread, and a worker runs one block at a
 // time, so per block. The ASan flavour (blocks run serially) drops thread_local because
-// ASan cannot see overflows of thread_local arrays. build.rs's host shim follows each
+// ASan cannot see overflows of thread_local arrays. The build script's host shim follows each
 // __shared__ declaration with SIMT_SHARED_REGISTER(name), which poisons it per block.
 #if defined(SIMT_SERIAL_BLOCKS)
 #define __shared__ static

@@ -392,6 +392,12 @@ fn the_backend_opts_in_to_large_dynamic_shared_memory() {
 }
 
 #[test]
+fn launch_bounds_refuse_bigger_blocks_before_the_driver_sees_them() {
+    // The backend's own check, on the stand-in or a GPU alike.
+    common::launch_bounds_are_enforced(&common::cuda_device(2));
+}
+
+#[test]
 fn modules_load_once_per_gpu_whatever_the_handles() {
     if !on_standin() {
         return;

@@ -1,5 +1,6 @@
-//! What build.rs embedded: every kernel file, its flattened source, the signatures parsed
-//! from it, and (when nvcc was found) the fatbin and a ptxas report with no spills.
+//! What the build script (`build/`) embedded: every kernel file, its flattened source, the
+//! signatures parsed from it, and (when nvcc was found) the fatbin and a ptxas report with
+//! no spills.
 //!
 //! CI sets NANODDP_EXPECT_PREBUILT=1 (nvcc build) or 0 (NANODDP_NO_NVCC build), so a build
 //! that silently took the other path fails here instead of skipping checks.
@@ -99,7 +100,8 @@ fn flattened_sources_are_self_contained() {
     }
 }
 
-/// The C spelling of a parameter type, rendered independently of build.rs's parser.
+/// The C spelling of a parameter type, rendered independently of the parser the build
+/// script uses (`src/kernels/declarations.rs` and its table of C types).
 fn c_type(kind: ParamKind) -> String {
     let base = |s: Scalar| match s {
         Scalar::F32 => "float",
