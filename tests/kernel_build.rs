@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use nanoddp::kernels::fatbin::{self, ImageKind};
-use nanoddp::kernels::{resources, KernelSignature, ParamKind, Scalar, MODULES, PREBUILT};
+use nanoddp::kernels::{
+    resources, KernelSignature, ParamKind, Prebuilt, Scalar, MODULES, PREBUILT,
+};
 
 fn kernel_dir() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels"))
@@ -176,10 +178,17 @@ fn signatures_render_back_to_their_declarations() {
     }
 }
 
+/// The nvcc build, or `None` with a note that the test is skipped for want of `missing`.
+fn prebuilt_or_skip(missing: &str) -> Option<Prebuilt> {
+    if PREBUILT.is_none() {
+        eprintln!("skipped: built without nvcc, {missing}");
+    }
+    PREBUILT
+}
+
 #[test]
 fn fatbins_hold_sass_for_each_arch_and_portable_ptx() {
-    let Some(pre) = PREBUILT else {
-        eprintln!("skipped: built without nvcc, no fatbin to inspect");
+    let Some(pre) = prebuilt_or_skip("no fatbin to inspect") else {
         return;
     };
     for m in MODULES {
@@ -207,8 +216,7 @@ fn fatbins_hold_sass_for_each_arch_and_portable_ptx() {
 
 #[test]
 fn ptxas_report_covers_exactly_the_kernels_and_nothing_spills() {
-    let Some(pre) = PREBUILT else {
-        eprintln!("skipped: built without nvcc, no ptxas report");
+    let Some(pre) = prebuilt_or_skip("no ptxas report") else {
         return;
     };
     for m in MODULES {

@@ -32,68 +32,50 @@ pub enum Scalar {
     U8,
 }
 
-/// How one [`Scalar`] is spelled in each language that names it.
+/// How one [`Scalar`] is spelled in each language that names it: the C spellings a
+/// declaration may use (the first is the canonical one), the Rust type, and the code
+/// `simt.cuh`'s `::simt::signature` reports it by (`kernels/simt.cuh`, `scalar_code`).
 struct Spelling {
     scalar: Scalar,
-    /// The C spellings a declaration may use; the first is the canonical one.
     c: &'static [&'static str],
-    /// The Rust type.
     rust: &'static str,
-    /// The code `simt.cuh`'s `::simt::signature` reports it by (`kernels/simt.cuh`,
-    /// `scalar_code`).
     code: &'static str,
+}
+
+const fn spelling(
+    scalar: Scalar,
+    c: &'static [&'static str],
+    rust: &'static str,
+    code: &'static str,
+) -> Spelling {
+    Spelling {
+        scalar,
+        c,
+        rust,
+        code,
+    }
 }
 
 /// The table of C types: every scalar a kernel parameter may have, written once.
 const SPELLINGS: &[Spelling] = &[
-    Spelling {
-        scalar: Scalar::F32,
-        c: &["float"],
-        rust: "f32",
-        code: "f32",
-    },
-    Spelling {
-        scalar: Scalar::F64,
-        c: &["double"],
-        rust: "f64",
-        code: "f64",
-    },
-    Spelling {
-        scalar: Scalar::F16,
-        c: &["__half", "half"],
-        rust: "half::f16",
-        code: "f16",
-    },
-    Spelling {
-        scalar: Scalar::I32,
-        c: &["int", "int32_t"],
-        rust: "i32",
-        code: "i32",
-    },
-    Spelling {
-        scalar: Scalar::U32,
-        c: &["unsigned int", "unsigned", "uint32_t"],
-        rust: "u32",
-        code: "u32",
-    },
-    Spelling {
-        scalar: Scalar::I64,
-        c: &["long long", "int64_t"],
-        rust: "i64",
-        code: "i64",
-    },
-    Spelling {
-        scalar: Scalar::U64,
-        c: &["unsigned long long", "uint64_t"],
-        rust: "u64",
-        code: "u64",
-    },
-    Spelling {
-        scalar: Scalar::U8,
-        c: &["unsigned char", "uint8_t"],
-        rust: "u8",
-        code: "u8",
-    },
+    spelling(Scalar::F32, &["float"], "f32", "f32"),
+    spelling(Scalar::F64, &["double"], "f64", "f64"),
+    spelling(Scalar::F16, &["__half", "half"], "half::f16", "f16"),
+    spelling(Scalar::I32, &["int", "int32_t"], "i32", "i32"),
+    spelling(
+        Scalar::U32,
+        &["unsigned int", "unsigned", "uint32_t"],
+        "u32",
+        "u32",
+    ),
+    spelling(Scalar::I64, &["long long", "int64_t"], "i64", "i64"),
+    spelling(
+        Scalar::U64,
+        &["unsigned long long", "uint64_t"],
+        "u64",
+        "u64",
+    ),
+    spelling(Scalar::U8, &["unsigned char", "uint8_t"], "u8", "u8"),
 ];
 
 impl Scalar {
