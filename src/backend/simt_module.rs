@@ -7,7 +7,9 @@
 //! plain CUDA under nvcc/NVRTC), kernels declared `extern "C" __global__ void name(...)`
 //! with parameters of `float`, `double`, `__half`, `int`, `unsigned`, `long long`,
 //! `unsigned long long`, `unsigned char` or pointers to them, one `__shared__` variable per
-//! statement, dynamic shared memory as `SIMT_DYNAMIC_SHARED(T, name)`. Then:
+//! statement, dynamic shared memory as `SIMT_DYNAMIC_SHARED(T, name)`, and a kernel's
+//! `__launch_bounds__`, if any, with integer literals (launches are checked against them).
+//! Then:
 //!
 //! ```no_run
 //! use nanoddp::backend::simt::SimtDevice;
