@@ -2,7 +2,7 @@
 // model (streams, memory, access rules: standin.cpp) and whatever executes device code.
 //
 // Today one executor exists, the SIMT emulator (simt_executor.cpp): it runs the kernels'
-// CUDA C++ source compiled for the host, looked up by name in the registry build.rs
+// CUDA C++ source compiled for the host, looked up by name in the registry the build script
 // generates. A second executor that runs a module's PTX itself plugs in here.
 #pragma once
 

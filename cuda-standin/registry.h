@@ -1,4 +1,4 @@
-// registry.h — the kernels compiled into the stand-in for the SIMT executor. build.rs
+// registry.h — the kernels compiled into the stand-in for the SIMT executor. The build script
 // generates the table (standin_registry.cpp in OUT_DIR) from the same parse of kernels/*.cu
 // that types the Rust launchers, so the two cannot drift.
 #pragma once

@@ -2,7 +2,7 @@
 // (kernels/simt_host.cpp, compiled into this library), with its fibers, barrier checks and
 // guard pages.
 //
-// A module image is matched to kernels by name: build.rs compiles every kernels/*.cu for
+// A module image is matched to kernels by name: the build script compiles every kernels/*.cu for
 // the host into this library and lists the entry points in a registry (name, parameter
 // kinds, __launch_bounds__). A registered kernel is in an image when the image names it the
 // way nvcc and NVRTC output do: `.text.<name>` in a cubin's (or a fatbin's cubins') section

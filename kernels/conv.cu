@@ -4,9 +4,12 @@
 //   x: batch x C x H x W, w: O x C x KH x KW, y: batch x O x P x Q with
 //   P = (H + 2·pad - KH) / s + 1, Q likewise. Out-of-range input taps read zero (padding).
 //
-// Why a tiled direct convolution and not implicit GEMM: LeNet's layers have C ≤ 6 input
-// channels and 5x5 windows, so the GEMM view (K = C·KH·KW ≤ 150) is too shallow to amortize
-// im2col index arithmetic or tensor-core tiles; the work is dominated by reading x. Direct
+// Why a tiled direct convolution and not implicit GEMM: the model's layers are small
+// (src/model/mod.rs). conv1 (1→20 channels, 3x3, on 28x28) has a GEMM depth K = C·KH·KW of
+// 9, far too shallow to amortize im2col index arithmetic or tensor-core tiles. conv2 (20→50
+// channels, 5x5, on 13x13) is deeper, K = 500, but its GEMM view is M = O = 50 rows (four
+// 16-row tensor-core tiles, the last holding 2) by N = batch·81 columns, 81 = P·Q not a
+// multiple of any tile, so tiles would straddle images and run partly empty. Direct
 // convolution keeps each output a plain dot product, stages the filter (the operand every
 // thread of a block shares) in shared memory, and reads x through the cache, where the
 // KH·KW overlapping windows of neighbouring threads hit the same lines.

@@ -19,6 +19,14 @@ extern "C" __global__ void vector_add(const float* __restrict__ a, const float* 
     SIMT_GRID_STRIDE_LOOP(i, n) { c[i] = a[i] + b[i]; }
 }
 
+// out[i] = i for every i < n. Compiled with both arguments of __launch_bounds__: at most 64
+// threads a block, two blocks per SM. Any 1-D grid of blocks of at most 64 threads; the
+// launch checks of every executor must refuse a bigger block before it runs.
+extern "C" __global__ void __launch_bounds__(64, 2) bounded_iota(unsigned int* __restrict__ out, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = i;
+}
+
 // out[b] = sum of in[b*blockDim.x .. +blockDim.x) (missing elements count 0).
 // 1-D grid; any block size 1..1024, not only powers of two: the tree starts at the next
 // power of two and skips partners past the end. Static shared memory + __syncthreads.

@@ -48,7 +48,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 // Static shared memory: one copy per worker OS thread, and a worker runs one block at a
 // time, so per block. The ASan flavour (blocks run serially) drops thread_local because
-// ASan cannot see overflows of thread_local arrays. build.rs's host shim follows each
+// ASan cannot see overflows of thread_local arrays. The build script's host shim follows each
 // __shared__ declaration with SIMT_SHARED_REGISTER(name), which poisons it per block.
 #if defined(SIMT_SERIAL_BLOCKS)
 #define __shared__ static
@@ -569,34 +569,32 @@ inline void check_tile(const T* p, unsigned ldm, int layout, const char* op, con
     TilePayload payload{p, ldm, layout};
     ::simt::warp_sync(0xffffffffu, &payload, complete_tile<T>, op, file, line);
 }
+// Every load_matrix_sync: the emulator's fragment layout gives lane l elements 8l .. 8l+7 of
+// the 16x16 tile in row-major order, whichever way the tile lies in memory.
+template <class T>
+inline void load_tile(T* x, const T* p, unsigned ldm, bool row_major, const char* file, int line) {
+    check_tile(p, ldm, row_major ? 0 : 1, "wmma::load_matrix_sync", file, line);
+    for (int i = 0; i < 8; ++i) {
+        int e = lane() * 8 + i, r = e / 16, c = e % 16;
+        x[i] = row_major ? p[r * ldm + c] : p[c * ldm + r];
+    }
+}
 }  // namespace detail
 
 template <class Layout>
 inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, __half, Layout>& f, const __half* p, unsigned ldm,
                              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-    detail::check_tile(p, ldm, detail::is_row<Layout>() ? 0 : 1, "wmma::load_matrix_sync", file, line);
-    for (int i = 0; i < 8; ++i) {
-        int e = detail::lane() * 8 + i, r = e / 16, c = e % 16;  // A is M x K
-        f.x[i] = detail::is_row<Layout>() ? p[r * ldm + c] : p[c * ldm + r];
-    }
+    detail::load_tile(f.x, p, ldm, detail::is_row<Layout>(), file, line);  // A is M x K
 }
 template <class Layout>
 inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, __half, Layout>& f, const __half* p, unsigned ldm,
                              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-    detail::check_tile(p, ldm, detail::is_row<Layout>() ? 0 : 1, "wmma::load_matrix_sync", file, line);
-    for (int i = 0; i < 8; ++i) {
-        int e = detail::lane() * 8 + i, r = e / 16, c = e % 16;  // B is K x N
-        f.x[i] = detail::is_row<Layout>() ? p[r * ldm + c] : p[c * ldm + r];
-    }
+    detail::load_tile(f.x, p, ldm, detail::is_row<Layout>(), file, line);  // B is K x N
 }
 template <class T>
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& f, const T* p, unsigned ldm, layout_t layout,
                              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-    detail::check_tile(p, ldm, layout == mem_row_major ? 0 : 1, "wmma::load_matrix_sync", file, line);
-    for (int i = 0; i < 8; ++i) {
-        int e = detail::lane() * 8 + i, r = e / 16, c = e % 16;
-        f.x[i] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
-    }
+    detail::load_tile(f.x, p, ldm, layout == mem_row_major, file, line);
 }
 template <class T>
 inline void store_matrix_sync(T* p, const fragment<accumulator, 16, 16, 16, T>& f, unsigned ldm, layout_t layout,

@@ -1,7 +1,7 @@
 //! # nanoddp
 //!
-//! Data-parallel training from scratch: hand-written CUDA kernels compiled by `build.rs`
-//! from `kernels/`, collectives built by hand, and a LeNet trainer on top, with no ML
+//! Data-parallel training from scratch: hand-written CUDA kernels compiled by the build
+//! script (`build/`) from `kernels/`, collectives built by hand, and a LeNet trainer on top, with no ML
 //! framework. No machine that builds or tests this crate has a GPU, so every kernel is
 //! compiled by the real nvcc when one is found (and its resource use is recorded), and
 //! the crate builds and runs without any CUDA at all.
@@ -30,7 +30,7 @@
 //! ```
 //!
 //! ## Map
-//! * [`kernels`]: what `build.rs` embedded (sources, fatbins, ptxas reports, signatures)
+//! * [`kernels`]: what the build script embedded (sources, fatbins, ptxas reports, signatures)
 //!   and the typed launchers generated from the `.cu` declarations.
 //! * [`backend`]: [`Memory`](backend::Memory), [`Device`](backend::Device) (runs kernels) and
 //!   [`Backend`](backend::Backend) (the operations LeNet needs); the CUDA backend, with

@@ -1,6 +1,6 @@
 //! Convolution (`kernels/conv.cu` and the CPU backend) against the float64 reference:
 //! forward with and without the fused bias + ReLU, and the three backward passes, for
-//! LeNet's layers, 3x3 windows with padding and stride, batch 1 and 257, fp32 and half; and
+//! the trained model's layers and the classic LeNet-5's, 3x3 windows with padding and stride, batch 1 and 257, fp32 and half; and
 //! the fused calls the trainer uses.
 
 mod common;
@@ -36,20 +36,26 @@ fn shape(
 
 fn shapes() -> Vec<Conv2dShape> {
     vec![
-        shape(3, 1, (28, 28), 6, (5, 5), 1, 0),  // LeNet conv1
-        shape(2, 6, (12, 12), 16, (5, 5), 1, 0), // LeNet conv2
-        shape(1, 3, (7, 9), 5, (3, 3), 1, 1),    // 3x3, padded, batch 1, non-square
-        shape(2, 2, (11, 10), 3, (3, 3), 2, 1),  // stride 2: taps that skip input pixels
-        shape(1, 1, (1, 1), 1, (1, 1), 1, 0),    // the degenerate 1x1
+        // The classic LeNet-5's conv1 and conv2 (6 and 16 channels, 5x5): not the model
+        // trained here, whose conv2 and conv1 come below.
+        shape(3, 1, (28, 28), 6, (5, 5), 1, 0),
+        shape(2, 6, (12, 12), 16, (5, 5), 1, 0),
+        shape(1, 3, (7, 9), 5, (3, 3), 1, 1), // 3x3, padded, batch 1, non-square
+        shape(2, 2, (11, 10), 3, (3, 3), 2, 1), // stride 2: taps that skip input pixels
+        shape(1, 1, (1, 1), 1, (1, 1), 1, 0), // the degenerate 1x1
         shape(2, 45, (6, 6), 2, (5, 5), 1, 2), // 45·25 = 1125 filter taps: two shared-memory passes
         shape(257, 1, (6, 5), 2, (3, 2), 1, 0), // batch 257
-        // The trained conv2 at a batch of two image groups and one image: the CPU's 10-row
-        // register tiles, masked column edges and partial filter-gradient chunks.
-        shape(17, 20, (13, 13), 50, (5, 5), 1, 0),
+        // The trained conv2 (20→50 channels, 5x5, on 13x13) at a batch of two image groups
+        // and one image: the CPU's 10-row register tiles, masked column edges and partial
+        // filter-gradient chunks.
+        nanoddp::model::conv2(17),
         shape(9, 3, (10, 11), 13, (3, 3), 1, 0), // 13 output channels: a 3-row tile
         // 72 taps (the CPU reads the images in place from 64): strided and padded windows,
         // and 70 channels (a full and a 6-channel chunk of its window tile).
         shape(3, 8, (9, 7), 70, (3, 3), 2, 1),
+        // The trained conv1 (1→20 channels, 3x3, on 28x28); last, so that the cases above
+        // keep their random inputs.
+        nanoddp::model::conv1(3),
     ]
 }
 

@@ -32,6 +32,12 @@ fn on_standin() -> bool {
     false
 }
 
+/// GPU `ordinal` of the stand-in, for a test of the stand-in's own rules; `None` (with a
+/// note) on a real GPU.
+fn standin_gpu(ordinal: usize) -> Option<CudaDevice> {
+    on_standin().then(|| common::cuda_device(ordinal))
+}
+
 /// The stand-in's counters for `gpu`: [module loads, launches, hazards, failed kernels].
 fn counters(gpu: usize) -> [u64; 4] {
     let mut out = [0u64; 4];
@@ -115,11 +121,10 @@ fn streams_are_lazy_and_a_pageable_download_is_not_there_until_synchronized() {
 
 #[test]
 fn download_waits_for_the_copy() {
-    if !on_standin() {
-        return;
-    }
     // The backend's download must synchronize (item 4): otherwise this reads the poison.
-    let dev = common::cuda_device(0);
+    let Some(dev) = standin_gpu(0) else {
+        return;
+    };
     let data: Vec<f32> = (0..4097).map(|i| i as f32 * 0.5).collect();
     let buf = dev.upload(&data).expect("upload");
     assert_eq!(dev.download(&buf).expect("download"), data);
@@ -199,11 +204,10 @@ fn enable_peer_access_covers_pool_and_plain_memory() {
 
 #[test]
 fn plain_memory_without_context_peer_access_faults() {
-    if !on_standin() {
-        return;
-    }
     // GPU 4 reads GPU 5's cuMemAlloc memory with no peer access at all. Sticky for GPU 4.
-    let a = common::cuda_device(4);
+    let Some(a) = standin_gpu(4) else {
+        return;
+    };
     let ctx_b = CudaContext::new(5).unwrap();
     ctx_b.bind_to_thread().unwrap();
     // SAFETY: a fresh allocation of 4 KiB on GPU 5.
@@ -217,11 +221,10 @@ fn plain_memory_without_context_peer_access_faults() {
 
 #[test]
 fn unordered_streams_touching_one_buffer_are_a_hazard() {
-    if !on_standin() {
-        return;
-    }
     // GPU 6: one handle writes y, a fork (its own queue) reads it. Ordered by a fence: fine.
-    let a = common::cuda_device(6);
+    let Some(a) = standin_gpu(6) else {
+        return;
+    };
     let b = a.fork().expect("fork");
     let x = a.upload(&[1.0f32; 512]).unwrap();
     let mut y = a.upload(&[0.0f32; 512]).unwrap();
@@ -358,11 +361,10 @@ fn launches_are_checked_against_the_limits() {
 
 #[test]
 fn the_backend_opts_in_to_large_dynamic_shared_memory() {
-    if !on_standin() {
-        return;
-    }
     // Item 5: the backend raises the kernel's limit when a launch asks for more than 48 KiB.
-    let dev = common::cuda_device(1);
+    let Some(dev) = standin_gpu(1) else {
+        return;
+    };
     let input: Vec<f32> = (0..256).map(|i| i as f32).collect();
     let x = dev.upload(&input).unwrap();
     let mut y = dev.alloc_zeros::<f32>(256).unwrap();
@@ -392,12 +394,17 @@ fn the_backend_opts_in_to_large_dynamic_shared_memory() {
 }
 
 #[test]
+fn launch_bounds_refuse_bigger_blocks_before_the_driver_sees_them() {
+    // The backend's own check, on the stand-in or a GPU alike.
+    common::launch_bounds_are_enforced(&common::cuda_device(2));
+}
+
+#[test]
 fn modules_load_once_per_gpu_whatever_the_handles() {
-    if !on_standin() {
-        return;
-    }
     // Item 6: GPU 3's module loads, before and after clones and forks launch kernels.
-    let dev = common::cuda_device(3);
+    let Some(dev) = standin_gpu(3) else {
+        return;
+    };
     let x = dev.upload(&[1.0f32; 64]).unwrap();
     let mut y = dev.alloc_zeros::<f32>(64).unwrap();
     // SAFETY: 64 floats each.
@@ -448,11 +455,10 @@ fn a_collective_never_reads_buffers_before_they_are_finished() {
 
 #[test]
 fn an_endless_kernel_times_out_with_where_its_threads_are() {
-    if !on_standin() {
-        return;
-    }
     // GPU 7: a 0.5 s watchdog. Sticky for GPU 7 (a timed-out kernel kills its context).
-    let dev = common::cuda_device(7);
+    let Some(dev) = standin_gpu(7) else {
+        return;
+    };
     set_kernel_timeout(7, 0.5);
     let mut out = dev.alloc_zeros::<f32>(256).unwrap();
     let cfg = LaunchConfig {

@@ -151,3 +151,68 @@ fn user_mistakes_give_errors_that_name_the_file_and_the_argument() {
     }
     std::fs::remove_dir_all(bad.parent().unwrap()).unwrap();
 }
+
+#[test]
+fn a_user_kernels_launch_bounds_are_read_and_enforced() {
+    let path = write_kernel(
+        "bounded.cu",
+        "#include \"simt.cuh\"\nextern \"C\" __global__ void __launch_bounds__(64, 2)\n\
+         fill(float* x, int n) {\n    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (i < n) x[i] = 1.0f;\n}\n",
+    );
+    let module = SimtModule::compile(&path).expect("builds");
+    let sig = module.kernels().next().expect("one kernel");
+    assert_eq!(
+        (sig.name, sig.line, sig.max_threads, sig.min_blocks),
+        ("fill", 2, Some(64), Some(2))
+    );
+    let dev = SimtDevice::new(0);
+    let mut x = dev.alloc_zeros::<f32>(128).unwrap();
+    let blocks_of = |threads: u32| LaunchConfig {
+        grid: (128 / threads, 1, 1),
+        block: (threads, 1, 1),
+        shared_bytes: 0,
+    };
+    // SAFETY: one block of 128 threads over 128 floats, had it run.
+    let refused = unsafe {
+        module.launch(
+            &dev,
+            "fill",
+            blocks_of(128),
+            &[KernelArg::buffer_mut(&mut x), KernelArg::I32(128)],
+        )
+    };
+    let e = refused.expect_err("128 threads > 64").to_string();
+    assert!(
+        e.contains("fill") && e.contains("128") && e.contains("(64)"),
+        "{e}"
+    );
+    assert_eq!(dev.download(&x).unwrap(), vec![0.0; 128], "nothing ran");
+    // SAFETY: two blocks of 64 threads over 128 floats.
+    unsafe {
+        module.launch(
+            &dev,
+            "fill",
+            blocks_of(64),
+            &[KernelArg::buffer_mut(&mut x), KernelArg::I32(128)],
+        )
+    }
+    .expect("within the bounds");
+    assert_eq!(dev.download(&x).unwrap(), vec![1.0; 128]);
+    // A bound the launch checks cannot read is an error, not a kernel left unchecked.
+    let macro_bound = write_kernel(
+        "macro_bound.cu",
+        "#include \"simt.cuh\"\n#define BLOCK 64\n\
+         extern \"C\" __global__ void __launch_bounds__(BLOCK) k(float* x) {}\n",
+    );
+    match SimtModule::compile(&macro_bound) {
+        Err(e @ ModuleError::Declaration { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("macro_bound.cu:3") && text.contains("BLOCK"),
+                "{text}"
+            );
+        }
+        other => panic!("expected a declaration error, got {other:?}"),
+    }
+}

@@ -1,5 +1,6 @@
-//! What build.rs embedded: every kernel file, its flattened source, the signatures parsed
-//! from it, and (when nvcc was found) the fatbin and a ptxas report with no spills.
+//! What the build script (`build/`) embedded: every kernel file, its flattened source, the
+//! signatures parsed from it, and (when nvcc was found) the fatbin and a ptxas report with
+//! no spills.
 //!
 //! CI sets NANODDP_EXPECT_PREBUILT=1 (nvcc build) or 0 (NANODDP_NO_NVCC build), so a build
 //! that silently took the other path fails here instead of skipping checks.
@@ -8,7 +9,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use nanoddp::kernels::fatbin::{self, ImageKind};
-use nanoddp::kernels::{resources, KernelSignature, ParamKind, Scalar, MODULES, PREBUILT};
+use nanoddp::kernels::{
+    resources, KernelSignature, ParamKind, Prebuilt, Scalar, MODULES, PREBUILT,
+};
 
 fn kernel_dir() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels"))
@@ -99,7 +102,8 @@ fn flattened_sources_are_self_contained() {
     }
 }
 
-/// The C spelling of a parameter type, rendered independently of build.rs's parser.
+/// The C spelling of a parameter type, rendered independently of the parser the build
+/// script uses (`src/kernels/declarations.rs` and its table of C types).
 fn c_type(kind: ParamKind) -> String {
     let base = |s: Scalar| match s {
         Scalar::F32 => "float",
@@ -174,10 +178,17 @@ fn signatures_render_back_to_their_declarations() {
     }
 }
 
+/// The nvcc build, or `None` with a note that the test is skipped for want of `missing`.
+fn prebuilt_or_skip(missing: &str) -> Option<Prebuilt> {
+    if PREBUILT.is_none() {
+        eprintln!("skipped: built without nvcc, {missing}");
+    }
+    PREBUILT
+}
+
 #[test]
 fn fatbins_hold_sass_for_each_arch_and_portable_ptx() {
-    let Some(pre) = PREBUILT else {
-        eprintln!("skipped: built without nvcc, no fatbin to inspect");
+    let Some(pre) = prebuilt_or_skip("no fatbin to inspect") else {
         return;
     };
     for m in MODULES {
@@ -205,8 +216,7 @@ fn fatbins_hold_sass_for_each_arch_and_portable_ptx() {
 
 #[test]
 fn ptxas_report_covers_exactly_the_kernels_and_nothing_spills() {
-    let Some(pre) = PREBUILT else {
-        eprintln!("skipped: built without nvcc, no ptxas report");
+    let Some(pre) = prebuilt_or_skip("no ptxas report") else {
         return;
     };
     for m in MODULES {

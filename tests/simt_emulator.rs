@@ -2,6 +2,8 @@
 //! `kernels/selftest.cu`. Correct kernels must give exact (or float64-bounded) results under
 //! several lane orders; each deliberately broken kernel must be reported, never hang.
 
+mod common;
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -822,4 +824,9 @@ fn emulated_devices_launch_concurrently_and_read_each_other() {
         .iter()
         .enumerate()
         .all(|(i, &v)| v == (((i + 1) % 7) + ((i + 2) % 7)) as f32));
+}
+
+#[test]
+fn launch_bounds_refuse_bigger_blocks_before_the_kernel_runs() {
+    common::launch_bounds_are_enforced(&SimtDevice::new(0));
 }

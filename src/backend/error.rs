@@ -161,3 +161,14 @@ pub enum BackendError {
         right: usize,
     },
 }
+
+/// The text of a NUL-terminated C character buffer that the C side filled in (an NVRTC log,
+/// an emulator error), up to its first NUL; invalid UTF-8 is replaced.
+pub(crate) fn c_text(raw: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = raw
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}

@@ -424,27 +424,14 @@ mod tests {
             shared_bytes: 0,
         };
         ok.validate("k").expect("1024 threads is legal");
+        let block = |block| LaunchConfig { block, ..ok };
+        let grid = |grid| LaunchConfig { grid, ..ok };
         for bad in [
-            LaunchConfig {
-                block: (1025, 1, 1),
-                ..ok
-            },
-            LaunchConfig {
-                block: (32, 32, 2),
-                ..ok
-            },
-            LaunchConfig {
-                block: (0, 1, 1),
-                ..ok
-            },
-            LaunchConfig {
-                grid: (1, 0, 1),
-                ..ok
-            },
-            LaunchConfig {
-                grid: (1, 65_536, 1),
-                ..ok
-            },
+            block((1025, 1, 1)),
+            block((32, 32, 2)),
+            block((0, 1, 1)),
+            grid((1, 0, 1)),
+            grid((1, 65_536, 1)),
         ] {
             assert!(
                 matches!(bad.validate("k"), Err(BackendError::BadLaunch { .. })),

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use cudarc::nvrtc::{result, sys};
 
 use super::BackendError;
+use crate::backend::error::c_text;
 use crate::kernels::{KernelModule, PREBUILT};
 
 /// What to ask NVRTC for.
@@ -202,7 +203,7 @@ pub fn compile_source(
     let compiled = unsafe { result::compile_program(program, &options) };
     // SAFETY: as above; the log is available whether or not compilation succeeded.
     let log = unsafe { result::get_program_log(program) }
-        .map(|raw| c_chars_to_string(&raw))
+        .map(|raw| c_text(&raw))
         .unwrap_or_default();
     let bytes = match compiled {
         Err(_) if log.contains("could not open source file") => {
@@ -242,15 +243,6 @@ unsafe fn take_output(
             Ok(cubin)
         }
     }
-}
-
-fn c_chars_to_string(raw: &[c_char]) -> String {
-    let bytes: Vec<u8> = raw
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use thiserror::Error;
 use super::check;
 use super::launch::check_launch;
 use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
+use crate::backend::error::c_text;
 use crate::kernels::{simt_entries, KernelSignature};
 
 /// The order in which a block's threads start, and are resumed after each barrier or warp
@@ -187,15 +188,6 @@ extern "C" {
     fn simt_launch(desc: *const LaunchDesc, err: *mut RawError) -> c_int;
     fn simt_alloc(bytes: usize, align: usize) -> *mut c_void;
     fn simt_free(p: *mut c_void);
-}
-
-fn c_text(raw: &[c_char]) -> String {
-    let bytes: Vec<u8> = raw
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// One emulated GPU.

@@ -7,7 +7,9 @@
 //! plain CUDA under nvcc/NVRTC), kernels declared `extern "C" __global__ void name(...)`
 //! with parameters of `float`, `double`, `__half`, `int`, `unsigned`, `long long`,
 //! `unsigned long long`, `unsigned char` or pointers to them, one `__shared__` variable per
-//! statement, dynamic shared memory as `SIMT_DYNAMIC_SHARED(T, name)`. Then:
+//! statement, dynamic shared memory as `SIMT_DYNAMIC_SHARED(T, name)`, and a kernel's
+//! `__launch_bounds__`, if any, with integer literals (launches are checked against them).
+//! Then:
 //!
 //! ```no_run
 //! use nanoddp::backend::simt::SimtDevice;
@@ -27,7 +29,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! How it works: the source is lowered exactly as `build.rs` lowers nanoddp's own kernels
+//! How it works: the kernels are found by the parser the build uses for nanoddp's own
+//! (`src/kernels/declarations.rs`), with their `__launch_bounds__`, which every launch is
+//! checked against; the source is lowered exactly as the build lowers nanoddp's own kernels
 //! (`src/kernels/lowering.rs`: every static `__shared__` is registered so the runtime can
 //! poison it per block), one entry point per kernel is appended (the kernel's parameter
 //! types unpack CUDA's `kernelParams` and are reported as a signature string the launch
@@ -46,8 +50,9 @@ use thiserror::Error;
 use super::nvrtc::{self, Output};
 use super::simt::SimtDevice;
 use super::{BackendError, KernelArg, LaunchConfig};
+use crate::kernels::declarations::{self, Declaration, DeclarationError};
 use crate::kernels::lowering::{lower_static_shared, strip_comments};
-use crate::kernels::{simt_entries::Entry, KernelSignature, Param, ParamKind, Scalar};
+use crate::kernels::{simt_entries::Entry, KernelSignature, Param, ParamKind};
 
 /// The emulator header, as shipped in `kernels/simt.cuh`.
 pub const SIMT_HEADER: &str = include_str!("../../kernels/simt.cuh");
@@ -66,6 +71,15 @@ pub enum ModuleError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// A kernel declaration cannot be read (e.g. `__launch_bounds__` with an argument that
+    /// is not an integer literal: the launch checks need its value).
+    #[error("{path}:{}: {}", source.line, source.message)]
+    Declaration {
+        /// The file.
+        path: PathBuf,
+        /// What the parser found.
+        source: DeclarationError,
     },
     /// The source defines no kernel nanoddp can launch.
     #[error("{path}: no `extern \"C\" __global__ void name(...)` kernel found")]
@@ -135,63 +149,20 @@ impl std::fmt::Debug for SimtModule {
 }
 
 /// The kernels a source declares as `extern "C" __global__ void name(`, in order
-/// (comments ignored; `__launch_bounds__(...)` between `void` and the name allowed).
+/// (comments ignored; `__launch_bounds__(...)` before or after `void` allowed), read by the
+/// parser the build uses for nanoddp's own kernels ([`declarations`]). A source whose
+/// declarations cannot be read yields none; [`SimtModule::compile`] says why.
 pub fn kernel_names(source: &str) -> Vec<String> {
-    let code = strip_comments(source);
-    let mut names = Vec::new();
-    let mut rest = code.as_str();
-    while let Some(at) = rest.find("__global__") {
-        let before = rest[..at].trim_end();
-        rest = &rest[at + "__global__".len()..];
-        if !before.ends_with("extern \"C\"") {
-            continue;
-        }
-        let Some(after_void) = rest.trim_start().strip_prefix("void") else {
-            continue;
-        };
-        let mut tail = after_void.trim_start();
-        if let Some(bounds) = tail.strip_prefix("__launch_bounds__") {
-            let Some(close) = bounds.find(')') else {
-                continue;
-            };
-            tail = bounds[close + 1..].trim_start();
-        }
-        let name: String = tail
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        if !name.is_empty() && tail[name.len()..].trim_start().starts_with('(') {
-            names.push(name);
-        }
-    }
-    names
+    launchable(source)
+        .map(|found| found.into_iter().map(|d| d.name).collect())
+        .unwrap_or_default()
 }
 
-fn parse_param(code: &str) -> Option<ParamKind> {
-    let (constant, rest) = match code.strip_prefix("const ") {
-        Some(r) => (true, r),
-        None => (false, code),
-    };
-    let (pointer, scalar) = match rest.strip_suffix('*') {
-        Some(s) => (true, s),
-        None => (false, rest),
-    };
-    let scalar = match scalar {
-        "f32" => Scalar::F32,
-        "f64" => Scalar::F64,
-        "f16" => Scalar::F16,
-        "i32" => Scalar::I32,
-        "u32" => Scalar::U32,
-        "i64" => Scalar::I64,
-        "u64" => Scalar::U64,
-        "u8" => Scalar::U8,
-        _ => return None,
-    };
-    Some(match (pointer, constant) {
-        (false, _) => ParamKind::Value(scalar),
-        (true, true) => ParamKind::ConstPtr(scalar),
-        (true, false) => ParamKind::MutPtr(scalar),
-    })
+/// The declarations of `source` a module can launch: those declared `extern "C"`.
+fn launchable(source: &str) -> Result<Vec<Declaration>, DeclarationError> {
+    let mut found = declarations::parse(source)?;
+    found.retain(|d| d.extern_c);
+    Ok(found)
 }
 
 /// The source with `#include "simt.cuh"` replaced by the header itself (for NVRTC, which
@@ -223,8 +194,11 @@ impl SimtModule {
             path: path.clone(),
             source,
         })?;
-        let names = kernel_names(&source);
-        if names.is_empty() {
+        let declared = launchable(&source).map_err(|source| ModuleError::Declaration {
+            path: path.clone(),
+            source,
+        })?;
+        if declared.is_empty() {
             return Err(ModuleError::NoKernels { path });
         }
         let shown = path.canonicalize().unwrap_or_else(|_| path.clone());
@@ -242,7 +216,7 @@ impl SimtModule {
              \x20   if (t->version != ::simt::RUNTIME_TABLE_VERSION) return 1;\n\
              \x20   ::simt::runtime = t;\n    return 0;\n}\n",
         );
-        for name in &names {
+        for name in declared.iter().map(|d| &d.name) {
             shim.push_str(&format!(
                 "extern \"C\" void simt_user_entry_{name}(void* const* params) {{ ::simt::invoke({name}, params); }}\n\
                  extern \"C\" const char* simt_user_signature_{name}() {{ static const std::string s = ::simt::signature({name}); return s.c_str(); }}\n"
@@ -256,7 +230,7 @@ impl SimtModule {
             BUILDS.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir)?;
-        let result = build_and_load(&path, &shown, &dir, &shim, &names);
+        let result = build_and_load(&path, &shown, &dir, &shim, &declared);
         // The loaded library stays mapped after its file is gone.
         let _ = std::fs::remove_dir_all(&dir);
         result
@@ -333,7 +307,7 @@ fn build_and_load(
     shown: &Path,
     dir: &Path,
     shim: &str,
-    names: &[String],
+    declared: &[Declaration],
 ) -> Result<SimtModule, ModuleError> {
     std::fs::write(dir.join("simt.cuh"), SIMT_HEADER)?;
     let cpp = dir.join("module.cpp");
@@ -401,7 +375,8 @@ fn build_and_load(
             .unwrap_or_default(),
     );
     let mut kernels = Vec::new();
-    for name in names {
+    for declaration in declared {
+        let name = &declaration.name;
         // SAFETY: generated for every name with these C signatures.
         let (entry, signature) = unsafe {
             (
@@ -429,7 +404,7 @@ fn build_and_load(
             text.split(',')
                 .enumerate()
                 .map(|(i, code)| {
-                    parse_param(code)
+                    ParamKind::from_code(code)
                         .map(|kind| Param {
                             name: leak(format!("arg{i}")),
                             kind,
@@ -438,15 +413,13 @@ fn build_and_load(
                 })
                 .collect::<Result<Vec<_>, _>>()?
         };
-        let line = shim_line(shown, name);
         let signature: &'static KernelSignature = Box::leak(Box::new(KernelSignature {
             module: module_name,
             name: leak(name.clone()),
-            line,
+            line: declaration.line,
             params: Box::leak(params.into_boxed_slice()),
-            // User modules' __launch_bounds__ are not parsed; their launches get the
-            // 1024-thread limit every kernel has.
-            max_threads: None,
+            max_threads: declaration.launch_bounds.map(|b| b.max_threads),
+            min_blocks: declaration.launch_bounds.and_then(|b| b.min_blocks),
         }));
         kernels.push(ModuleKernel { signature, entry });
     }
@@ -457,21 +430,10 @@ fn build_and_load(
     })
 }
 
-/// 1-based line of `name`'s declaration in the file (0 if not found).
-fn shim_line(path: &Path, name: &str) -> u32 {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return 0;
-    };
-    let code = strip_comments(&text);
-    code.lines()
-        .position(|l| l.contains("__global__") && l.contains(&format!("{name}(")))
-        .or_else(|| code.lines().position(|l| l.contains(&format!(" {name}("))))
-        .map_or(0, |i| i as u32 + 1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::Scalar;
 
     #[test]
     fn kernel_names_follow_the_declarations_and_skip_comments_and_device_functions() {
@@ -489,12 +451,18 @@ mod tests {
 
     #[test]
     fn signature_codes_map_to_parameter_kinds() {
-        assert_eq!(parse_param("f32"), Some(ParamKind::Value(Scalar::F32)));
         assert_eq!(
-            parse_param("const f16*"),
+            ParamKind::from_code("f32"),
+            Some(ParamKind::Value(Scalar::F32))
+        );
+        assert_eq!(
+            ParamKind::from_code("const f16*"),
             Some(ParamKind::ConstPtr(Scalar::F16))
         );
-        assert_eq!(parse_param("u8*"), Some(ParamKind::MutPtr(Scalar::U8)));
-        assert_eq!(parse_param("bool"), None);
+        assert_eq!(
+            ParamKind::from_code("u8*"),
+            Some(ParamKind::MutPtr(Scalar::U8))
+        );
+        assert_eq!(ParamKind::from_code("bool"), None);
     }
 }

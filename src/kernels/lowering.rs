@@ -1,4 +1,4 @@
-//! Source lowering for the SIMT emulator's host build, shared by `build.rs` (the crate's
+//! Source lowering for the SIMT emulator's host build, shared by the build script (`build/`, the crate's
 //! own kernels, compiled with `#[path]` into the build script) and by
 //! [`crate::backend::simt_module`] (a user's kernel, compiled at run time).
 

@@ -36,7 +36,7 @@ void check(bool ok, const char* what) {
     if (!ok) ++failures;
 }
 
-// kernelParams unpacking, as build.rs generates it for the Rust side.
+// kernelParams unpacking, as the build script generates it for the Rust side.
 template <class... A, std::size_t... I>
 void unpack(void (*k)(A...), void* const* p, std::index_sequence<I...>) {
     k(*static_cast<std::remove_reference_t<A>*>(p[I])...);

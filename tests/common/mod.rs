@@ -197,3 +197,37 @@ macro_rules! per_backend {
     };
 }
 pub(crate) use per_backend;
+
+/// `selftest::bounded_iota` is compiled with `__launch_bounds__(64, 2)`: on `dev`, a block of
+/// 128 threads must be refused before the kernel runs, with an error naming the kernel and
+/// both numbers, and blocks of 64 must run.
+pub fn launch_bounds_are_enforced<D: nanoddp::backend::Device>(dev: &D) {
+    use nanoddp::backend::{BackendError, LaunchConfig};
+    use nanoddp::kernels::selftest::{bounded_iota, BOUNDED_IOTA};
+    assert_eq!(
+        (BOUNDED_IOTA.max_threads, BOUNDED_IOTA.min_blocks),
+        (Some(64), Some(2))
+    );
+    let blocks = |grid: u32, threads: u32| LaunchConfig {
+        grid: (grid, 1, 1),
+        block: (threads, 1, 1),
+        shared_bytes: 0,
+    };
+    let mut out = dev.alloc_zeros::<u32>(256).unwrap();
+    // SAFETY: 2 blocks of 128 threads over 256 elements, had it run.
+    let refused = unsafe { bounded_iota(dev, blocks(2, 128), &mut out, 256) };
+    match refused {
+        Err(e @ BackendError::BadLaunch { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("bounded_iota") && text.contains("128") && text.contains("(64)"),
+                "{text}"
+            );
+        }
+        other => panic!("a 128-thread block of a 64-thread kernel launched: {other:?}"),
+    }
+    assert_eq!(dev.download(&out).unwrap(), vec![0; 256], "nothing ran");
+    // SAFETY: 4 blocks of 64 threads over 256 elements.
+    unsafe { bounded_iota(dev, blocks(4, 64), &mut out, 256) }.expect("within the bounds");
+    assert_eq!(dev.download(&out).unwrap(), (0..256).collect::<Vec<u32>>());
+}

@@ -1,0 +1,125 @@
+//! Build script: turns `kernels/*.cu` into what the crate embeds.
+//!
+//! For every kernel file it always produces
+//!   * the source with local `#include "..."` flattened (for NVRTC at run time), and
+//!   * the signatures of its `extern "C" __global__` entry points, parsed from the source,
+//!     from which the typed Rust launchers are generated (one definition, every backend).
+//!
+//! When nvcc is found (env `NVCC`, `$CUDA_HOME/bin`, `$CUDA_PATH/bin`, then `PATH`; never when
+//! `NANODDP_NO_NVCC=1`) it also compiles each file to a fatbin (SASS for sm_80 and sm_90, PTX
+//! for compute_75) and keeps the `ptxas -v` resource report. Without nvcc the crate still
+//! builds; the CUDA backend compiles the embedded source with NVRTC when it first needs it.
+//!
+//! It also compiles the same kernels as host C++ for the SIMT emulator, together with the
+//! emulator's runtime `kernels/simt_host.cpp`, into a static library, and builds the CUDA
+//! driver stand-in from `cuda-standin/`.
+//!
+//! Everything lands in `$OUT_DIR/kernels_generated.rs`, included by `src/kernels/mod.rs`.
+//!
+//! One job per module:
+//! * [`nvcc`]: finding nvcc and compiling a kernel file to a fatbin;
+//! * [`flatten`]: inlining a kernel file's local includes;
+//! * [`kernel_files`]: the kernel files and the entry points they declare, read by
+//!   [`declarations`] (`src/kernels/declarations.rs`, shared with the library);
+//! * [`rust_gen`]: the generated Rust (signatures, typed launchers, module table);
+//! * [`emulator`]: the host C++ shims and static library of the SIMT emulator;
+//! * [`standin`]: the CUDA driver stand-in.
+
+use std::env;
+use std::fs;
+use std::path::PathBuf;
+
+mod emulator;
+mod flatten;
+mod kernel_files;
+mod nvcc;
+mod rust_gen;
+mod standin;
+
+// The source lowering the host build shares with run-time module builds
+// (nanoddp::backend::simt_module): one implementation for both.
+#[path = "../src/kernels/lowering.rs"]
+mod lowering;
+// The kernel-declaration parser and table of C types, shared with run-time module builds
+// the same way. The library uses parts of it the build script does not.
+#[allow(dead_code)]
+#[path = "../src/kernels/declarations.rs"]
+mod declarations;
+
+use kernel_files::Module;
+
+fn main() {
+    println!("cargo::rerun-if-changed=build");
+    println!("cargo::rerun-if-changed=kernels");
+    println!("cargo::rerun-if-changed=cuda-standin");
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "PATH",
+        "NANODDP_NO_NVCC",
+        "NVCC_CCBIN",
+    ] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+
+    let root =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let kernel_dir = root.join("kernels");
+
+    let mut sources: Vec<PathBuf> = fs::read_dir(&kernel_dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", kernel_dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+
+    let nvcc = nvcc::find_nvcc();
+    let toolchain = match &nvcc {
+        Some(nvcc) => {
+            let version = nvcc::nvcc_version(nvcc);
+            println!(
+                "cargo::warning=nanoddp: compiling kernels with {} ({version})",
+                nvcc.display()
+            );
+            Some(version)
+        }
+        None => {
+            println!(
+                "cargo::warning=nanoddp: nvcc not found (set NVCC or CUDA_HOME); kernels will be \
+                 compiled at run time by NVRTC when a GPU is used"
+            );
+            None
+        }
+    };
+
+    let modules: Vec<Module> = sources
+        .iter()
+        .map(|path| Module::parse(path, &kernel_dir, &out))
+        .collect();
+
+    // nvcc is slow (~1.5 s a file); compile the files in parallel.
+    let reports: Vec<Option<String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = modules
+            .iter()
+            .map(|m| {
+                let nvcc = nvcc.as_deref();
+                let kernel_dir = &kernel_dir;
+                let out = &out;
+                scope.spawn(move || nvcc.map(|nvcc| nvcc::compile_fatbin(nvcc, m, kernel_dir, out)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("nvcc thread panicked"))
+            .collect()
+    });
+
+    emulator::host_build(&modules, &kernel_dir, &out);
+    standin::standin_build(&modules, &root, &out);
+
+    let generated =
+        rust_gen::generate_rust(&modules, &reports, toolchain.as_deref(), nvcc.as_deref());
+    fs::write(out.join("kernels_generated.rs"), generated).expect("write kernels_generated.rs");
+}

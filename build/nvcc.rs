@@ -1,0 +1,85 @@
+//! Finding nvcc and compiling kernel files to fatbins with it.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::kernel_files::Module;
+
+/// Real GPU architectures we ship SASS for, and the virtual one we ship PTX for (JIT for
+/// anything else, e.g. sm_75 or sm_100+).
+pub(crate) const SASS_ARCHS: &[&str] = &["sm_80", "sm_90"];
+pub(crate) const PTX_ARCH: &str = "compute_75";
+pub(crate) const NVCC_FLAGS: &[&str] = &["-O3", "-lineinfo", "-std=c++17", "-Xptxas", "-v"];
+
+pub(crate) fn find_nvcc() -> Option<PathBuf> {
+    if env::var("NANODDP_NO_NVCC").is_ok_and(|v| v == "1") {
+        return None;
+    }
+    let mut candidates = Vec::new();
+    if let Some(p) = env::var_os("NVCC") {
+        candidates.push(PathBuf::from(p));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(p) = env::var_os(var) {
+            candidates.push(PathBuf::from(p).join("bin").join("nvcc"));
+        }
+    }
+    if let Some(path) = env::var_os("PATH") {
+        candidates.extend(env::split_paths(&path).map(|d| d.join("nvcc")));
+    }
+    candidates.into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+pub(crate) fn nvcc_version(nvcc: &Path) -> String {
+    let out = Command::new(nvcc)
+        .arg("--version")
+        .output()
+        .expect("nvcc --version");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "Cuda compilation tools, release 13.0, V13.0.88"
+    text.lines()
+        .find_map(|l| l.split_once("release ").map(|(_, v)| v.trim().to_string()))
+        .unwrap_or_else(|| "unknown version".to_string())
+}
+
+/// Compiles one module to `$OUT_DIR/<name>.fatbin` and returns ptxas's resource report.
+/// A kernel that does not compile fails the build: with a compiler present, a broken
+/// kernel must never be silently replaced by the run-time path.
+pub(crate) fn compile_fatbin(
+    nvcc: &Path,
+    module: &Module,
+    kernel_dir: &Path,
+    out: &Path,
+) -> String {
+    let mut cmd = Command::new(nvcc);
+    cmd.arg("-fatbin")
+        .args(NVCC_FLAGS)
+        .arg("-I")
+        .arg(kernel_dir);
+    for sm in SASS_ARCHS {
+        let compute = sm.replace("sm_", "compute_");
+        cmd.arg("-gencode").arg(format!("arch={compute},code={sm}"));
+    }
+    cmd.arg("-gencode")
+        .arg(format!("arch={PTX_ARCH},code={PTX_ARCH}"));
+    if let Some(ccbin) = env::var_os("NVCC_CCBIN") {
+        cmd.arg("-ccbin").arg(ccbin);
+    }
+    cmd.arg(&module.path)
+        .arg("-o")
+        .arg(out.join(format!("{}.fatbin", module.name)));
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !output.status.success() {
+        panic!("nvcc failed on {}:\n{stderr}", module.path.display());
+    }
+    stderr
+}
