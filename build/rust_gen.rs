@@ -101,7 +101,7 @@ pub(crate) fn generate_rust(
         let _ = writeln!(
             g,
             "/// Signatures and typed launchers of `kernels/{}.cu`.\npub mod {} {{\n    #[allow(unused_imports)]\n    \
-             use crate::backend::{{Device, KernelArg, LaunchConfig}};\n    \
+             use crate::backend::{{KernelDevice, KernelArg, LaunchConfig}};\n    \
              use crate::kernels::{{KernelSignature, Param, ParamKind, Scalar}};\n",
             m.name, m.name
         );
@@ -172,7 +172,7 @@ fn generate_kernel(g: &mut String, m: &Module, k: &Kernel) {
         "    /// Launches `{}` (kernels/{}.cu:{}) on `dev`.\n    ///\n    /// # Safety\n    /// The kernel indexes \
          its buffers by its scalar arguments with no bounds checks: they must describe\n    /// ranges inside the \
          buffers passed, as the kernel's comment defines.\n    #[allow(clippy::too_many_arguments)]\n    \
-         pub unsafe fn {}<D: Device + ?Sized>(dev: &D, cfg: LaunchConfig, {}) -> Result<(), crate::backend::BackendError> {{\n        \
+         pub unsafe fn {}<D: KernelDevice + ?Sized>(dev: &D, cfg: LaunchConfig, {}) -> Result<(), crate::backend::BackendError> {{\n        \
          // SAFETY: the caller upholds the kernel's bounds contract; the arguments match the signature by construction.\n        \
          unsafe {{ dev.launch(&{upper}, cfg, &[{}]) }}\n    }}\n",
         k.name,

@@ -32,7 +32,7 @@
 //! ## Map
 //! * [`kernels`]: what the build script embedded (sources, fatbins, ptxas reports, signatures)
 //!   and the typed launchers generated from the `.cu` declarations.
-//! * [`backend`]: [`Memory`](backend::Memory), [`Device`](backend::Device) (runs kernels) and
+//! * [`backend`]: [`Memory`](backend::Memory), [`KernelDevice`](backend::KernelDevice) (runs kernels) and
 //!   [`Backend`](backend::Backend) (the operations LeNet needs); the CUDA backend, with
 //!   run-time compilation by NVRTC, which also runs without a GPU on the CPU stand-in for the
 //!   driver that `cargo build` puts in [`STANDIN_DIR`](backend::cuda::STANDIN_DIR); the SIMT backend, which runs the same kernel sources on
@@ -90,8 +90,8 @@ pub mod prelude {
     pub use crate::backend::simt::{LaneOrder, SimtDevice};
     pub use crate::backend::simt_module::SimtModule;
     pub use crate::backend::{
-        Backend, BackendError, Conv2dShape, Device, Epilogue, GemmShape, KernelArg, LaunchConfig,
-        Memory, Pool2dShape, SgdStep,
+        Backend, BackendError, Conv2dShape, Epilogue, GemmShape, KernelArg, KernelDevice,
+        LaunchConfig, Memory, Pool2dShape, SgdStep,
     };
     pub use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
     pub use crate::comm::schedule::Algorithm;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{sys, CudaContext, CudaStream, DriverError, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use nanoddp::backend::cuda::{self, CudaDevice};
-use nanoddp::backend::{BackendError, Device, DeviceBuffer, KernelArg, LaunchConfig, Memory};
+use nanoddp::backend::{BackendError, DeviceBuffer, KernelArg, KernelDevice, LaunchConfig, Memory};
 use nanoddp::comm::communicator::{communicator, CommConfig, ReduceOp};
 use nanoddp::comm::schedule::Algorithm;
 use nanoddp::kernels::{elementwise, selftest, KernelModule};

@@ -12,8 +12,8 @@ use half::f16;
 use nanoddp::backend::simt::{EmulatorError, EmulatorFault, SimtBuffer, SimtDevice};
 use nanoddp::backend::simt_module::SimtModule;
 use nanoddp::backend::{
-    Backend, BackendError, Device, DeviceBuffer, Epilogue, GemmShape, KernelArg, LaunchConfig,
-    Memory, Precision,
+    Backend, BackendError, DeviceBuffer, Epilogue, GemmShape, KernelArg, KernelDevice,
+    LaunchConfig, Memory, Precision,
 };
 use nanoddp::kernels::Scalar;
 

@@ -15,9 +15,9 @@ use super::{BackendError, DeviceBuffer, Memory};
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
 
-/// A backend's own implementation of the operations (see the [module docs](self)).
+/// A backend's own implementation of the operations (see the module docs of `backend_impl.rs`: each method may assume the checks of its `Backend` namesake).
 /// Implemented by [`CpuDevice`](super::cpu::CpuDevice) and by every kernel
-/// [`Device`](super::Device).
+/// [`KernelDevice`](super::KernelDevice).
 ///
 /// # Safety
 ///

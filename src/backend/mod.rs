@@ -1,39 +1,45 @@
-//! Backends: where the operations run.
+//! Backends: where the operations run. Two families implement them:
+//!
+//! ```text
+//! Backend (ops.rs)            the operations LeNet needs; checks every call once
+//!   └─ BackendImpl            what a backend provides, called with checked arguments
+//!        ├─ kernel/           every KernelDevice, by launching kernels/*.cu
+//!        │    ├─ cuda         NVIDIA GPUs (driver API; the CPU stand-in without one) + nvrtc
+//!        │    └─ simt         the kernel sources on the CPU, with sanitizer-like checks
+//!        └─ cpu/              native Rust, the production path without a GPU
+//! ```
 //!
 //! * [`Memory`]: typed buffers ([`DeviceBuffer`]) and copies, on every backend.
-//! * [`Device`]: a [`Memory`] that runs the embedded kernels, given a [`KernelSignature`](crate::kernels::KernelSignature) and
-//!   the arguments in CUDA's `kernelParams` order. The typed launchers generated from the
-//!   `.cu` files (see [`crate::kernels`]) sit on top of that one method, so a kernel's
-//!   argument list is checked by the Rust compiler on every kernel backend at once.
+//! * [`KernelDevice`]: a [`Memory`] that launches kernels, given a
+//!   [`KernelSignature`](crate::kernels::KernelSignature) and the arguments in CUDA's
+//!   `kernelParams` order. The typed launchers generated from the `.cu` files (see
+//!   [`crate::kernels`]) sit on top of that one method, so a kernel's argument list is
+//!   checked by the Rust compiler on every kernel backend at once.
 //! * [`Backend`]: the operations LeNet needs (GEMM, convolution, pooling, loss, optimizer).
 //!   It checks every call's shapes and buffer lengths once, then calls the backend's
-//!   [`BackendImpl`]: implemented once for every [`Device`] by launching kernels, and
-//!   natively by [`cpu`]. A new backend implements [`Memory`] and [`BackendImpl`].
+//!   [`BackendImpl`]. A new backend implements [`Memory`] and either [`KernelDevice`] (and
+//!   gets every operation from the kernels) or [`BackendImpl`].
+//! * [`Precision`]: the Rust types of the storage [`DType`](crate::dtype::DType)s.
 //!
-//! * [`cuda`]: NVIDIA GPUs through the driver API (cudarc), kernels from the embedded fatbin
-//!   or compiled at run time by [`nvrtc`].
-//! * [`simt`]: the same kernel sources compiled as host C++ and run on the CPU by the SIMT
-//!   emulator, with compute-sanitizer-like checks. This is how kernels are tested here.
-//! * [`cpu`]: native Rust, the production path without a GPU.
+//! The backends keep their short paths: [`cuda`], [`nvrtc`], [`simt`] and [`simt_module`]
+//! are [`kernel`]'s modules.
 
 pub mod cpu;
-pub mod cuda;
-pub mod nvrtc;
+pub mod kernel;
 pub mod shapes;
-pub mod simt;
-pub mod simt_module;
 
 mod backend_impl;
 mod check;
 mod error;
-mod kernel_ops;
-mod launch;
+mod memory;
 mod ops;
 mod precision;
 
 pub use backend_impl::BackendImpl;
 pub use error::BackendError;
-pub use launch::{Device, DeviceBuffer, DeviceScalar, Fence, KernelArg, LaunchConfig, Memory};
+pub use kernel::{cuda, nvrtc, simt, simt_module};
+pub use kernel::{KernelArg, KernelDevice, LaunchConfig};
+pub use memory::{DeviceBuffer, DeviceScalar, Fence, Memory};
 pub use ops::Backend;
-pub use precision::{Precision, PrecisionOp};
+pub use precision::{gemm_kernel, Precision, PrecisionOp};
 pub use shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};

@@ -1,7 +1,7 @@
 //! [`Collective`]: what a data-parallel trainer needs from its communication layer, one
 //! rank's handle that sums a device buffer with every other rank's. An in-process
 //! [`Rank`] is one; so is (feature `mpi`) a rank of a process group that reduces locally and
-//! then across processes ([`super::hierarchical::Hierarchical`]).
+//! then across processes (`Hierarchical`, feature `mpi`).
 
 use super::communicator::{CommError, Rank, ReduceOp};
 use super::schedule::Algorithm;

@@ -6,7 +6,7 @@
 use half::f16;
 
 use crate::backend::cpu::CpuDevice;
-use crate::backend::{BackendError, Device, DeviceBuffer, KernelArg, LaunchConfig, Memory};
+use crate::backend::{BackendError, DeviceBuffer, KernelArg, KernelDevice, LaunchConfig, Memory};
 use crate::dtype::DType;
 use crate::kernels::collective;
 
@@ -124,15 +124,15 @@ impl CommDevice for CpuDevice {
 pub const MAX_RANKS: usize = 64;
 
 /// A kernel device's state: the device array the kernel reads addresses from.
-pub struct KernelState<D: Device> {
+pub struct KernelState<D: KernelDevice> {
     addresses: D::Buffer<u64>,
 }
 
-impl<D: Device + Send> CommDevice for D {
+impl<D: KernelDevice + Send> CommDevice for D {
     type State = KernelState<D>;
 
     fn slowdown(&self) -> u32 {
-        Device::slowdown(self)
+        KernelDevice::slowdown(self)
     }
 
     fn comm_state(&self, all: &[D]) -> Result<KernelState<D>, BackendError> {

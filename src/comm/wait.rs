@@ -22,7 +22,7 @@
 //! * **Departure.** Every round checks the owner's `departed` flag (SeqCst): set with the
 //!   target not reached, the wait ends with [`WaitEnd::Departed`].
 //! * **Timeout, and the patience clock.** The time limit is counted by a
-//!   [`Patience`](super::patience::Patience): time this process was stopped (a gap of over
+//!   [`Patience`]: time this process was stopped (a gap of over
 //!   [`PAUSE_GAP`](super::patience::PAUSE_GAP) between two rounds) is left out, so a
 //!   `kill -STOP` of the whole process does not time out its waits. Past the limit the wait
 //!   ends with [`WaitEnd::TimedOut`], carrying the time counted. The clock starts on the

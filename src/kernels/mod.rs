@@ -5,7 +5,7 @@
 //! (`build/`) parses the `extern "C" __global__` declarations with [`declarations`] (the
 //! parser run-time module builds use too) into [`KernelSignature`]s and generates one typed
 //! launcher per kernel (e.g. [`elementwise::axpy_f32`]) that works with every backend
-//! implementing [`Device`](crate::backend::Device), so the backends cannot drift apart.
+//! implementing [`KernelDevice`](crate::backend::KernelDevice), so the backends cannot drift apart.
 //!
 //! [`MODULES`] lists every kernel file with
 //! * `source`: the file with its local includes flattened, ready for NVRTC;

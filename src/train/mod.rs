@@ -16,7 +16,7 @@
 //! * [`error`]: what can stop training ([`TrainError`]).
 //! * [`checkpoint`]: saving and loading a run's state.
 //!
-//! Across MPI processes the ranks are [`crate::comm::hierarchical::Hierarchical`] (feature
+//! Across MPI processes the ranks are `comm::hierarchical::Hierarchical` (feature
 //! `mpi`), handed to [`train_ranks`].
 
 pub mod buckets;

@@ -201,7 +201,7 @@ pub(crate) use per_backend;
 /// `selftest::bounded_iota` is compiled with `__launch_bounds__(64, 2)`: on `dev`, a block of
 /// 128 threads must be refused before the kernel runs, with an error naming the kernel and
 /// both numbers, and blocks of 64 must run.
-pub fn launch_bounds_are_enforced<D: nanoddp::backend::Device>(dev: &D) {
+pub fn launch_bounds_are_enforced<D: nanoddp::backend::KernelDevice>(dev: &D) {
     use nanoddp::backend::{BackendError, LaunchConfig};
     use nanoddp::kernels::selftest::{bounded_iota, BOUNDED_IOTA};
     assert_eq!(

@@ -30,10 +30,11 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::check;
 use super::launch::check_launch;
-use super::{BackendError, Device, DeviceBuffer, DeviceScalar, KernelArg, LaunchConfig, Memory};
+use super::{KernelArg, KernelDevice, LaunchConfig};
+use crate::backend::check;
 use crate::backend::error::c_text;
+use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 use crate::kernels::{simt_entries, KernelSignature};
 
 /// The order in which a block's threads start, and are resumed after each barrier or warp
@@ -352,7 +353,7 @@ impl Memory for SimtDevice {
 /// thread on a few cores): what timeouts that wait for kernels are scaled by.
 pub const SLOWDOWN: u32 = 50;
 
-impl Device for SimtDevice {
+impl KernelDevice for SimtDevice {
     fn slowdown(&self) -> u32 {
         SLOWDOWN
     }
@@ -374,7 +375,7 @@ impl SimtDevice {
     /// Runs `entry`, the emulator entry point of `kernel`, after checking the launch.
     ///
     /// # Safety
-    /// `entry` must unpack exactly `kernel`'s parameters; otherwise as [`Device::launch`].
+    /// `entry` must unpack exactly `kernel`'s parameters; otherwise as [`KernelDevice::launch`].
     pub(crate) unsafe fn launch_entry(
         &self,
         entry: simt_entries::Entry,
@@ -439,7 +440,7 @@ impl SimtDevice {
         };
         // SAFETY: desc and raw are valid for the call; params point at `values`, which
         // outlive it; the entry point matches the kernel and pointer arguments and bounds
-        // are the caller's contract (this function's and `Device::launch`'s).
+        // are the caller's contract (this function's and `KernelDevice::launch`'s).
         let status = unsafe { simt_launch(&desc, &mut raw) };
         if status == 0 {
             return Ok(());

@@ -49,13 +49,14 @@ use thiserror::Error;
 
 use super::nvrtc::{self, Output};
 use super::simt::SimtDevice;
-use super::{BackendError, KernelArg, LaunchConfig};
+use super::{KernelArg, LaunchConfig};
+use crate::backend::BackendError;
 use crate::kernels::declarations::{self, Declaration, DeclarationError};
 use crate::kernels::lowering::{lower_static_shared, strip_comments};
 use crate::kernels::{simt_entries::Entry, KernelSignature, Param, ParamKind};
 
 /// The emulator header, as shipped in `kernels/simt.cuh`.
-pub const SIMT_HEADER: &str = include_str!("../../kernels/simt.cuh");
+pub const SIMT_HEADER: &str = include_str!("../../../kernels/simt.cuh");
 
 extern "C" {
     fn simt_runtime_table() -> *const c_void;
@@ -251,7 +252,7 @@ impl SimtModule {
     /// (count, scalar types, const-ness), as nanoddp's own launches are. Synchronous.
     ///
     /// # Safety
-    /// As [`crate::backend::Device::launch`]: pointer arguments must be live buffers of the
+    /// As [`crate::backend::KernelDevice::launch`]: pointer arguments must be live buffers of the
     /// emulator and the kernel must stay inside them given its scalar arguments (past the
     /// end it hits a guard page and returns an error, but before the start it does not).
     pub unsafe fn launch(

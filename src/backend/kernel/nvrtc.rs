@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use cudarc::nvrtc::{result, sys};
 
-use super::BackendError;
 use crate::backend::error::c_text;
+use crate::backend::BackendError;
 use crate::kernels::{KernelModule, PREBUILT};
 
 /// What to ask NVRTC for.

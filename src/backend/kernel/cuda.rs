@@ -23,7 +23,7 @@
 //! cudarc allocates from the device's memory pool (`cuMemAllocAsync`) on every GPU that has
 //! pools (all since Volta's drivers; every A100 and H100). A peer may dereference pool memory
 //! only after `cuMemPoolSetAccess`; `cuCtxEnablePeerAccess` covers `cuMemAlloc` memory alone.
-//! [`Device::enable_peer_access`] grants both.
+//! [`KernelDevice::enable_peer_access`] grants both.
 //!
 //! ## Errors
 //! A kernel's fault surfaces at the next call that waits for it. Errors from such calls name
@@ -42,12 +42,11 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::check;
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
-use super::{
-    BackendError, Device, DeviceBuffer, DeviceScalar, Fence, KernelArg, LaunchConfig, Memory,
-};
+use super::{KernelArg, KernelDevice, LaunchConfig};
+use crate::backend::check;
+use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Fence, Memory};
 use crate::kernels::{KernelModule, KernelSignature};
 
 /// Where `cargo build` put the CPU stand-in for the CUDA driver (`libcuda.so.1`); point
@@ -613,7 +612,7 @@ impl Memory for CudaDevice {
     }
 }
 
-impl Device for CudaDevice {
+impl KernelDevice for CudaDevice {
     fn enable_peer_access(&self, peer: &CudaDevice) -> Result<(), BackendError> {
         let (me, them) = (self.gpu.info.ordinal, peer.gpu.info.ordinal);
         if me == them {
@@ -697,7 +696,7 @@ impl Device for CudaDevice {
             shared_mem_bytes: cfg.shared_bytes,
         };
         // SAFETY: argument count and kinds match the kernel's declared parameters (checked
-        // above); the caller guarantees pointers and bounds per `Device::launch`'s contract.
+        // above); the caller guarantees pointers and bounds per `KernelDevice::launch`'s contract.
         unsafe { builder.launch(config) }.map_err(|e| {
             self.queue
                 .waited_err(format!("launching `{}`", kernel.name), e)

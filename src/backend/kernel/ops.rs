@@ -1,18 +1,18 @@
-//! [`BackendImpl`] for every kernel [`Device`] (CUDA and the SIMT emulator): choose the
+//! [`BackendImpl`] for every kernel [`KernelDevice`] (CUDA and the SIMT emulator): choose the
 //! launch shape, launch the kernel from `kernels/*.cu`. The fused operations are the
 //! trait's defaults, built from these launches.
 //!
-//! Every `unsafe` launch below is sound for the same reason: [`Backend`](super::Backend)
+//! Every `unsafe` launch below is sound for the same reason: [`Backend`](crate::backend::Backend)
 //! validated the shape and checked every buffer's length against it before calling here,
 //! and the kernel's index ranges are exactly that shape.
 
 use half::f16;
 
-use super::backend_impl::BackendImpl;
-use super::launch::DeviceBuffer;
-use super::precision::{gemm_kernel, Precision, PrecisionOp};
-use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
-use super::{BackendError, Device, KernelArg, LaunchConfig, Memory};
+use super::{KernelArg, KernelDevice, LaunchConfig};
+use crate::backend::{
+    gemm_kernel, BackendError, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Epilogue,
+    GemmShape, Memory, Pool2dShape, Precision, PrecisionOp, SgdStep,
+};
 use crate::kernels::elementwise as ew;
 
 type Buf<D, T> = <D as Memory>::Buffer<T>;
@@ -26,7 +26,7 @@ fn blocks(n: usize, per_block: usize) -> u32 {
     n.div_ceil(per_block).max(1) as u32
 }
 
-fn gemm_args<D: Device, A: super::DeviceScalar, C: super::DeviceScalar>(
+fn gemm_args<D: KernelDevice, A: DeviceScalar, C: DeviceScalar>(
     shape: &GemmShape,
     a: &Buf<D, A>,
     b: &Buf<D, A>,
@@ -82,7 +82,7 @@ fn pool_dims(s: &Pool2dShape) -> [KernelArg; 8] {
     ]
 }
 
-impl<D: Device> BackendImpl for D {
+impl<D: KernelDevice> BackendImpl for D {
     unsafe fn fill(&self, out: &mut Buf<D, f32>, value: f32) -> Result<(), BackendError> {
         let n = out.len();
         // SAFETY: see the module docs.
