@@ -15,7 +15,8 @@ use super::{BackendError, DeviceBuffer, Memory};
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
 
-/// A backend's own implementation of the operations (see the module docs of `backend_impl.rs`: each method may assume the checks of its `Backend` namesake).
+/// A backend's own implementation of the operations: each method may assume the checks of
+/// its [`Backend`](super::Backend) namesake.
 /// Implemented by [`CpuDevice`](super::cpu::CpuDevice) and by every kernel
 /// [`KernelDevice`](super::KernelDevice).
 ///
