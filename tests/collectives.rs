@@ -423,12 +423,12 @@ impl Memory for Dying {
     fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<CpuBuffer<T>, BackendError> {
         self.cpu.upload(host)
     }
-    fn write<T: DeviceScalar>(
+    fn copy_in<T: DeviceScalar>(
         &self,
         host: &[T],
         buf: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        self.cpu.write(host, buf)
+        self.cpu.copy_in(host, buf)
     }
     fn download<T: DeviceScalar>(&self, buf: &CpuBuffer<T>) -> Result<Vec<T>, BackendError> {
         self.cpu.download(buf)

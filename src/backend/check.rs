@@ -70,14 +70,14 @@ pub(crate) fn softmax(
             detail: format!("{rows} rows x {classes} classes"),
         });
     }
-    expect_len(op, "logits", lengths.logits, rows * classes)?;
-    expect_len(op, "labels", lengths.labels, rows)?;
-    expect_len(op, "loss", lengths.loss, rows)?;
-    expect_len(op, "correct", lengths.correct, 1)?;
-    if let Some(g) = lengths.grad {
-        expect_len(op, "grad", g, rows * classes)?;
-    }
-    Ok(())
+    let buffers = [
+        ("logits", lengths.logits, rows * classes),
+        ("labels", lengths.labels, rows),
+        ("loss", lengths.loss, rows),
+        ("correct", lengths.correct, 1),
+    ];
+    let grad = lengths.grad.map(|g| ("grad", g, rows * classes));
+    buffer_lengths(op, buffers.into_iter().chain(grad))
 }
 
 /// The buffer lengths of an SGD step.
@@ -92,17 +92,27 @@ pub(crate) struct SgdLengths {
 /// Validates an SGD step: every per-weight buffer as long as the weights, `found` one flag.
 pub(crate) fn sgd(lengths: SgdLengths) -> Result<(), BackendError> {
     let n = lengths.weights;
-    expect_len("sgd_step", "grad", lengths.grad, n)?;
-    if let Some(v) = lengths.velocity {
-        expect_len("sgd_step", "velocity", v, n)?;
-    }
-    if let Some(h) = lengths.w_half {
-        expect_len("sgd_step", "w_half", h, n)?;
-    }
-    if let Some(f) = lengths.found {
-        expect_len("sgd_step", "found", f, 1)?;
-    }
-    Ok(())
+    let optional = [
+        lengths.velocity.map(|v| ("velocity", v, n)),
+        lengths.w_half.map(|h| ("w_half", h, n)),
+        lengths.found.map(|f| ("found", f, 1)),
+    ];
+    buffer_lengths(
+        "sgd_step",
+        [("grad", lengths.grad, n)]
+            .into_iter()
+            .chain(optional.into_iter().flatten()),
+    )
+}
+
+/// Checks each `(buffer, length, expected length)` of `op`, in order.
+fn buffer_lengths(
+    op: &'static str,
+    buffers: impl IntoIterator<Item = (&'static str, usize, usize)>,
+) -> Result<(), BackendError> {
+    buffers
+        .into_iter()
+        .try_for_each(|(name, got, expected)| expect_len(op, name, got, expected))
 }
 
 /// Validates a convolution forward pass's shape and buffers.
@@ -115,13 +125,9 @@ pub(crate) fn conv_forward(
 ) -> Result<(), BackendError> {
     s.validate()?;
     let (xs, ws, ys) = s.sizes();
-    expect_len("conv2d_forward", "x", x, xs)?;
-    expect_len("conv2d_forward", "w", w, ws)?;
-    expect_len("conv2d_forward", "y", y, ys)?;
-    if let Some(bias) = bias {
-        expect_len("conv2d_forward", "bias", bias, s.out_c)?;
-    }
-    Ok(())
+    let bias = bias.map(|b| ("bias", b, s.out_c));
+    let buffers = [("x", x, xs), ("w", w, ws), ("y", y, ys)];
+    buffer_lengths("conv2d_forward", buffers.into_iter().chain(bias))
 }
 
 /// Validates a convolution's input-gradient call.
@@ -133,9 +139,10 @@ pub(crate) fn conv_backward_input(
 ) -> Result<(), BackendError> {
     s.validate()?;
     let (xs, ws, ys) = s.sizes();
-    expect_len("conv2d_backward_input", "dy", dy, ys)?;
-    expect_len("conv2d_backward_input", "w", w, ws)?;
-    expect_len("conv2d_backward_input", "dx", dx, xs)
+    buffer_lengths(
+        "conv2d_backward_input",
+        [("dy", dy, ys), ("w", w, ws), ("dx", dx, xs)],
+    )
 }
 
 /// Validates a convolution's filter-gradient call.
@@ -147,9 +154,10 @@ pub(crate) fn conv_backward_filter(
 ) -> Result<(), BackendError> {
     s.validate()?;
     let (xs, ws, ys) = s.sizes();
-    expect_len("conv2d_backward_filter", "x", x, xs)?;
-    expect_len("conv2d_backward_filter", "dy", dy, ys)?;
-    expect_len("conv2d_backward_filter", "dw", dw, ws)
+    buffer_lengths(
+        "conv2d_backward_filter",
+        [("x", x, xs), ("dy", dy, ys), ("dw", dw, ws)],
+    )
 }
 
 /// Validates a convolution's bias-gradient call.
@@ -159,8 +167,10 @@ pub(crate) fn conv_backward_bias(
     db: usize,
 ) -> Result<(), BackendError> {
     s.validate()?;
-    expect_len("conv2d_backward_bias", "dy", dy, s.sizes().2)?;
-    expect_len("conv2d_backward_bias", "db", db, s.out_c)
+    buffer_lengths(
+        "conv2d_backward_bias",
+        [("dy", dy, s.sizes().2), ("db", db, s.out_c)],
+    )
 }
 
 /// Validates that `pool` pools exactly the planes `conv` produces.
@@ -200,13 +210,16 @@ pub(crate) fn pool(
 ) -> Result<(), BackendError> {
     s.validate()?;
     let (xs, ys) = s.sizes();
-    let forward = op.ends_with("forward");
-    expect_len(op, if forward { "x" } else { "dx" }, input, xs)?;
-    expect_len(op, if forward { "y" } else { "dy" }, output, ys)?;
-    if let Some(a) = argmax {
-        expect_len(op, "argmax", a, ys)?;
-    }
-    Ok(())
+    let (x, y) = if op.ends_with("forward") {
+        ("x", "y")
+    } else {
+        ("dx", "dy")
+    };
+    let argmax = argmax.map(|a| ("argmax", a, ys));
+    buffer_lengths(
+        op,
+        [(x, input, xs), (y, output, ys)].into_iter().chain(argmax),
+    )
 }
 
 /// Validates a GEMM call: `a` is m x k, `b` k x n, `c` m x n, `bias` n.
@@ -218,13 +231,10 @@ pub(crate) fn gemm(
     bias: Option<usize>,
 ) -> Result<(), BackendError> {
     shape.validate()?;
-    expect_len("gemm", "a", a, shape.m * shape.k)?;
-    expect_len("gemm", "b", b, shape.k * shape.n)?;
-    expect_len("gemm", "c", c, shape.m * shape.n)?;
-    if let Some(bias) = bias {
-        expect_len("gemm", "bias", bias, shape.n)?;
-    }
-    Ok(())
+    let (m, n, k) = (shape.m, shape.n, shape.k);
+    let bias = bias.map(|b| ("bias", b, n));
+    let buffers = [("a", a, m * k), ("b", b, k * n), ("c", c, m * n)];
+    buffer_lengths("gemm", buffers.into_iter().chain(bias))
 }
 
 /// Validates a GEMM's element types (inputs `a`, result `c`): a pair some kernel implements.

@@ -43,8 +43,19 @@ pub trait Memory {
     /// Copies `host` into a new buffer.
     fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<Self::Buffer<T>, BackendError>;
 
-    /// Copies `host` into `buf`, which must have the same length.
+    /// Copies `host` into `buf`, which must have the same length
+    /// ([`BackendError::LengthMismatch`] otherwise, on every backend).
     fn write<T: DeviceScalar>(
+        &self,
+        host: &[T],
+        buf: &mut Self::Buffer<T>,
+    ) -> Result<(), BackendError> {
+        super::check::same_len("host-to-device copy", host.len(), buf.len())?;
+        self.copy_in(host, buf)
+    }
+
+    /// [`Memory::write`]'s copy, called with equal lengths.
+    fn copy_in<T: DeviceScalar>(
         &self,
         host: &[T],
         buf: &mut Self::Buffer<T>,

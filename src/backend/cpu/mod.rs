@@ -55,7 +55,6 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::backend_impl::BackendImpl;
-use super::check;
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
@@ -138,12 +137,11 @@ impl Memory for CpuDevice {
         Ok(CpuBuffer(host.to_vec()))
     }
 
-    fn write<T: DeviceScalar>(
+    fn copy_in<T: DeviceScalar>(
         &self,
         host: &[T],
         buf: &mut CpuBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::same_len("host-to-device copy", host.len(), buf.0.len())?;
         buf.0.copy_from_slice(host);
         Ok(())
     }

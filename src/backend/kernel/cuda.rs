@@ -45,7 +45,6 @@ use cudarc::nvrtc::Ptx;
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
 use super::{KernelArg, KernelDevice, LaunchConfig};
-use crate::backend::check;
 use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Fence, Memory};
 use crate::kernels::{KernelModule, KernelSignature};
 
@@ -553,12 +552,11 @@ impl Memory for CudaDevice {
         Ok(CudaBuffer { slice })
     }
 
-    fn write<T: DeviceScalar>(
+    fn copy_in<T: DeviceScalar>(
         &self,
         host: &[T],
         buf: &mut CudaBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::same_len("host-to-device copy", host.len(), buf.len())?;
         self.queue
             .stream
             .memcpy_htod(host, &mut buf.slice)

@@ -32,7 +32,6 @@ use thiserror::Error;
 
 use super::launch::check_launch;
 use super::{KernelArg, KernelDevice, LaunchConfig};
-use crate::backend::check;
 use crate::backend::error::c_text;
 use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 use crate::kernels::{simt_entries, KernelSignature};
@@ -330,12 +329,11 @@ impl Memory for SimtDevice {
         Ok(buf)
     }
 
-    fn write<T: DeviceScalar>(
+    fn copy_in<T: DeviceScalar>(
         &self,
         host: &[T],
         buf: &mut SimtBuffer<T>,
     ) -> Result<(), BackendError> {
-        check::same_len("host-to-device copy", host.len(), buf.len())?;
         buf.host_mut().copy_from_slice(host);
         Ok(())
     }
