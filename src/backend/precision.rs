@@ -37,6 +37,46 @@ pub enum PrecisionOp {
     SgdStep,
 }
 
+impl PrecisionOp {
+    /// The kernel implementing this operation on `dtype` storage.
+    pub fn kernel(self, dtype: DType) -> &'static KernelSignature {
+        // One row per operation, one column per DType in `DType::ALL` order.
+        let [f32_kernel, f16_kernel]: [&'static KernelSignature; 2] = match self {
+            Self::Conv2dForward => [&conv::CONV2D_FORWARD_F32, &conv::CONV2D_FORWARD_F16],
+            Self::Conv2dBackwardInput => [
+                &conv::CONV2D_BACKWARD_INPUT_F32,
+                &conv::CONV2D_BACKWARD_INPUT_F16,
+            ],
+            Self::Conv2dBackwardFilter => [
+                &conv::CONV2D_BACKWARD_FILTER_F32,
+                &conv::CONV2D_BACKWARD_FILTER_F16,
+            ],
+            Self::Conv2dBackwardBias => [
+                &conv::CONV2D_BACKWARD_BIAS_F32,
+                &conv::CONV2D_BACKWARD_BIAS_F16,
+            ],
+            Self::MaxPoolForward => [&pool::MAX_POOL_FORWARD_F32, &pool::MAX_POOL_FORWARD_F16],
+            Self::MaxPoolBackward => [&pool::MAX_POOL_BACKWARD_F32, &pool::MAX_POOL_BACKWARD_F16],
+            Self::AvgPoolForward => [&pool::AVG_POOL_FORWARD_F32, &pool::AVG_POOL_FORWARD_F16],
+            Self::AvgPoolBackward => [&pool::AVG_POOL_BACKWARD_F32, &pool::AVG_POOL_BACKWARD_F16],
+            Self::SoftmaxCrossEntropy => [
+                &loss::SOFTMAX_CROSS_ENTROPY_F32,
+                &loss::SOFTMAX_CROSS_ENTROPY_F16,
+            ],
+            Self::ReluBackward => [
+                &elementwise::RELU_BACKWARD_F32,
+                &elementwise::RELU_BACKWARD_F16,
+            ],
+            Self::GradCheck => [&optim::GRAD_CHECK_F32, &optim::GRAD_CHECK_F16],
+            Self::SgdStep => [&optim::SGD_STEP_F32GRAD, &optim::SGD_STEP_F16GRAD],
+        };
+        match dtype {
+            DType::F32 => f32_kernel,
+            DType::F16 => f16_kernel,
+        }
+    }
+}
+
 /// The GEMM kernel for inputs of type `a` and a result of type `c`: f32 CUDA cores for f32,
 /// tensor cores (wmma, f32 accumulation) for half inputs. `None` for a pair no kernel
 /// implements is [`BackendError::Unsupported`], which [`Backend::gemm`](super::Backend::gemm)
@@ -61,8 +101,10 @@ pub trait Precision: DeviceScalar {
     fn to_f32(self) -> f32;
     /// Rounds from f32 (to nearest even for f16).
     fn from_f32(v: f32) -> Self;
-    /// The kernel implementing `op` at this precision.
-    fn kernel(op: PrecisionOp) -> &'static KernelSignature;
+    /// The kernel implementing `op` at this precision ([`PrecisionOp::kernel`]).
+    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
+        op.kernel(Self::DTYPE)
+    }
     /// Widens a whole slice into `dst` (same length): the fast path for many elements
     /// (F16C when the CPU has it, detected once per call rather than per element).
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
@@ -104,22 +146,6 @@ impl Precision for f32 {
     fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
         Some(s)
     }
-    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
-        match op {
-            PrecisionOp::Conv2dForward => &conv::CONV2D_FORWARD_F32,
-            PrecisionOp::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT_F32,
-            PrecisionOp::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER_F32,
-            PrecisionOp::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS_F32,
-            PrecisionOp::MaxPoolForward => &pool::MAX_POOL_FORWARD_F32,
-            PrecisionOp::MaxPoolBackward => &pool::MAX_POOL_BACKWARD_F32,
-            PrecisionOp::AvgPoolForward => &pool::AVG_POOL_FORWARD_F32,
-            PrecisionOp::AvgPoolBackward => &pool::AVG_POOL_BACKWARD_F32,
-            PrecisionOp::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY_F32,
-            PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F32,
-            PrecisionOp::GradCheck => &optim::GRAD_CHECK_F32,
-            PrecisionOp::SgdStep => &optim::SGD_STEP_F32GRAD,
-        }
-    }
 }
 
 impl Precision for f16 {
@@ -135,21 +161,5 @@ impl Precision for f16 {
     }
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
         super::cpu::half_convert::narrow(src, dst);
-    }
-    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
-        match op {
-            PrecisionOp::Conv2dForward => &conv::CONV2D_FORWARD_F16,
-            PrecisionOp::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT_F16,
-            PrecisionOp::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER_F16,
-            PrecisionOp::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS_F16,
-            PrecisionOp::MaxPoolForward => &pool::MAX_POOL_FORWARD_F16,
-            PrecisionOp::MaxPoolBackward => &pool::MAX_POOL_BACKWARD_F16,
-            PrecisionOp::AvgPoolForward => &pool::AVG_POOL_FORWARD_F16,
-            PrecisionOp::AvgPoolBackward => &pool::AVG_POOL_BACKWARD_F16,
-            PrecisionOp::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY_F16,
-            PrecisionOp::ReluBackward => &elementwise::RELU_BACKWARD_F16,
-            PrecisionOp::GradCheck => &optim::GRAD_CHECK_F16,
-            PrecisionOp::SgdStep => &optim::SGD_STEP_F16GRAD,
-        }
     }
 }

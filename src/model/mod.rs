@@ -42,6 +42,24 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
+    /// A weight tensor: `fan_in` inputs feed each output.
+    const fn weight(name: &'static str, shape: &'static [usize], fan_in: usize) -> Self {
+        ParamSpec {
+            name,
+            shape,
+            fan_in,
+        }
+    }
+
+    /// A bias tensor.
+    const fn bias(name: &'static str, shape: &'static [usize]) -> Self {
+        ParamSpec {
+            name,
+            shape,
+            fan_in: 0,
+        }
+    }
+
     /// Elements.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
@@ -86,46 +104,26 @@ const C2: ConvLayer = LENET.conv2;
 
 /// The eight parameter tensors, in checkpoint order, with their shapes from [`LENET`].
 pub const PARAMS: [ParamSpec; 2 * LAYERS] = [
-    ParamSpec {
-        name: "conv1.weight",
-        shape: &[C1.out_c, LENET.in_c, C1.kernel, C1.kernel],
-        fan_in: LENET.in_c * C1.kernel * C1.kernel,
-    },
-    ParamSpec {
-        name: "conv1.bias",
-        shape: &[C1.out_c],
-        fan_in: 0,
-    },
-    ParamSpec {
-        name: "conv2.weight",
-        shape: &[C2.out_c, C1.out_c, C2.kernel, C2.kernel],
-        fan_in: C1.out_c * C2.kernel * C2.kernel,
-    },
-    ParamSpec {
-        name: "conv2.bias",
-        shape: &[C2.out_c],
-        fan_in: 0,
-    },
-    ParamSpec {
-        name: "fc1.weight",
-        shape: &[LENET.hidden, LENET.features()],
-        fan_in: LENET.features(),
-    },
-    ParamSpec {
-        name: "fc1.bias",
-        shape: &[LENET.hidden],
-        fan_in: 0,
-    },
-    ParamSpec {
-        name: "fc2.weight",
-        shape: &[LENET.classes, LENET.hidden],
-        fan_in: LENET.hidden,
-    },
-    ParamSpec {
-        name: "fc2.bias",
-        shape: &[LENET.classes],
-        fan_in: 0,
-    },
+    ParamSpec::weight(
+        "conv1.weight",
+        &[C1.out_c, LENET.in_c, C1.kernel, C1.kernel],
+        LENET.in_c * C1.kernel * C1.kernel,
+    ),
+    ParamSpec::bias("conv1.bias", &[C1.out_c]),
+    ParamSpec::weight(
+        "conv2.weight",
+        &[C2.out_c, C1.out_c, C2.kernel, C2.kernel],
+        C1.out_c * C2.kernel * C2.kernel,
+    ),
+    ParamSpec::bias("conv2.bias", &[C2.out_c]),
+    ParamSpec::weight(
+        "fc1.weight",
+        &[LENET.hidden, LENET.features()],
+        LENET.features(),
+    ),
+    ParamSpec::bias("fc1.bias", &[LENET.hidden]),
+    ParamSpec::weight("fc2.weight", &[LENET.classes, LENET.hidden], LENET.hidden),
+    ParamSpec::bias("fc2.bias", &[LENET.classes]),
 ];
 
 /// The shape of conv1 at `batch` images (see [`Architecture::conv1`]).

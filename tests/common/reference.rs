@@ -159,87 +159,63 @@ pub fn conv_backward_bias(s: &Conv2dShape, dy: &[f64]) -> Ref {
     out
 }
 
+/// Every (output, window element) pair of the pooling: the output's flat index, the input's
+/// flat index, and the element's index within its input plane (what argmax records).
+fn windows(s: &Pool2dShape) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let (oh, ow, plane) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+    (0..s.planes * oh * ow).flat_map(move |y| {
+        let (q, p, pl) = (y % ow, y / ow % oh, y / (ow * oh));
+        (0..s.k_h * s.k_w).map(move |t| {
+            let (i, j) = (t / s.k_w, t % s.k_w);
+            let idx = (p * s.stride + i) * s.in_w + q * s.stride + j;
+            (y, pl * plane + idx, idx)
+        })
+    })
+}
+
 /// Max pooling: values and the argmax within each plane (first maximum; NaN wins).
 pub fn max_pool_forward(s: &Pool2dShape, x: &[f64]) -> (Vec<f64>, Vec<i32>) {
-    let (oh, ow) = (s.out_h(), s.out_w());
-    let mut y = vec![0.0; s.planes * oh * ow];
-    let mut arg = vec![0i32; s.planes * oh * ow];
-    for pl in 0..s.planes {
-        for p in 0..oh {
-            for q in 0..ow {
-                let mut best: Option<(f64, usize)> = None;
-                for i in 0..s.k_h {
-                    for j in 0..s.k_w {
-                        let idx = (p * s.stride + i) * s.in_w + q * s.stride + j;
-                        let v = x[pl * s.in_h * s.in_w + idx];
-                        best = match best {
-                            None => Some((v, idx)),
-                            Some((b, _)) if v > b || (v.is_nan() && !b.is_nan()) => Some((v, idx)),
-                            keep => keep,
-                        };
-                    }
-                }
-                let (v, idx) = best.expect("non-empty window");
-                y[(pl * oh + p) * ow + q] = v;
-                arg[(pl * oh + p) * ow + q] = idx as i32;
-            }
-        }
+    let outputs = s.sizes().1;
+    let mut best: Vec<Option<(f64, usize)>> = vec![None; outputs];
+    for (y, at, idx) in windows(s) {
+        let v = x[at];
+        best[y] = match best[y] {
+            None => Some((v, idx)),
+            Some((b, _)) if v > b || (v.is_nan() && !b.is_nan()) => Some((v, idx)),
+            keep => keep,
+        };
     }
-    (y, arg)
+    best.into_iter()
+        .map(|b| {
+            let (v, idx) = b.expect("non-empty window");
+            (v, idx as i32)
+        })
+        .unzip()
 }
 
 pub fn max_pool_backward(s: &Pool2dShape, dy: &[f64], argmax: &[i32]) -> Ref {
-    let (oh, ow) = (s.out_h(), s.out_w());
     let mut out = Ref::zeros(s.sizes().0);
-    for pl in 0..s.planes {
-        for o in 0..oh * ow {
-            let at = pl * s.in_h * s.in_w + argmax[pl * oh * ow + o] as usize;
-            out.value[at] += dy[pl * oh * ow + o];
-            out.mag[at] += dy[pl * oh * ow + o].abs();
-        }
+    let (plane, out_plane) = (s.in_h * s.in_w, s.out_h() * s.out_w());
+    for (y, &g) in dy.iter().enumerate() {
+        out.add(y / out_plane * plane + argmax[y] as usize, g);
     }
     out
 }
 
 pub fn avg_pool_forward(s: &Pool2dShape, x: &[f64]) -> Ref {
-    let (oh, ow) = (s.out_h(), s.out_w());
     let mut out = Ref::zeros(s.sizes().1);
     let area = (s.k_h * s.k_w) as f64;
-    for pl in 0..s.planes {
-        for p in 0..oh {
-            for q in 0..ow {
-                for i in 0..s.k_h {
-                    for j in 0..s.k_w {
-                        let v = x
-                            [pl * s.in_h * s.in_w + (p * s.stride + i) * s.in_w + q * s.stride + j];
-                        out.value[(pl * oh + p) * ow + q] += v / area;
-                        out.mag[(pl * oh + p) * ow + q] += v.abs() / area;
-                    }
-                }
-            }
-        }
+    for (y, at, _) in windows(s) {
+        out.add(y, x[at] / area);
     }
     out
 }
 
 pub fn avg_pool_backward(s: &Pool2dShape, dy: &[f64]) -> Ref {
-    let (oh, ow) = (s.out_h(), s.out_w());
     let mut out = Ref::zeros(s.sizes().0);
     let area = (s.k_h * s.k_w) as f64;
-    for pl in 0..s.planes {
-        for p in 0..oh {
-            for q in 0..ow {
-                let g = dy[(pl * oh + p) * ow + q] / area;
-                for i in 0..s.k_h {
-                    for j in 0..s.k_w {
-                        let at =
-                            pl * s.in_h * s.in_w + (p * s.stride + i) * s.in_w + q * s.stride + j;
-                        out.value[at] += g;
-                        out.mag[at] += g.abs();
-                    }
-                }
-            }
-        }
+    for (y, at, _) in windows(s) {
+        out.add(at, dy[y] / area);
     }
     out
 }
