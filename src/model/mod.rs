@@ -42,21 +42,12 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
-    /// A weight tensor: `fan_in` inputs feed each output.
-    const fn weight(name: &'static str, shape: &'static [usize], fan_in: usize) -> Self {
+    /// A tensor of `shape` whose outputs each read `fan_in` inputs (0 for a bias).
+    const fn new(name: &'static str, shape: &'static [usize], fan_in: usize) -> Self {
         ParamSpec {
             name,
             shape,
             fan_in,
-        }
-    }
-
-    /// A bias tensor.
-    const fn bias(name: &'static str, shape: &'static [usize]) -> Self {
-        ParamSpec {
-            name,
-            shape,
-            fan_in: 0,
         }
     }
 
@@ -104,26 +95,26 @@ const C2: ConvLayer = LENET.conv2;
 
 /// The eight parameter tensors, in checkpoint order, with their shapes from [`LENET`].
 pub const PARAMS: [ParamSpec; 2 * LAYERS] = [
-    ParamSpec::weight(
+    ParamSpec::new(
         "conv1.weight",
         &[C1.out_c, LENET.in_c, C1.kernel, C1.kernel],
         LENET.in_c * C1.kernel * C1.kernel,
     ),
-    ParamSpec::bias("conv1.bias", &[C1.out_c]),
-    ParamSpec::weight(
+    ParamSpec::new("conv1.bias", &[C1.out_c], 0),
+    ParamSpec::new(
         "conv2.weight",
         &[C2.out_c, C1.out_c, C2.kernel, C2.kernel],
         C1.out_c * C2.kernel * C2.kernel,
     ),
-    ParamSpec::bias("conv2.bias", &[C2.out_c]),
-    ParamSpec::weight(
+    ParamSpec::new("conv2.bias", &[C2.out_c], 0),
+    ParamSpec::new(
         "fc1.weight",
         &[LENET.hidden, LENET.features()],
         LENET.features(),
     ),
-    ParamSpec::bias("fc1.bias", &[LENET.hidden]),
-    ParamSpec::weight("fc2.weight", &[LENET.classes, LENET.hidden], LENET.hidden),
-    ParamSpec::bias("fc2.bias", &[LENET.classes]),
+    ParamSpec::new("fc1.bias", &[LENET.hidden], 0),
+    ParamSpec::new("fc2.weight", &[LENET.classes, LENET.hidden], LENET.hidden),
+    ParamSpec::new("fc2.bias", &[LENET.classes], 0),
 ];
 
 /// The shape of conv1 at `batch` images (see [`Architecture::conv1`]).
