@@ -1,4 +1,4 @@
-// simt_api.h — the SIMT emulator's C interface: what Rust (src/backend/simt.rs, which mirrors
+// simt_api.h — the SIMT emulator's C interface: what Rust (src/backend/kernel/simt.rs, which mirrors
 // these structs with #[repr(C)]) and the ASan test driver call. Implemented in simt_host.cpp.
 #pragma once
 

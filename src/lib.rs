@@ -32,18 +32,22 @@
 //! ## Map
 //! * [`kernels`]: what the build script embedded (sources, fatbins, ptxas reports, signatures)
 //!   and the typed launchers generated from the `.cu` declarations.
-//! * [`backend`]: [`Memory`](backend::Memory), [`KernelDevice`](backend::KernelDevice) (runs kernels) and
-//!   [`Backend`](backend::Backend) (the operations LeNet needs); the CUDA backend, with
-//!   run-time compilation by NVRTC, which also runs without a GPU on the CPU stand-in for the
-//!   driver that `cargo build` puts in [`STANDIN_DIR`](backend::cuda::STANDIN_DIR); the SIMT backend, which runs the same kernel sources on
-//!   the CPU with compute-sanitizer-like checks; the native CPU backend.
+//! * [`backend`]: [`Backend`](backend::Backend) (the operations LeNet needs, each call checked
+//!   once) over what each backend provides ([`BackendImpl`](backend::BackendImpl)), and
+//!   [`Memory`](backend::Memory). Two families: [`backend::kernel`], the devices that launch
+//!   `kernels/*.cu` ([`KernelDevice`](backend::KernelDevice): the CUDA backend, with
+//!   run-time compilation by NVRTC, which also runs without a GPU on the CPU stand-in for
+//!   the driver that `cargo build` puts in [`STANDIN_DIR`](backend::cuda::STANDIN_DIR), and
+//!   the SIMT backend, which runs the same kernel sources on the CPU with
+//!   compute-sanitizer-like checks), and [`backend::cpu`], the native CPU backend.
 //! * [`comm`]: the NCCL layer: collectives (allreduce, reduce-scatter, all-gather, broadcast,
 //!   barrier) as verified data, executed over peer memory with timeouts, or as messages over
 //!   MPI; the [`Collective`](comm::collective::Collective) a trainer's rank sums through.
 //! * [`data`]: IDX files, Fashion-MNIST discovery, epochs of sharded batches.
 //! * [`dtype`]: the element types ([`DType`](dtype::DType)) everything is stored and
 //!   moved in.
-//! * [`model`]: LeNet (the chapter's), forward and backward on any backend.
+//! * [`model`]: LeNet (the chapter's), described once ([`LENET`](model::LENET)), forward and
+//!   backward on any backend.
 //! * [`system`]: the host CPU's description and its measured peak.
 //! * [`train`]: the DDP layer: the data-parallel training loop, gradient buckets, loss
 //!   scaling, recipes and their defaults, configuration, reports and checkpoints.
@@ -96,6 +100,7 @@ pub mod prelude {
     pub use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
     pub use crate::comm::schedule::Algorithm;
     pub use crate::data::Dataset;
+    pub use crate::dtype::DType;
     pub use crate::model::{Replica, ShardStats, PARAMS};
     pub use crate::train::{train, TrainConfig, TrainError};
 }

@@ -11,7 +11,7 @@
 # --all-tests  bundle every test binary, not only those with a CUDA test instance plus
 #              tests/cuda_backend, tests/collectives and tests/train (which run.sh runs).
 #
-# nvcc is found as build.rs finds it (NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH; never with
+# nvcc is found as the build script (build/nvcc.rs) finds it (NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH; never with
 # NANODDP_NO_NVCC=1), then in .ci/run's venv ($NANODDP_CUDA_VENV, /opt/nanoddp-cuda-venv).
 # Without it the kernels are compiled by NVRTC on the GPU machine at run time.
 set -euo pipefail
@@ -47,7 +47,7 @@ need cargo "a Rust toolchain"
 need python3 "to read cargo's JSON messages"
 if command -v strip >/dev/null 2>&1; then :; else need objcopy "binutils, to strip the binaries"; fi
 
-# ------------------------------------------------------------------ nvcc, as build.rs finds it
+# ------------------------------------------------------------------ nvcc, as the build script (build/nvcc.rs) finds it
 works() { [ -n "$1" ] && "$1" --version >/dev/null 2>&1; }
 nvcc=""
 if [ "${NANODDP_NO_NVCC:-}" = 1 ]; then
