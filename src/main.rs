@@ -69,8 +69,12 @@ enum BenchWhat {
     /// GEMM and convolution throughput per backend.
     Kernels {
         /// Where to run: cpu (native), simt (the kernels emulated on the CPU), cuda (GPU 0).
-        #[arg(long, value_enum, default_value_t = cli::bench_kernels::Target::Cpu)]
-        backend: cli::bench_kernels::Target,
+        #[arg(long, default_value = "cpu", value_parser = cli::args::backend_values([
+            "The native CPU backend",
+            "The kernels under the SIMT emulator (correctness tool: expect it to be slow)",
+            "The kernels on GPU 0",
+        ]))]
+        backend: cli::args::BackendArg,
         /// Images per batch for the LeNet shapes.
         #[arg(long, default_value_t = 256)]
         batch: usize,
@@ -92,7 +96,7 @@ fn check_mpi(late_rank: bool) -> cli::Outcome {
 
 #[cfg(not(feature = "mpi"))]
 fn check_mpi(_: bool) -> cli::Outcome {
-    Err(cli::Failure::Input(cli::NO_MPI.into()))
+    Err(cli::Failure::Input(cli::args::NO_MPI.into()))
 }
 
 /// glibc gives every thread that allocates its own malloc arena (up to 8 per core) and keeps

@@ -10,22 +10,12 @@ use nanoddp::backend::simt::SimtDevice;
 use nanoddp::backend::{Backend, BackendError, Conv2dShape, Epilogue, GemmShape};
 use nanoddp::system;
 
+use super::args::BackendArg;
 use super::{Classify, Failure, Outcome};
 
 /// The largest `--batch`: LeNet's activations take about 60 KB per image and operation set,
 /// so this stays under a gigabyte.
 const MAX_BATCH: usize = 16384;
-
-/// Where to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
-    /// The native CPU backend.
-    Cpu,
-    /// The kernels under the SIMT emulator (correctness tool: expect it to be slow).
-    Simt,
-    /// The kernels on GPU 0.
-    Cuda,
-}
 
 /// One timed operation.
 struct Row {
@@ -169,7 +159,7 @@ fn lenet_rows<B: Backend>(
 }
 
 /// Prints the table for `target`.
-pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -> Outcome {
+pub fn run(out: &mut impl Write, target: BackendArg, batch: usize, repeats: usize) -> Outcome {
     if batch == 0 || repeats == 0 || batch > MAX_BATCH || repeats > 10_000 {
         return Err(Failure::Input(
             format!("--batch must be 1 to {MAX_BATCH} and --repeats 1 to 10000").into(),
@@ -177,7 +167,7 @@ pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -
     }
     // A missing GPU is the command line's problem, found before anything is measured.
     let cuda = match target {
-        Target::Cuda => Some(CudaDevice::new(0).input()?),
+        BackendArg::Cuda => Some(CudaDevice::new(0).input()?),
         _ => None,
     };
     let peak = system::measure_peak_flops();
@@ -210,7 +200,7 @@ pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -
                 lenet_rows(dev, batch, repeats, true).running()?
             }
         }
-        (None, Target::Simt) => {
+        (None, BackendArg::Simt) => {
             writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)").running()?;
             lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false).running()?
         }
@@ -224,7 +214,7 @@ pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -
     .running()?;
     for row in rows {
         let gflops = row.flops / row.median_s / 1e9;
-        let of_peak = if target == Target::Cuda {
+        let of_peak = if target == BackendArg::Cuda {
             "-".to_string()
         } else {
             format!("{:.0}%", 100.0 * gflops / peak.all_threads)

@@ -1,21 +1,19 @@
 //! Subcommands of the `nanoddp` binary, one module each, and the exit-code convention they
 //! share ([`Failure`]).
 
+pub mod args;
 pub mod bench_allreduce;
 pub mod bench_kernels;
 pub mod info;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod nccl_table;
 pub mod plot;
 pub mod schedule;
 pub mod train;
 
 use std::error::Error;
-
-/// What `--comm mpi` says in a build without MPI.
-#[cfg_attr(feature = "mpi", allow(dead_code))]
-pub const NO_MPI: &str = "this nanoddp was built without MPI: rebuild with `cargo build --release --features mpi` (Debian: apt-get install openmpi-bin libopenmpi-dev libclang-dev)";
 
 /// The exit codes, as `nanoddp --help` states them.
 pub const EXIT_CODES: &str = "Exit codes: 0 done (also when a reader of the output went away, \

@@ -10,7 +10,8 @@ use nanoddp::comm::communicator::{CommConfig, CommError, ReduceOp};
 use nanoddp::comm::mpi::{Mpi, MpiAlgorithm};
 use nanoddp::comm::schedule::Algorithm;
 
-use super::bench_allreduce::{expected, header, input, AlgoArg};
+use super::args::AlgoArg;
+use super::nccl_table::{expected, group, header, input, median, row};
 
 fn fnv(bits: impl Iterator<Item = u32>) -> u64 {
     bits.fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -130,11 +131,6 @@ pub fn bench(
     let (me, n) = (mpi.rank(), mpi.size());
     let world = mpi::topology::SimpleCommunicator::world();
     let mut comm = mpi.world(CommConfig::default());
-    let busbw_factor = if n > 1 {
-        2.0 * (n - 1) as f64 / n as f64
-    } else {
-        1.0
-    };
     for algorithm in algorithms(algo) {
         if me == 0 {
             writeln!(
@@ -179,23 +175,10 @@ pub fn bench(
                 let wrong = result.iter().zip(&want).filter(|(a, b)| a != b).count() as u64;
                 let mut wrong_all = 0u64;
                 world.all_reduce_into(&wrong, &mut wrong_all, SystemOperation::sum());
-                times.sort_by(f64::total_cmp);
-                let t = times[times.len() / 2];
-                let algbw = bytes as f64 / t / 1e9;
-                columns.push(format!(
-                    "{:>9.1} {:>7.3} {:>7.3} {:>6}",
-                    t * 1e6,
-                    algbw,
-                    algbw * busbw_factor,
-                    wrong_all
-                ));
+                columns.push(group(bytes, median(times), n, wrong_all));
             }
             if me == 0 {
-                writeln!(
-                    out,
-                    " {:>11} {:>10} {:>6} {:>5} {} {}",
-                    bytes, count, "float", "sum", columns[0], columns[1]
-                )?;
+                row(out, bytes, &columns)?;
             }
         }
     }

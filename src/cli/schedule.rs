@@ -10,7 +10,7 @@ use nanoddp::comm::schedule::{all_reduce, Buffer};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::ValueEnum;
 
-use super::bench_allreduce::AlgoArg;
+use super::args::AlgoArg;
 use super::{Classify, Failure, Outcome};
 
 /// The algorithms a schedule exists for: `--algo`'s values less `auto` (picked per size at

@@ -16,20 +16,8 @@ use nanoddp::train::{
     Storage, TrainConfig, TrainError,
 };
 
-use super::bench_allreduce::{AlgoArg, CommArg};
+use super::args::{backend_values, AlgoArg, BackendArg, CommArg};
 use super::{Classify, Failure, Outcome};
-
-/// Where the replicas run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendArg {
-    /// The native CPU backend, one thread per device.
-    Cpu,
-    /// The CUDA kernels under the SIMT emulator (slow: for studying the kernels).
-    Simt,
-    /// GPUs 0..devices (without a GPU: LD_LIBRARY_PATH=target/release/cuda-standin runs this
-    /// path on nanoddp's CPU stand-in for the CUDA driver, slowly).
-    Cuda,
-}
 
 /// The recipe on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -65,7 +53,12 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     pub devices: usize,
     /// Where the replicas run.
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    #[arg(long, default_value = "cpu", value_parser = backend_values([
+        "The native CPU backend, one thread per device",
+        "The CUDA kernels under the SIMT emulator (slow: for studying the kernels)",
+        "GPUs 0..devices (without a GPU: LD_LIBRARY_PATH=target/release/cuda-standin runs this \
+         path on nanoddp's CPU stand-in for the CUDA driver, slowly)",
+    ]))]
     pub backend: BackendArg,
     /// Gradient allreduce algorithm.
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
@@ -277,9 +270,7 @@ fn load_data(
 pub fn run(out: &mut impl Write, args: TrainArgs) -> Outcome {
     match args.comm {
         CommArg::Local => {
-            if args.algo == AlgoArg::Mpi {
-                return Err(Failure::Input("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into()));
-            }
+            args.algo.check_local().input()?;
             run_with(out, args, None)
         }
         #[cfg(feature = "mpi")]
@@ -293,7 +284,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Outcome {
             }
         }
         #[cfg(not(feature = "mpi"))]
-        CommArg::Mpi => Err(Failure::Input(super::NO_MPI.into())),
+        CommArg::Mpi => Err(Failure::Input(super::args::NO_MPI.into())),
     }
 }
 
