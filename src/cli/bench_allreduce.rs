@@ -15,7 +15,7 @@ use nanoddp::system;
 
 use super::args::{backend_values, parse_size, AlgoArg, BackendArg, CommArg};
 use super::nccl_table::{expected, group, header, input, median, row};
-use super::{Classify, Failure, Outcome};
+use super::CliError;
 
 /// Host memory one rank holds at a message of `bytes`: its input and expected result on the
 /// host, the result it downloads to check; on the CPU and the emulator also its device
@@ -83,47 +83,44 @@ fn run_rank<D: CommDevice + Clone>(
     mut rank: Rank<D>,
     sizes: &[usize],
     algo: Option<Algorithm>,
-) -> Result<RankResult, String> {
+) -> Result<RankResult, CliError> {
     let n = rank.size();
     let me = rank.rank();
-    let dev_result = |e: nanoddp::backend::BackendError| e.to_string();
     let mut out = Vec::new();
     for &bytes in sizes {
         let count = bytes / 4;
         let host = input(me, count);
         let expected = expected(n, count);
         let dev = rank.device().clone();
-        let src = dev.upload(&host).map_err(dev_result)?;
-        let mut dst = dev.alloc_zeros::<f32>(count).map_err(dev_result)?;
-        let mut buf = dev.upload(&host).map_err(dev_result)?;
+        let src = dev.upload(&host)?;
+        let mut dst = dev.alloc_zeros::<f32>(count)?;
+        let mut buf = dev.upload(&host)?;
         let iters = iterations(bytes, n);
         // Warm up long enough for threads, caches and clocks to settle (a fifth of the run).
         let warmup = (iters / 5).max(5);
         let (mut t_out, mut t_in) = (Vec::new(), Vec::new());
         for i in 0..iters + warmup {
-            rank.barrier().map_err(|e| e.to_string())?;
+            rank.barrier()?;
             let t0 = Instant::now();
-            rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, algo)
-                .map_err(|e| e.to_string())?;
+            rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, algo)?;
             let t = t0.elapsed().as_secs_f64();
             if i >= warmup {
                 t_out.push(t);
             }
         }
         for i in 0..iters + warmup {
-            dev.write(&host, &mut buf).map_err(dev_result)?; // re-fill, untimed
-            rank.barrier().map_err(|e| e.to_string())?;
+            dev.write(&host, &mut buf)?; // re-fill, untimed
+            rank.barrier()?;
             let t0 = Instant::now();
-            rank.all_reduce(&mut buf, ReduceOp::Sum, algo)
-                .map_err(|e| e.to_string())?;
+            rank.all_reduce(&mut buf, ReduceOp::Sum, algo)?;
             let t = t0.elapsed().as_secs_f64();
             if i >= warmup {
                 t_in.push(t);
             }
         }
         let wrong = |v: Vec<f32>| v.iter().zip(&expected).filter(|(a, b)| a != b).count();
-        let wrong_out = wrong(dev.download(&dst).map_err(dev_result)?);
-        let wrong_in = wrong(dev.download(&buf).map_err(dev_result)?);
+        let wrong_out = wrong(dev.download(&dst)?);
+        let wrong_in = wrong(dev.download(&buf)?);
         out.push(Measured {
             out_of_place: t_out,
             in_place: t_in,
@@ -138,7 +135,7 @@ fn sweep_on<D: CommDevice + Clone + 'static>(
     devices: Vec<D>,
     sizes: Vec<usize>,
     algo: Option<Algorithm>,
-) -> Result<Vec<RankResult>, Box<dyn std::error::Error>> {
+) -> Result<Vec<RankResult>, CliError> {
     let ranks = communicator(devices, CommConfig::default())?;
     let handles: Vec<_> = ranks
         .into_iter()
@@ -149,13 +146,16 @@ fn sweep_on<D: CommDevice + Clone + 'static>(
         .collect();
     let mut results = Vec::new();
     for h in handles {
-        results.push(h.join().map_err(|_| "a rank thread panicked")??);
+        let result = h
+            .join()
+            .map_err(|_| CliError::Running("a rank thread panicked".into()))?;
+        results.push(result?);
     }
     Ok(results)
 }
 
 /// Prints the table.
-pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
+pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
     let Sweep {
         ranks,
         min_bytes,
@@ -166,10 +166,12 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
         comm,
     } = sweep;
     if ranks == 0 || ranks > 64 {
-        return Err(Failure::Input("-n/--ranks must be between 1 and 64".into()));
+        return Err(CliError::Input(
+            "-n/--ranks must be between 1 and 64".into(),
+        ));
     }
     if factor < 2 || min_bytes < 4 || max_bytes < min_bytes {
-        return Err(Failure::Input(
+        return Err(CliError::Input(
             "need -b >= 4 bytes, -e >= -b, and -f >= 2".into(),
         ));
     }
@@ -181,64 +183,59 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
     }
     if comm == CommArg::Mpi {
         #[cfg(feature = "mpi")]
-        return super::mpi::bench(out, &sizes, algo).running();
+        return super::mpi::bench(out, &sizes, algo);
         #[cfg(not(feature = "mpi"))]
-        return Err(Failure::Input(super::args::NO_MPI.into()));
+        return Err(CliError::Input(super::args::NO_MPI.into()));
     }
-    algo.check_local().input()?;
+    algo.check_local().map_err(CliError::Input)?;
     // The largest message decides the peak: every rank holds its buffers at once.
     let largest = sizes.last().copied().unwrap_or(0);
     let need = ranks as u64 * host_bytes_per_rank(backend, largest);
     if let Some(available) = system::available_memory() {
         if need > available / 10 * 9 {
             let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-            return Err(Failure::Input(
-                format!(
+            return Err(CliError::Input(format!(
                 "this sweep needs about {:.1} GiB of memory at -e {largest} ({ranks} ranks x {} \
                  copies of the message), more than the {:.1} GiB this machine has available: \
                  lower -e or -n",
                 gib(need),
                 host_bytes_per_rank(backend, 1),
                 gib(available)
-            )
-                .into(),
-            ));
+            )));
         }
     }
-    let devices_error = |e: nanoddp::backend::BackendError| Failure::Input(e.into());
     let copy_bw = system::copy_bandwidth(256 << 20);
-    writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32").running()?;
+    writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32")?;
     writeln!(
         out,
         "# memory copy bandwidth (1 thread, 256 MiB, bytes read + written, median of 5): {:.1} GB/s; memory-traffic bound: time >= 2·n·S / that",
         copy_bw / 1e9
-    ).running()?;
+    )?;
     let results = match backend {
         BackendArg::Cpu => sweep_on(
             vec![CpuDevice::new(); ranks],
             sizes.clone(),
             algo.algorithm(),
-        )
-        .running()?,
+        )?,
         BackendArg::Simt => sweep_on(
             (0..ranks).map(SimtDevice::new).collect(),
             sizes.clone(),
             algo.algorithm(),
-        )
-        .running()?,
+        )?,
         BackendArg::Cuda => {
             if nanoddp::backend::cuda::is_standin() {
-                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under the SIMT emulator); timings mean nothing").running()?;
+                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under the SIMT emulator); timings mean nothing")?;
             }
             let devices = (0..ranks)
                 .map(CudaDevice::new)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(devices_error)
-                .running()?;
-            sweep_on(devices, sizes.clone(), algo.algorithm()).running()?
+                // Here a GPU that is not there is a failure while running (exit code 1);
+                // bench kernels and train refuse it as bad input (2).
+                .map_err(CliError::Backend)?;
+            sweep_on(devices, sizes.clone(), algo.algorithm())?
         }
     };
-    header(out, &["out-of-place", "in-place"], &[("bound", "")]).running()?;
+    header(out, &["out-of-place", "in-place"], &[("bound", "")])?;
     for (i, &bytes) in sizes.iter().enumerate() {
         // Each iteration's time is the slowest rank's; report the median iteration.
         let per_iter = |pick: fn(&Measured) -> &Vec<f64>| {
@@ -261,7 +258,7 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
                 100.0 * bound / t
             )
         };
-        row(out, bytes, &[cols(t_out, wrong_out), cols(t_in, wrong_in)]).running()?;
+        row(out, bytes, &[cols(t_out, wrong_out), cols(t_in, wrong_in)])?;
     }
     Ok(())
 }

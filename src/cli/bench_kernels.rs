@@ -11,7 +11,7 @@ use nanoddp::backend::{Backend, BackendError, Conv2dShape, Epilogue, GemmShape};
 use nanoddp::system;
 
 use super::args::BackendArg;
-use super::{Classify, Failure, Outcome};
+use super::CliError;
 
 /// The largest `--batch`: LeNet's activations take about 60 KB per image and operation set,
 /// so this stays under a gigabyte.
@@ -159,15 +159,20 @@ fn lenet_rows<B: Backend>(
 }
 
 /// Prints the table for `target`.
-pub fn run(out: &mut impl Write, target: BackendArg, batch: usize, repeats: usize) -> Outcome {
+pub fn run(
+    out: &mut impl Write,
+    target: BackendArg,
+    batch: usize,
+    repeats: usize,
+) -> Result<(), CliError> {
     if batch == 0 || repeats == 0 || batch > MAX_BATCH || repeats > 10_000 {
-        return Err(Failure::Input(
-            format!("--batch must be 1 to {MAX_BATCH} and --repeats 1 to 10000").into(),
-        ));
+        return Err(CliError::Input(format!(
+            "--batch must be 1 to {MAX_BATCH} and --repeats 1 to 10000"
+        )));
     }
     // A missing GPU is the command line's problem, found before anything is measured.
     let cuda = match target {
-        BackendArg::Cuda => Some(CudaDevice::new(0).input()?),
+        BackendArg::Cuda => Some(CudaDevice::new(0).map_err(CliError::Device)?),
         _ => None,
     };
     let peak = system::measure_peak_flops();
@@ -181,7 +186,7 @@ pub fn run(out: &mut impl Write, target: BackendArg, batch: usize, repeats: usiz
         peak.single_thread,
         peak.all_threads,
         peak.threads
-    ).running()?;
+    )?;
     let rows = match (&cuda, target) {
         (Some(dev), _) => {
             writeln!(
@@ -190,28 +195,26 @@ pub fn run(out: &mut impl Write, target: BackendArg, batch: usize, repeats: usiz
                 dev.info().name,
                 dev.info().compute_capability.0,
                 dev.info().compute_capability.1
-            )
-            .running()?;
+            )?;
             if nanoddp::backend::cuda::is_standin() {
                 // The same shapes and checks, but no GPU: keep it short and say so.
-                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under the SIMT emulator; timings mean nothing; no 1024³ GEMM)").running()?;
-                lenet_rows(dev, batch, repeats.min(3), false).running()?
+                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under the SIMT emulator; timings mean nothing; no 1024³ GEMM)")?;
+                lenet_rows(dev, batch, repeats.min(3), false)?
             } else {
-                lenet_rows(dev, batch, repeats, true).running()?
+                lenet_rows(dev, batch, repeats, true)?
             }
         }
         (None, BackendArg::Simt) => {
-            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)").running()?;
-            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false).running()?
+            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)")?;
+            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false)?
         }
-        (None, _) => lenet_rows(&CpuDevice::new(), batch, repeats, true).running()?,
+        (None, _) => lenet_rows(&CpuDevice::new(), batch, repeats, true)?,
     };
     writeln!(
         out,
         "{:<36} {:>12} {:>10} {:>8}",
         "operation (batch, C x H x W, k)", "median", "GFLOP/s", "of peak"
-    )
-    .running()?;
+    )?;
     for row in rows {
         let gflops = row.flops / row.median_s / 1e9;
         let of_peak = if target == BackendArg::Cuda {
@@ -226,8 +229,7 @@ pub fn run(out: &mut impl Write, target: BackendArg, batch: usize, repeats: usiz
             row.median_s * 1e3,
             gflops,
             of_peak
-        )
-        .running()?;
+        )?;
     }
     Ok(())
 }
