@@ -9,15 +9,16 @@
 use crate::kernels::Scalar;
 
 /// A floating-point storage type: of activations and weight copies, of gradients on the
-/// wire, of a training run. Arithmetic and accumulation are f32 whatever the storage.
+/// wire, of a training run. Arithmetic and accumulation are f32 whatever the storage; a
+/// half type (IEEE binary16 for `F16`) keeps f32 master weights, gradients and optimizer
+/// state beside it. The variants' one-line docs are `nanoddp train --precision`'s help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum DType {
-    /// IEEE binary32: everything in f32.
+    /// f32 everywhere.
     #[cfg_attr(feature = "cli", value(name = "fp32"))]
     F32,
-    /// IEEE binary16 storage, computed and summed in f32 (mixed precision: f32 master
-    /// weights, gradients and optimizer state, loss scaling).
+    /// Mixed precision: half activations, f32 master weights, loss scaling.
     #[cfg_attr(feature = "cli", value(name = "fp16"))]
     F16,
 }

@@ -5,6 +5,7 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cli::CliError;
 
 /// Data-parallel training from scratch: hand-written CUDA kernels, hand-rolled collectives,
 /// a LeNet trainer. Runs on the CPU when there is no GPU.
@@ -69,8 +70,12 @@ enum BenchWhat {
     /// GEMM and convolution throughput per backend.
     Kernels {
         /// Where to run: cpu (native), simt (the kernels emulated on the CPU), cuda (GPU 0).
-        #[arg(long, value_enum, default_value_t = cli::bench_kernels::Target::Cpu)]
-        backend: cli::bench_kernels::Target,
+        #[arg(long, default_value = "cpu", value_parser = cli::args::backend_values([
+            "The native CPU backend",
+            "The kernels under the SIMT emulator (correctness tool: expect it to be slow)",
+            "The kernels on GPU 0",
+        ]))]
+        backend: cli::args::BackendArg,
         /// Images per batch for the LeNet shapes.
         #[arg(long, default_value_t = 256)]
         batch: usize,
@@ -81,18 +86,17 @@ enum BenchWhat {
 }
 
 #[cfg(feature = "mpi")]
-fn check_mpi(late_rank: bool) -> cli::Outcome {
-    use cli::Classify;
+fn check_mpi(late_rank: bool) -> Result<(), CliError> {
     if late_rank {
-        cli::mpi::check_late_rank().running()
+        cli::mpi::check_late_rank()
     } else {
-        cli::mpi::check(&mut std::io::stdout().lock()).running()
+        cli::mpi::check(&mut std::io::stdout().lock())
     }
 }
 
 #[cfg(not(feature = "mpi"))]
-fn check_mpi(_: bool) -> cli::Outcome {
-    Err(cli::Failure::Input(cli::NO_MPI.into()))
+fn check_mpi(_: bool) -> Result<(), CliError> {
+    Err(CliError::Input(cli::args::NO_MPI.into()))
 }
 
 /// glibc gives every thread that allocates its own malloc arena (up to 8 per core) and keeps
@@ -132,17 +136,15 @@ fn limit_malloc_arenas() {
 fn limit_malloc_arenas() {}
 
 fn main() -> ExitCode {
-    use cli::Classify;
     limit_malloc_arenas();
     let cli = Cli::parse();
     let mut stdout = std::io::stdout().lock();
     // A misspelt NANODDP_CPU_ISA would otherwise measure the wrong path: refuse it up front.
     if let Err(why) = nanoddp::backend::cpu::isa::requested() {
-        report_error(&why);
-        return ExitCode::from(cli::Failure::Input(why.into()).exit_code());
+        return failed(&CliError::Input(why));
     }
     let result = match cli.command {
-        Command::Info => cli::info::run(&mut stdout).running(),
+        Command::Info => cli::info::run(&mut stdout),
         Command::CheckMpi { late_rank } => check_mpi(late_rank),
         Command::Schedule(args) => cli::schedule::run(&mut stdout, args),
         Command::Eval(args) => cli::train::eval(&mut stdout, args),
@@ -162,12 +164,22 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader went away (`| head`): the output ends there, and that is not an error.
-        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
-        Err(e) => {
-            report_error(&e);
-            ExitCode::from(e.exit_code())
-        }
+        Err(CliError::Write(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => failed(&e),
     }
+}
+
+/// Reports `e` and returns its exit code ([`cli::EXIT_CODES`]).
+fn failed(e: &CliError) -> ExitCode {
+    report_error(e);
+    ExitCode::from(match e {
+        CliError::Input(_) | CliError::Data(_) | CliError::Checkpoint(_) | CliError::Device(_) => 2,
+        CliError::Write(_)
+        | CliError::Backend(_)
+        | CliError::Comm(_)
+        | CliError::Train(_)
+        | CliError::Running(_) => 1,
+    })
 }
 
 /// Prints `error: {e}` to stderr in one write: under mpirun every rank may fail at once,

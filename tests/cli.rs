@@ -4,18 +4,18 @@
 //! kill a run; `--resume` continues only its own run and keeps its metrics; no subcommand
 //! panics on bad input, and all share one exit-code convention.
 
+mod common;
+
 use std::os::unix::fs::FileTypeExt;
 use std::process::Command;
 
+use common::cli::{nanoddp, scratch, SUBSET};
 use nanoddp::backend::cuda;
 use nanoddp::kernels::{MODULES, PREBUILT};
 
 #[test]
 fn info_describes_the_build_the_driver_and_the_cpu() {
-    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
-        .arg("info")
-        .output()
-        .expect("runs");
+    let out = nanoddp().arg("info").output().expect("runs");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -63,17 +63,14 @@ fn info_describes_the_build_the_driver_and_the_cpu() {
 
 #[test]
 fn unknown_subcommands_fail_with_usage() {
-    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
-        .arg("frobnicate")
-        .output()
-        .expect("runs");
+    let out = nanoddp().arg("frobnicate").output().expect("runs");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Usage"));
 }
 
 #[test]
 fn bench_kernels_prints_one_row_per_operation_with_a_rate() {
-    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
+    let out = nanoddp()
         .args(["bench", "kernels", "--batch", "3", "--repeats", "1"])
         .output()
         .expect("runs");
@@ -111,7 +108,7 @@ fn bench_kernels_prints_one_row_per_operation_with_a_rate() {
 
 #[test]
 fn bench_rejects_a_zero_batch() {
-    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
+    let out = nanoddp()
         .args(["bench", "kernels", "--batch", "0"])
         .output()
         .expect("runs");
@@ -121,16 +118,8 @@ fn bench_rejects_a_zero_batch() {
 
 /// `nanoddp train` on the shipped subset, with `args`.
 fn train_command(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nanoddp"));
-    cmd.arg("train")
-        .args([
-            "--data",
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/data/fashion-mnist-subset"
-            ),
-        ])
-        .args(args);
+    let mut cmd = nanoddp();
+    cmd.arg("train").args(["--data", SUBSET]).args(args);
     cmd
 }
 
@@ -143,14 +132,6 @@ fn train_with(args: &[&str]) -> (Option<i32>, String) {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// A fresh folder for one test's files.
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("nanoddp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temporary folder");
-    dir
 }
 
 #[test]
@@ -259,22 +240,14 @@ fn a_closed_pipe_ends_the_printing_not_the_run() {
 }
 
 /// Runs `nanoddp` with `args`; returns (exit code, stdout, stderr).
-fn nanoddp(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nanoddp"))
-        .args(args)
-        .output()
-        .expect("runs");
+fn nanoddp_with(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = nanoddp().args(args).output().expect("runs");
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
-
-const SUBSET: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/fashion-mnist-subset"
-);
 
 /// Writes an uncompressed IDX image file of `count` images of `side` x `side` pixels.
 fn write_idx_images(path: &std::path::Path, count: u32, side: u32) {
@@ -289,7 +262,7 @@ fn write_idx_images(path: &std::path::Path, count: u32, side: u32) {
 /// Asserts that `nanoddp args` is refused before any work: exit code 2, no panic, an error
 /// that mentions `mention`, one line of it unless clap adds its usage.
 fn assert_refused(args: &[&str], mention: &str) {
-    let (code, out, err) = nanoddp(args);
+    let (code, out, err) = nanoddp_with(args);
     assert_eq!(code, Some(2), "{args:?}: {err}");
     assert!(!err.contains("panicked"), "{args:?}: {err}");
     assert!(
@@ -418,7 +391,7 @@ fn no_bad_input_panics_every_one_is_refused_with_exit_code_2_and_one_line() {
         assert_refused(args, mention);
     }
     // The help names the convention.
-    let (code, out, _) = nanoddp(&["--help"]);
+    let (code, out, _) = nanoddp_with(&["--help"]);
     assert_eq!(code, Some(0));
     assert!(
         out.contains("Exit codes: 0") && out.contains("2 bad input"),
@@ -434,7 +407,7 @@ fn a_reader_that_goes_away_ends_the_output_quietly() {
         &["schedule", "-n", "16", "--count", "65536", "--slice", "4"][..],
         &["info"][..],
     ] {
-        let out = read_then_hang_up(Command::new(env!("CARGO_BIN_EXE_nanoddp")).args(args));
+        let out = read_then_hang_up(nanoddp().args(args));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
         assert!(err.is_empty(), "{args:?}: {err}");
@@ -529,7 +502,7 @@ fn resume_continues_only_its_own_run_and_keeps_its_metrics() {
         &ckpt_t,
     ];
     let new_run = || {
-        nanoddp(
+        nanoddp_with(
             &[
                 &["train", "--data", SUBSET],
                 &run[..],
@@ -554,7 +527,7 @@ fn resume_continues_only_its_own_run_and_keeps_its_metrics() {
     assert_eq!(std::fs::read_to_string(&metrics).unwrap(), full);
 
     // The finished run: nothing to do, said so.
-    let (code, out, err) = nanoddp(
+    let (code, out, err) = nanoddp_with(
         &[
             &["train", "--data", SUBSET],
             &run[..],
@@ -576,7 +549,7 @@ fn resume_continues_only_its_own_run_and_keeps_its_metrics() {
         "--resume",
         &ckpt_t,
     ];
-    let (code, _, err) = nanoddp(&[&["train", "--data", SUBSET], &other[..]].concat());
+    let (code, _, err) = nanoddp_with(&[&["train", "--data", SUBSET], &other[..]].concat());
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("batch 1000 there, 500 here"), "{err}");
     assert!(err.contains("epochs 2 there, 3 here"), "{err}");
@@ -589,7 +562,7 @@ fn resume_continues_only_its_own_run_and_keeps_its_metrics() {
     at_epoch_1.step = 3;
     checkpoint::save(&ckpt, &at_epoch_1).unwrap();
     std::fs::write(&metrics, format!("{full}{{\"step\":7,\"epo")).unwrap();
-    let (code, out, err) = nanoddp(
+    let (code, out, err) = nanoddp_with(
         &[
             &["train", "--data", SUBSET],
             &run[..],

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::Path;
+use common::cli::{nanoddp, scratch, succeeds, SUBSET};
 
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::simt::SimtDevice;
@@ -214,8 +214,7 @@ fn the_cuda_backend_trains_like_the_cpu_on_1_2_and_4_devices() {
 
 #[test]
 fn checkpoints_round_trip_and_reject_garbage() {
-    let dir = std::env::temp_dir().join(format!("nanoddp-ckpt-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("ckpt");
     let path = dir.join("lenet.safetensors");
     let ckpt = Checkpoint {
         weights: initial_weights(Recipe::Default, 3),
@@ -254,8 +253,7 @@ fn checkpoints_round_trip_and_reject_garbage() {
 
 #[test]
 fn corrupt_data_files_name_the_file_and_the_problem() {
-    let dir = std::env::temp_dir().join(format!("nanoddp-data-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("data");
     let bad = dir.join("truncated-images");
     let mut bytes = vec![0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 28, 0, 0, 0, 28];
     bytes.extend(vec![0u8; 28 * 28 + 5]); // one and a bit images instead of two
@@ -280,8 +278,7 @@ fn corrupt_data_files_name_the_file_and_the_problem() {
 
 #[test]
 fn the_command_line_reports_user_errors_with_exit_code_2() {
-    let exe = env!("CARGO_BIN_EXE_nanoddp");
-    let out = std::process::Command::new(exe)
+    let out = nanoddp()
         .args(["train", "--data", "/nonexistent/folder", "--epochs", "1"])
         .output()
         .unwrap();
@@ -292,12 +289,12 @@ fn the_command_line_reports_user_errors_with_exit_code_2() {
             && err.contains("apt-get install dataset-fashion-mnist"),
         "{err}"
     );
-    let out = std::process::Command::new(exe)
+    let out = nanoddp()
         .args(["train", "--devices", "0"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let out = std::process::Command::new(exe)
+    let out = nanoddp()
         .args(["train", "--plot", "x.png"])
         .env(
             "NANODDP_FONT",
@@ -308,17 +305,17 @@ fn the_command_line_reports_user_errors_with_exit_code_2() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Cargo.toml: not a TrueType font"), "{err}");
-    let ok = std::process::Command::new(exe)
-        .args(["train", "--data"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fashion-mnist-subset"))
-        .args(["--epochs", "1", "--max-steps", "3", "--devices", "2"])
-        .output()
-        .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    let ok = succeeds(nanoddp().args([
+        "train",
+        "--data",
+        SUBSET,
+        "--epochs",
+        "1",
+        "--max-steps",
+        "3",
+        "--devices",
+        "2",
+    ]));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("epoch   1"));
 }
 
@@ -450,34 +447,17 @@ fn polylines(svg: &str, color: &str, n: usize) -> Vec<Vec<(f64, f64)>> {
 
 #[test]
 fn the_plot_draws_the_curves_the_metrics_record() {
-    let exe = env!("CARGO_BIN_EXE_nanoddp");
-    let dir = std::env::temp_dir().join(format!("nanoddp-plot-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let subset = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fashion-mnist-subset");
+    let dir = scratch("plot");
     let (svg, png, metrics) = (dir.join("c.svg"), dir.join("c.png"), dir.join("m.jsonl"));
     for plot in [&svg, &png] {
-        let out = std::process::Command::new(exe)
-            .args(["train", "--data"])
-            .arg(&subset)
-            .args([
-                "--epochs",
-                "3",
-                "--batch",
-                "500",
-                "--devices",
-                "2",
-                "--plot",
-            ])
-            .arg(plot)
-            .arg("--metrics")
-            .arg(&metrics)
-            .arg("--overwrite")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        succeeds(
+            nanoddp()
+                .args(["train", "--data", SUBSET, "--epochs", "3", "--batch", "500"])
+                .args(["--devices", "2", "--plot"])
+                .arg(plot)
+                .arg("--metrics")
+                .arg(&metrics)
+                .arg("--overwrite"),
         );
     }
     // 3000 images in batches of 500: 6 steps per epoch, 18 in all.

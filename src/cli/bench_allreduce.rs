@@ -13,88 +13,20 @@ use nanoddp::comm::schedule::Algorithm;
 use nanoddp::comm::transport::CommDevice;
 use nanoddp::system;
 
-use super::{Classify, Failure, Outcome};
+use super::args::{backend_values, parse_size, AlgoArg, BackendArg, CommArg};
+use super::nccl_table::{expected, group, header, input, median, row};
+use super::CliError;
 
 /// Host memory one rank holds at a message of `bytes`: its input and expected result on the
 /// host, the result it downloads to check; on the CPU and the emulator also its device
 /// buffers (input, out-of-place output, in-place buffer) and the communicator's scratch,
 /// which live in host memory too.
-fn host_bytes_per_rank(backend: Target, bytes: usize) -> u64 {
+fn host_bytes_per_rank(backend: BackendArg, bytes: usize) -> u64 {
     let copies = match backend {
-        Target::Cpu | Target::Simt => 7,
-        Target::Cuda => 3,
+        BackendArg::Cpu | BackendArg::Simt => 7,
+        BackendArg::Cuda => 3,
     };
     copies * bytes as u64
-}
-
-/// Where the ranks live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
-    /// Threads on the CPU, one per rank.
-    Cpu,
-    /// Emulated devices running `collective.cu` (slow; for studying the kernel path).
-    Simt,
-    /// GPUs through the CUDA driver (or its CPU stand-in, where timings mean nothing).
-    Cuda,
-}
-
-/// Algorithm choice on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AlgoArg {
-    /// Pick per size from the cost model.
-    Auto,
-    /// Ring reduce-scatter + all-gather.
-    Ring,
-    /// Pipelined double binary tree.
-    Tree,
-    /// Two-shot: reduce own chunk from all peers, then gather.
-    Direct,
-    /// Every rank sums all inputs.
-    Oneshot,
-    /// The MPI library's own MPI_Allreduce across processes (with --comm mpi; the baseline).
-    Mpi,
-}
-
-/// How ranks reach each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CommArg {
-    /// Threads of this process, over shared memory (the in-process transports).
-    Local,
-    /// Processes started by mpirun (build with `--features mpi`): each process's devices
-    /// reduce locally, then one leader per process crosses MPI.
-    Mpi,
-}
-
-impl AlgoArg {
-    /// The algorithm, or `None` for auto.
-    pub fn algorithm(self) -> Option<Algorithm> {
-        match self {
-            AlgoArg::Auto => None,
-            AlgoArg::Ring => Some(Algorithm::Ring),
-            AlgoArg::Tree => Some(Algorithm::Tree),
-            AlgoArg::Direct => Some(Algorithm::Direct),
-            AlgoArg::Oneshot => Some(Algorithm::OneShot),
-            AlgoArg::Mpi => None,
-        }
-    }
-}
-
-/// Parses `4096`, `4K`, `64M`, `1G` (binary multiples, as nccl-tests).
-pub fn parse_size(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let base: usize = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (examples: 4096, 64K, 16M, 1G)"))?;
-    let mult = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" => 1 << 10,
-        "M" | "MB" => 1 << 20,
-        "G" | "GB" => 1 << 30,
-        _ => return Err(format!("`{text}`: unknown unit `{unit}` (use K, M or G)")),
-    };
-    base.checked_mul(mult)
-        .ok_or_else(|| format!("`{text}` is too large"))
 }
 
 /// The sweep (`bench allreduce`'s options).
@@ -116,70 +48,16 @@ pub struct Sweep {
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     pub algo: AlgoArg,
     /// Where the ranks run.
-    #[arg(long, value_enum, default_value_t = Target::Cpu)]
-    pub backend: Target,
+    #[arg(long, default_value = "cpu", value_parser = backend_values([
+        "Threads on the CPU, one per rank",
+        "Emulated devices running `collective.cu` (slow; for studying the kernel path)",
+        "GPUs through the CUDA driver (or its CPU stand-in, where timings mean nothing)",
+    ]))]
+    pub backend: BackendArg,
     /// local: -n threads of this process; mpi: one rank per process started by mpirun
     /// (-n is mpirun's then; needs a build with --features mpi).
     #[arg(long, value_enum, default_value_t = CommArg::Local)]
     pub comm: CommArg,
-}
-
-/// Rank r's input, as nccl-tests and the anchors: ((i mod 13) + 1) · (r + 1); every partial
-/// sum is an integer below 2^24, so the result is exact whatever the order of additions.
-pub fn input(rank: usize, count: usize) -> Vec<f32> {
-    (0..count)
-        .map(|i| ((i % 13) + 1) as f32 * (rank + 1) as f32)
-        .collect()
-}
-
-/// The sum of [`input`] over `n` ranks.
-pub fn expected(n: usize, count: usize) -> Vec<f32> {
-    (0..count)
-        .map(|i| ((i % 13) + 1) as f32 * (n * (n + 1) / 2) as f32)
-        .collect()
-}
-
-/// The nccl-tests header: the column names and units of one column group per entry of
-/// `groups` (e.g. out of place, in place), each with the extra columns in `extra`.
-pub fn header(
-    out: &mut impl Write,
-    groups: &[&str],
-    extra: &[(&str, &str)],
-) -> std::io::Result<()> {
-    let group_width = 9 + 8 + 8 + 7 + extra.len() * 7;
-    let mut title = format!("#{:>33}", "");
-    for g in groups {
-        title.push_str(&format!("{g:>w$}", w = group_width));
-    }
-    writeln!(out, "{}", title.trim_end())?;
-    for (row, cells) in [
-        ["size", "count", "type", "redop"],
-        ["(B)", "(elements)", "", ""],
-    ]
-    .iter()
-    .enumerate()
-    {
-        let mut line = format!(
-            "#{:>11} {:>10} {:>6} {:>5}",
-            cells[0], cells[1], cells[2], cells[3]
-        );
-        for _ in groups {
-            let base = if row == 0 {
-                ["time", "algbw", "busbw", "#wrong"]
-            } else {
-                ["(us)", "(GB/s)", "(GB/s)", ""]
-            };
-            line.push_str(&format!(
-                " {:>9} {:>7} {:>7} {:>6}",
-                base[0], base[1], base[2], base[3]
-            ));
-            for e in extra {
-                line.push_str(&format!(" {:>6}", if row == 0 { e.0 } else { e.1 }));
-            }
-        }
-        writeln!(out, "{line}")?;
-    }
-    Ok(())
 }
 
 fn iterations(bytes: usize, ranks: usize) -> usize {
@@ -205,47 +83,44 @@ fn run_rank<D: CommDevice + Clone>(
     mut rank: Rank<D>,
     sizes: &[usize],
     algo: Option<Algorithm>,
-) -> Result<RankResult, String> {
+) -> Result<RankResult, CliError> {
     let n = rank.size();
     let me = rank.rank();
-    let dev_result = |e: nanoddp::backend::BackendError| e.to_string();
     let mut out = Vec::new();
     for &bytes in sizes {
         let count = bytes / 4;
         let host = input(me, count);
         let expected = expected(n, count);
         let dev = rank.device().clone();
-        let src = dev.upload(&host).map_err(dev_result)?;
-        let mut dst = dev.alloc_zeros::<f32>(count).map_err(dev_result)?;
-        let mut buf = dev.upload(&host).map_err(dev_result)?;
+        let src = dev.upload(&host)?;
+        let mut dst = dev.alloc_zeros::<f32>(count)?;
+        let mut buf = dev.upload(&host)?;
         let iters = iterations(bytes, n);
         // Warm up long enough for threads, caches and clocks to settle (a fifth of the run).
         let warmup = (iters / 5).max(5);
         let (mut t_out, mut t_in) = (Vec::new(), Vec::new());
         for i in 0..iters + warmup {
-            rank.barrier().map_err(|e| e.to_string())?;
+            rank.barrier()?;
             let t0 = Instant::now();
-            rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, algo)
-                .map_err(|e| e.to_string())?;
+            rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, algo)?;
             let t = t0.elapsed().as_secs_f64();
             if i >= warmup {
                 t_out.push(t);
             }
         }
         for i in 0..iters + warmup {
-            dev.write(&host, &mut buf).map_err(dev_result)?; // re-fill, untimed
-            rank.barrier().map_err(|e| e.to_string())?;
+            dev.write(&host, &mut buf)?; // re-fill, untimed
+            rank.barrier()?;
             let t0 = Instant::now();
-            rank.all_reduce(&mut buf, ReduceOp::Sum, algo)
-                .map_err(|e| e.to_string())?;
+            rank.all_reduce(&mut buf, ReduceOp::Sum, algo)?;
             let t = t0.elapsed().as_secs_f64();
             if i >= warmup {
                 t_in.push(t);
             }
         }
         let wrong = |v: Vec<f32>| v.iter().zip(&expected).filter(|(a, b)| a != b).count();
-        let wrong_out = wrong(dev.download(&dst).map_err(dev_result)?);
-        let wrong_in = wrong(dev.download(&buf).map_err(dev_result)?);
+        let wrong_out = wrong(dev.download(&dst)?);
+        let wrong_in = wrong(dev.download(&buf)?);
         out.push(Measured {
             out_of_place: t_out,
             in_place: t_in,
@@ -256,16 +131,11 @@ fn run_rank<D: CommDevice + Clone>(
     Ok(out)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn sweep_on<D: CommDevice + Clone + 'static>(
     devices: Vec<D>,
     sizes: Vec<usize>,
     algo: Option<Algorithm>,
-) -> Result<Vec<RankResult>, Box<dyn std::error::Error>> {
+) -> Result<Vec<RankResult>, CliError> {
     let ranks = communicator(devices, CommConfig::default())?;
     let handles: Vec<_> = ranks
         .into_iter()
@@ -276,13 +146,16 @@ fn sweep_on<D: CommDevice + Clone + 'static>(
         .collect();
     let mut results = Vec::new();
     for h in handles {
-        results.push(h.join().map_err(|_| "a rank thread panicked")??);
+        let result = h
+            .join()
+            .map_err(|_| CliError::Running("a rank thread panicked".into()))?;
+        results.push(result?);
     }
     Ok(results)
 }
 
 /// Prints the table.
-pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
+pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
     let Sweep {
         ranks,
         min_bytes,
@@ -293,10 +166,12 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
         comm,
     } = sweep;
     if ranks == 0 || ranks > 64 {
-        return Err(Failure::Input("-n/--ranks must be between 1 and 64".into()));
+        return Err(CliError::Input(
+            "-n/--ranks must be between 1 and 64".into(),
+        ));
     }
     if factor < 2 || min_bytes < 4 || max_bytes < min_bytes {
-        return Err(Failure::Input(
+        return Err(CliError::Input(
             "need -b >= 4 bytes, -e >= -b, and -f >= 2".into(),
         ));
     }
@@ -308,66 +183,59 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
     }
     if comm == CommArg::Mpi {
         #[cfg(feature = "mpi")]
-        return super::mpi::bench(out, &sizes, algo).running();
+        return super::mpi::bench(out, &sizes, algo);
         #[cfg(not(feature = "mpi"))]
-        return Err(Failure::Input(super::NO_MPI.into()));
+        return Err(CliError::Input(super::args::NO_MPI.into()));
     }
-    if algo == AlgoArg::Mpi {
-        return Err(Failure::Input("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into()));
-    }
+    algo.check_local().map_err(CliError::Input)?;
     // The largest message decides the peak: every rank holds its buffers at once.
     let largest = sizes.last().copied().unwrap_or(0);
     let need = ranks as u64 * host_bytes_per_rank(backend, largest);
     if let Some(available) = system::available_memory() {
         if need > available / 10 * 9 {
             let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-            return Err(Failure::Input(
-                format!(
+            return Err(CliError::Input(format!(
                 "this sweep needs about {:.1} GiB of memory at -e {largest} ({ranks} ranks x {} \
                  copies of the message), more than the {:.1} GiB this machine has available: \
                  lower -e or -n",
                 gib(need),
                 host_bytes_per_rank(backend, 1),
                 gib(available)
-            )
-                .into(),
-            ));
+            )));
         }
     }
-    let devices_error = |e: nanoddp::backend::BackendError| Failure::Input(e.into());
     let copy_bw = system::copy_bandwidth(256 << 20);
-    writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32").running()?;
+    writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32")?;
     writeln!(
         out,
         "# memory copy bandwidth (1 thread, 256 MiB, bytes read + written, median of 5): {:.1} GB/s; memory-traffic bound: time >= 2·n·S / that",
         copy_bw / 1e9
-    ).running()?;
+    )?;
     let results = match backend {
-        Target::Cpu => sweep_on(
+        BackendArg::Cpu => sweep_on(
             vec![CpuDevice::new(); ranks],
             sizes.clone(),
             algo.algorithm(),
-        )
-        .running()?,
-        Target::Simt => sweep_on(
+        )?,
+        BackendArg::Simt => sweep_on(
             (0..ranks).map(SimtDevice::new).collect(),
             sizes.clone(),
             algo.algorithm(),
-        )
-        .running()?,
-        Target::Cuda => {
+        )?,
+        BackendArg::Cuda => {
             if nanoddp::backend::cuda::is_standin() {
-                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under the SIMT emulator); timings mean nothing").running()?;
+                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under the SIMT emulator); timings mean nothing")?;
             }
             let devices = (0..ranks)
                 .map(CudaDevice::new)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(devices_error)
-                .running()?;
-            sweep_on(devices, sizes.clone(), algo.algorithm()).running()?
+                // A GPU that is not there is bad input, refused before any work (exit code 2),
+                // as bench kernels and train refuse it (this path used to exit 1).
+                .map_err(CliError::Device)?;
+            sweep_on(devices, sizes.clone(), algo.algorithm())?
         }
     };
-    header(out, &["out-of-place", "in-place"], &[("bound", "")]).running()?;
+    header(out, &["out-of-place", "in-place"], &[("bound", "")])?;
     for (i, &bytes) in sizes.iter().enumerate() {
         // Each iteration's time is the slowest rank's; report the median iteration.
         let per_iter = |pick: fn(&Measured) -> &Vec<f64>| {
@@ -380,36 +248,17 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Outcome {
         };
         let t_out = per_iter(|m| &m.out_of_place);
         let t_in = per_iter(|m| &m.in_place);
-        let wrong_out: usize = results.iter().map(|r| r[i].wrong_out).sum();
-        let wrong_in: usize = results.iter().map(|r| r[i].wrong_in).sum();
-        let busbw_factor = if ranks > 1 {
-            2.0 * (ranks - 1) as f64 / ranks as f64
-        } else {
-            1.0
-        };
+        let wrong_out = results.iter().map(|r| r[i].wrong_out as u64).sum();
+        let wrong_in = results.iter().map(|r| r[i].wrong_in as u64).sum();
         let bound = 2.0 * ranks as f64 * bytes as f64 / copy_bw;
-        let cols = |t: f64, wrong: usize| {
-            let algbw = bytes as f64 / t / 1e9;
+        let cols = |t: f64, wrong: u64| {
             format!(
-                "{:>9.1} {:>7.3} {:>7.3} {:>6} {:>5.0}%",
-                t * 1e6,
-                algbw,
-                algbw * busbw_factor,
-                wrong,
+                "{} {:>5.0}%",
+                group(bytes, t, ranks, wrong),
                 100.0 * bound / t
             )
         };
-        writeln!(
-            out,
-            " {:>11} {:>10} {:>6} {:>5} {} {}",
-            bytes,
-            bytes / 4,
-            "float",
-            "sum",
-            cols(t_out, wrong_out),
-            cols(t_in, wrong_in)
-        )
-        .running()?;
+        row(out, bytes, &[cols(t_out, wrong_out), cols(t_in, wrong_in)])?;
     }
     Ok(())
 }

@@ -10,22 +10,12 @@ use nanoddp::backend::simt::SimtDevice;
 use nanoddp::backend::{Backend, BackendError, Conv2dShape, Epilogue, GemmShape};
 use nanoddp::system;
 
-use super::{Classify, Failure, Outcome};
+use super::args::BackendArg;
+use super::CliError;
 
 /// The largest `--batch`: LeNet's activations take about 60 KB per image and operation set,
 /// so this stays under a gigabyte.
 const MAX_BATCH: usize = 16384;
-
-/// Where to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
-    /// The native CPU backend.
-    Cpu,
-    /// The kernels under the SIMT emulator (correctness tool: expect it to be slow).
-    Simt,
-    /// The kernels on GPU 0.
-    Cuda,
-}
 
 /// One timed operation.
 struct Row {
@@ -169,15 +159,20 @@ fn lenet_rows<B: Backend>(
 }
 
 /// Prints the table for `target`.
-pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -> Outcome {
+pub fn run(
+    out: &mut impl Write,
+    target: BackendArg,
+    batch: usize,
+    repeats: usize,
+) -> Result<(), CliError> {
     if batch == 0 || repeats == 0 || batch > MAX_BATCH || repeats > 10_000 {
-        return Err(Failure::Input(
-            format!("--batch must be 1 to {MAX_BATCH} and --repeats 1 to 10000").into(),
-        ));
+        return Err(CliError::Input(format!(
+            "--batch must be 1 to {MAX_BATCH} and --repeats 1 to 10000"
+        )));
     }
     // A missing GPU is the command line's problem, found before anything is measured.
     let cuda = match target {
-        Target::Cuda => Some(CudaDevice::new(0).input()?),
+        BackendArg::Cuda => Some(CudaDevice::new(0).map_err(CliError::Device)?),
         _ => None,
     };
     let peak = system::measure_peak_flops();
@@ -191,7 +186,7 @@ pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -
         peak.single_thread,
         peak.all_threads,
         peak.threads
-    ).running()?;
+    )?;
     let rows = match (&cuda, target) {
         (Some(dev), _) => {
             writeln!(
@@ -200,31 +195,29 @@ pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -
                 dev.info().name,
                 dev.info().compute_capability.0,
                 dev.info().compute_capability.1
-            )
-            .running()?;
+            )?;
             if nanoddp::backend::cuda::is_standin() {
                 // The same shapes and checks, but no GPU: keep it short and say so.
-                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under the SIMT emulator; timings mean nothing; no 1024³ GEMM)").running()?;
-                lenet_rows(dev, batch, repeats.min(3), false).running()?
+                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under the SIMT emulator; timings mean nothing; no 1024³ GEMM)")?;
+                lenet_rows(dev, batch, repeats.min(3), false)?
             } else {
-                lenet_rows(dev, batch, repeats, true).running()?
+                lenet_rows(dev, batch, repeats, true)?
             }
         }
-        (None, Target::Simt) => {
-            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)").running()?;
-            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false).running()?
+        (None, BackendArg::Simt) => {
+            writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)")?;
+            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false)?
         }
-        (None, _) => lenet_rows(&CpuDevice::new(), batch, repeats, true).running()?,
+        (None, _) => lenet_rows(&CpuDevice::new(), batch, repeats, true)?,
     };
     writeln!(
         out,
         "{:<36} {:>12} {:>10} {:>8}",
         "operation (batch, C x H x W, k)", "median", "GFLOP/s", "of peak"
-    )
-    .running()?;
+    )?;
     for row in rows {
         let gflops = row.flops / row.median_s / 1e9;
-        let of_peak = if target == Target::Cuda {
+        let of_peak = if target == BackendArg::Cuda {
             "-".to_string()
         } else {
             format!("{:.0}%", 100.0 * gflops / peak.all_threads)
@@ -236,8 +229,7 @@ pub fn run(out: &mut impl Write, target: Target, batch: usize, repeats: usize) -
             row.median_s * 1e3,
             gflops,
             of_peak
-        )
-        .running()?;
+        )?;
     }
     Ok(())
 }

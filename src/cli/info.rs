@@ -6,9 +6,11 @@ use nanoddp::backend::{cuda, nvrtc};
 use nanoddp::kernels::{fatbin, resources, MODULES, PREBUILT};
 use nanoddp::system;
 
+use super::CliError;
+
 /// Writes the report. Fails only if `out` cannot be written; a machine with no CUDA at all
 /// is a normal answer, not an error.
-pub fn run(out: &mut impl Write) -> io::Result<()> {
+pub fn run(out: &mut impl Write) -> Result<(), CliError> {
     writeln!(out, "nanoddp {}", env!("CARGO_PKG_VERSION"))?;
     writeln!(out)?;
     kernels(out)?;
@@ -17,7 +19,8 @@ pub fn run(out: &mut impl Write) -> io::Result<()> {
     writeln!(out)?;
     emulator(out)?;
     writeln!(out)?;
-    cpu(out)
+    cpu(out)?;
+    Ok(())
 }
 
 fn kernels(out: &mut impl Write) -> io::Result<()> {

@@ -10,7 +10,9 @@ use nanoddp::comm::communicator::{CommConfig, CommError, ReduceOp};
 use nanoddp::comm::mpi::{Mpi, MpiAlgorithm};
 use nanoddp::comm::schedule::Algorithm;
 
-use super::bench_allreduce::{expected, header, input, AlgoArg};
+use super::args::AlgoArg;
+use super::nccl_table::{expected, group, header, input, median, row};
+use super::CliError;
 
 fn fnv(bits: impl Iterator<Item = u32>) -> u64 {
     bits.fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -40,8 +42,8 @@ fn algorithms(algo: AlgoArg) -> Vec<MpiAlgorithm> {
 /// `nanoddp check-mpi`: every algorithm, exact on every rank for counts 0, 1, 7, 99,991 and
 /// 2^20 + 3, bitwise identical across ranks; then a deliberate disagreement (rank 0 asks for
 /// one element more) must fail on every rank with an error naming the rank that differs.
-pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
-    let mpi = Mpi::init()?;
+pub fn check(out: &mut impl Write) -> Result<(), CliError> {
+    let mpi = Mpi::init().map_err(CliError::Running)?;
     let (me, n) = (mpi.rank(), mpi.size());
     let world = mpi::topology::SimpleCommunicator::world();
     let mut comm = mpi.world(CommConfig::default());
@@ -59,9 +61,10 @@ pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
             let mut dst = vec![f32::NAN; count];
             comm.all_reduce_into(&src, &mut dst, ReduceOp::Sum, Some(algo))?;
             if src != input(me, count) || dst != expected(n, count) {
-                return Err(
-                    format!("{} out of place, {count} elements: wrong", algo.name()).into(),
-                );
+                return Err(CliError::Running(format!(
+                    "{} out of place, {count} elements: wrong",
+                    algo.name()
+                )));
             }
             let mut buf = input(me, count);
             comm.all_reduce(&mut buf, ReduceOp::Sum, Some(algo))?;
@@ -91,7 +94,10 @@ pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
                 ),
             )?;
             if wrong_all != 0 || !identical {
-                return Err(format!("{} with {count} elements is wrong", algo.name()).into());
+                return Err(CliError::Running(format!(
+                    "{} with {count} elements is wrong",
+                    algo.name()
+                )));
             }
         }
     }
@@ -105,10 +111,16 @@ pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
         Err(CommError::Mismatch { rank, .. }) => {
             let blamed = if me == 0 { 1 } else { 0 };
             if rank != blamed {
-                return Err(format!("rank {me} blamed rank {rank}, expected {blamed}").into());
+                return Err(CliError::Running(format!(
+                    "rank {me} blamed rank {rank}, expected {blamed}"
+                )));
             }
         }
-        other => return Err(format!("rank {me}: a count mismatch gave {other:?}").into()),
+        other => {
+            return Err(CliError::Running(format!(
+                "rank {me}: a count mismatch gave {other:?}"
+            )))
+        }
     }
     let mut ok = 0u64;
     world.all_reduce_into(&1u64, &mut ok, SystemOperation::sum());
@@ -121,20 +133,11 @@ pub fn check(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
 
 /// `nanoddp bench allreduce --comm mpi`: the nccl-tests table, one process per rank, out of
 /// place and in place; each iteration's time is the slowest rank's, the median is shown.
-pub fn bench(
-    out: &mut impl Write,
-    sizes: &[usize],
-    algo: AlgoArg,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let mpi = Mpi::init()?;
+pub fn bench(out: &mut impl Write, sizes: &[usize], algo: AlgoArg) -> Result<(), CliError> {
+    let mpi = Mpi::init().map_err(CliError::Running)?;
     let (me, n) = (mpi.rank(), mpi.size());
     let world = mpi::topology::SimpleCommunicator::world();
     let mut comm = mpi.world(CommConfig::default());
-    let busbw_factor = if n > 1 {
-        2.0 * (n - 1) as f64 / n as f64
-    } else {
-        1.0
-    };
     for algorithm in algorithms(algo) {
         if me == 0 {
             writeln!(
@@ -179,23 +182,10 @@ pub fn bench(
                 let wrong = result.iter().zip(&want).filter(|(a, b)| a != b).count() as u64;
                 let mut wrong_all = 0u64;
                 world.all_reduce_into(&wrong, &mut wrong_all, SystemOperation::sum());
-                times.sort_by(f64::total_cmp);
-                let t = times[times.len() / 2];
-                let algbw = bytes as f64 / t / 1e9;
-                columns.push(format!(
-                    "{:>9.1} {:>7.3} {:>7.3} {:>6}",
-                    t * 1e6,
-                    algbw,
-                    algbw * busbw_factor,
-                    wrong_all
-                ));
+                columns.push(group(bytes, median(times), n, wrong_all));
             }
             if me == 0 {
-                writeln!(
-                    out,
-                    " {:>11} {:>10} {:>6} {:>5} {} {}",
-                    bytes, count, "float", "sum", columns[0], columns[1]
-                )?;
+                row(out, bytes, &columns)?;
             }
         }
     }
@@ -204,8 +194,8 @@ pub fn bench(
 
 /// `check-mpi --late-rank`: the last rank arrives 3 s late; with a 1 s timeout the others
 /// must return an error (which ends the job) instead of waiting.
-pub fn check_late_rank() -> Result<(), Box<dyn std::error::Error>> {
-    let mpi = Mpi::init()?;
+pub fn check_late_rank() -> Result<(), CliError> {
+    let mpi = Mpi::init().map_err(CliError::Running)?;
     let (me, n) = (mpi.rank(), mpi.size());
     let mut comm = mpi.world(CommConfig {
         timeout: std::time::Duration::from_secs(1),
@@ -220,9 +210,8 @@ pub fn check_late_rank() -> Result<(), Box<dyn std::error::Error>> {
         ReduceOp::Sum,
         Some(MpiAlgorithm::Schedule(Algorithm::Ring)),
     )?;
-    Err(format!(
+    Err(CliError::Running(format!(
         "rank {me}: the collective completed although rank {} was late",
         n - 1
-    )
-    .into())
+    )))
 }

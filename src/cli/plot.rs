@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -115,6 +116,33 @@ pub const TEST: RGBColor = RGBColor(214, 39, 40);
 /// Marks of a loss that is not finite.
 const NOT_FINITE: RGBColor = RGBColor(0, 0, 0);
 
+/// A chart of the panels: epochs across, values up.
+type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Draws `points` as a line in `style`, broken where a value is not finite ([`finite_runs`]),
+/// and names it `label` in the legend (once).
+fn curve<DB: DrawingBackend>(
+    chart: &mut Chart<'_, DB>,
+    points: impl Iterator<Item = (f64, f64)>,
+    style: ShapeStyle,
+    label: &str,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    for (i, run) in finite_runs(points).into_iter().enumerate() {
+        let series = chart
+            .draw_series(LineSeries::new(run, style))
+            .map_err(|e| e.to_string())?;
+        if i == 0 {
+            series
+                .label(label)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
+        }
+    }
+    Ok(())
+}
+
 fn panels<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &Curves) -> Result<(), String>
 where
     DB::ErrorType: 'static,
@@ -155,32 +183,18 @@ where
         .y_desc("cross-entropy")
         .draw()
         .map_err(err)?;
-    for (i, run) in finite_runs(c.step_loss.iter().copied())
-        .into_iter()
-        .enumerate()
-    {
-        let series = loss
-            .draw_series(LineSeries::new(run, &STEP_LOSS))
-            .map_err(err)?;
-        if i == 0 {
-            series
-                .label("per step (global batch)")
-                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], STEP_LOSS));
-        }
-    }
-    for (i, run) in finite_runs(c.epochs.iter().map(|e| (e.at, e.train_loss)))
-        .into_iter()
-        .enumerate()
-    {
-        let series = loss
-            .draw_series(LineSeries::new(run, TRAIN.stroke_width(2)))
-            .map_err(err)?;
-        if i == 0 {
-            series
-                .label("train, epoch mean")
-                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], TRAIN.stroke_width(2)));
-        }
-    }
+    curve(
+        &mut loss,
+        c.step_loss.iter().copied(),
+        STEP_LOSS.into(),
+        "per step (global batch)",
+    )?;
+    curve(
+        &mut loss,
+        c.epochs.iter().map(|e| (e.at, e.train_loss)),
+        TRAIN.stroke_width(2),
+        "train, epoch mean",
+    )?;
     // A loss that is not finite is marked where it happened, on the top edge, not drawn as
     // a number.
     let bad: Vec<f64> = c
@@ -235,19 +249,12 @@ where
         (TEST, 3, "test (after the epoch)"),
     ] {
         let value = move |e: &EpochPoint| if pick == 2 { e.train_acc } else { e.test_acc };
-        for (i, run) in finite_runs(c.epochs.iter().map(|e| (e.at, value(e))))
-            .into_iter()
-            .enumerate()
-        {
-            let series = acc
-                .draw_series(LineSeries::new(run, color.stroke_width(2)))
-                .map_err(err)?;
-            if i == 0 {
-                series.label(name).legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-            }
-        }
+        curve(
+            &mut acc,
+            c.epochs.iter().map(|e| (e.at, value(e))),
+            color.stroke_width(2),
+            name,
+        )?;
         // Whole epochs are filled dots; an epoch --max-steps cut short is a hollow one.
         acc.draw_series(c.epochs.iter().filter(|e| value(e).is_finite()).map(|e| {
             let style = if e.complete {

@@ -10,8 +10,8 @@ use nanoddp::comm::schedule::{all_reduce, Buffer};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::ValueEnum;
 
-use super::bench_allreduce::AlgoArg;
-use super::{Classify, Failure, Outcome};
+use super::args::AlgoArg;
+use super::CliError;
 
 /// The algorithms a schedule exists for: `--algo`'s values less `auto` (picked per size at
 /// run time) and `mpi` (MPI's own allreduce, no schedule of ours).
@@ -49,24 +49,23 @@ pub struct ScheduleArgs {
 }
 
 /// Runs the command.
-pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Outcome {
+pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), CliError> {
     let Some(algorithm) = args.algo.algorithm() else {
-        return Err(Failure::Input(
+        return Err(CliError::Input(
             "--algo auto picks per size at run time and mpi is MPI's own allreduce; name one of ring, tree, direct, oneshot"
                 .into(),
         ));
     };
     if args.ranks == 0 || args.ranks > 64 {
-        return Err(Failure::Input("-n must be between 1 and 64".into()));
+        return Err(CliError::Input("-n must be between 1 and 64".into()));
     }
     let count = args.count.unwrap_or(4 * args.ranks);
     let slice = args.slice.unwrap_or(count).max(1);
     // A schedule holds every slice's steps: keep it to something a terminal can show.
     if count.div_ceil(slice) > 1 << 16 {
-        return Err(Failure::Input(
-            format!("--count {count} in slices of {slice} is over 65536 slices: raise --slice")
-                .into(),
-        ));
+        return Err(CliError::Input(format!(
+            "--count {count} in slices of {slice} is over 65536 slices: raise --slice"
+        )));
     }
     let schedule = all_reduce(algorithm, args.ranks, count, slice, !args.out_of_place);
     let steps = schedule.steps.iter().map(Vec::len).max().unwrap_or(0);
@@ -83,12 +82,11 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Outcome {
     match &args.svg {
         Some(path) => {
             std::fs::write(path, schedule_svg(&schedule, count, &title))
-                .map_err(|e| format!("{}: {e}", path.display()))
-                .input()?;
-            writeln!(out, "{title}: drawn to {}", path.display()).running()?;
+                .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+            writeln!(out, "{title}: drawn to {}", path.display())?;
         }
         None => {
-            writeln!(out, "{title}").running()?;
+            writeln!(out, "{title}")?;
             for (rank, steps) in schedule.steps.iter().enumerate() {
                 for (k, s) in steps.iter().enumerate() {
                     let name = |b: Buffer| match b {
@@ -128,8 +126,7 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Outcome {
                                     .join(", ")
                             )
                         }
-                    )
-                    .running()?;
+                    )?;
                 }
             }
         }

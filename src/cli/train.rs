@@ -10,27 +10,15 @@ use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::comm::communicator::CommConfig;
-use nanoddp::data::{find_dataset, locate, Dataset};
+use nanoddp::data::{find_dataset, locate, DataError, Dataset};
 use nanoddp::dtype::DType;
 use nanoddp::train::{
     check_data, checkpoint, from_weights, initial_weights, test_accuracy, train, Event, Recipe,
     TrainConfig, TrainError,
 };
 
-use super::bench_allreduce::{AlgoArg, CommArg};
-use super::{Classify, Failure, Outcome};
-
-/// Where the replicas run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendArg {
-    /// The native CPU backend, one thread per device.
-    Cpu,
-    /// The CUDA kernels under the SIMT emulator (slow: for studying the kernels).
-    Simt,
-    /// GPUs 0..devices (without a GPU: LD_LIBRARY_PATH=target/release/cuda-standin runs this
-    /// path on nanoddp's CPU stand-in for the CUDA driver, slowly).
-    Cuda,
-}
+use super::args::{backend_values, AlgoArg, BackendArg, CommArg};
+use super::CliError;
 
 /// The recipe on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -39,15 +27,6 @@ pub enum RecipeArg {
     Chapter,
     /// Ours: He init, momentum 0.9, cosine decay from lr 0.05.
     Default,
-}
-
-/// Precision on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PrecisionArg {
-    /// f32 everywhere.
-    Fp32,
-    /// Mixed precision: half activations, f32 master weights, loss scaling.
-    Fp16,
 }
 
 /// Data order on the command line.
@@ -66,7 +45,12 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     pub devices: usize,
     /// Where the replicas run.
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    #[arg(long, default_value = "cpu", value_parser = backend_values([
+        "The native CPU backend, one thread per device",
+        "The CUDA kernels under the SIMT emulator (slow: for studying the kernels)",
+        "GPUs 0..devices (without a GPU: LD_LIBRARY_PATH=target/release/cuda-standin runs this \
+         path on nanoddp's CPU stand-in for the CUDA driver, slowly)",
+    ]))]
     pub backend: BackendArg,
     /// Gradient allreduce algorithm.
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
@@ -110,8 +94,8 @@ pub struct TrainArgs {
     pub max_steps: Option<usize>,
     /// Activation storage: fp32, or fp16 (half activations and weight copies, f32 master
     /// weights, dynamic loss scaling from 2^16).
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
-    pub precision: PrecisionArg,
+    #[arg(long, value_enum, default_value_t = DType::F32)]
+    pub precision: DType,
     /// Folder with the four IDX(.gz) files (default: $NANODDP_DATA, then
     /// /usr/share/datasets/fashion-mnist, then ./data/fashion-mnist).
     #[arg(long)]
@@ -168,33 +152,32 @@ pub struct EvalArgs {
 const MAX_DEVICES: usize = 64;
 
 /// Runs `nanoddp eval`.
-pub fn eval(out: &mut impl Write, args: EvalArgs) -> Outcome {
+pub fn eval(out: &mut impl Write, args: EvalArgs) -> Result<(), CliError> {
     if args.devices == 0 || args.devices > MAX_DEVICES {
-        return Err(Failure::Input(
-            format!("--devices must be between 1 and {MAX_DEVICES}").into(),
-        ));
+        return Err(CliError::Input(format!(
+            "--devices must be between 1 and {MAX_DEVICES}"
+        )));
     }
     if args.batch == 0 {
-        return Err(Failure::Input("--batch must be at least 1".into()));
+        return Err(CliError::Input("--batch must be at least 1".into()));
     }
-    let ckpt = checkpoint::load(&args.checkpoint).input()?;
-    let data = load_data(args.data.as_deref(), out).input()?;
-    check_data(&data).input()?;
+    let ckpt = checkpoint::load(&args.checkpoint)?;
+    let data = load_data(args.data.as_deref(), out)?;
+    check_data(&data).map_err(|e| CliError::Input(e.to_string()))?;
     let acc = test_accuracy(
         vec![CpuDevice::new(); args.devices],
         &data,
         &ckpt.weights,
         args.batch,
-    )
-    .running()?;
+    )?;
     writeln!(
         out,
         "{}: epoch {}, test accuracy {acc:.4} on {} images",
         args.checkpoint.display(),
         ckpt.epoch,
         data.test_labels.len()
-    )
-    .running()
+    )?;
+    Ok(())
 }
 
 /// The settings a run cannot make sense of, refused before anything starts.
@@ -257,7 +240,7 @@ const MAX_TIMEOUT_S: f64 = 7.0 * 86400.0;
 fn load_data(
     explicit: Option<&std::path::Path>,
     out: &mut impl Write,
-) -> Result<Dataset, Box<dyn std::error::Error>> {
+) -> Result<Dataset, DataError> {
     match find_dataset(explicit) {
         Ok(d) => Ok(d),
         Err(e) if explicit.is_none() => {
@@ -268,24 +251,22 @@ fn load_data(
                 "note: {e}\nnote: training on the small subset shipped in {} instead (3000 training, 1000 test images)",
                 subset.display()
             );
-            Ok(locate::load(&subset)?)
+            locate::load(&subset)
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     }
 }
 
 /// Runs the command.
-pub fn run(out: &mut impl Write, args: TrainArgs) -> Outcome {
+pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), CliError> {
     match args.comm {
         CommArg::Local => {
-            if args.algo == AlgoArg::Mpi {
-                return Err(Failure::Input("--algo mpi is MPI's own allreduce across processes: use it with --comm mpi under mpirun".into()));
-            }
+            args.algo.check_local().map_err(CliError::Input)?;
             run_with(out, args, None)
         }
         #[cfg(feature = "mpi")]
         CommArg::Mpi => {
-            let mpi = nanoddp::comm::mpi::Mpi::init().input()?;
+            let mpi = nanoddp::comm::mpi::Mpi::init().map_err(CliError::Input)?;
             if mpi.rank() == 0 {
                 run_with(out, args, Some(&mpi))
             } else {
@@ -294,7 +275,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Outcome {
             }
         }
         #[cfg(not(feature = "mpi"))]
-        CommArg::Mpi => Err(Failure::Input(super::NO_MPI.into())),
+        CommArg::Mpi => Err(CliError::Input(super::args::NO_MPI.into())),
     }
 }
 
@@ -331,23 +312,23 @@ enum Plan {
 }
 
 /// Checks every setting, path and file a run depends on, before any training.
-fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result<Plan, String> {
+fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result<Plan, CliError> {
     let lead = mpi_rank(mpi) == 0;
-    check_settings(args)?;
+    check_settings(args).map_err(CliError::Input)?;
     // Every output file is checked before the first step: a typo must not cost the run.
     for path in [&args.save, &args.plot, &args.metrics]
         .into_iter()
         .flatten()
     {
-        checkpoint::check_destination(path).map_err(|e| e.to_string())?;
+        checkpoint::check_destination(path)?;
     }
     if let (Some(m), None, false) = (&args.metrics, &args.resume, args.overwrite) {
         if std::fs::metadata(m).is_ok_and(|meta| meta.len() > 0) {
-            return Err(format!(
+            return Err(CliError::Input(format!(
                 "{} already holds a run's metrics: continue that run with --resume CHECKPOINT \
                  (its metrics are kept), replace them with --overwrite, or name another file",
                 m.display()
-            ));
+            )));
         }
     }
     let recipe = match args.recipe {
@@ -366,10 +347,7 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
         max_steps: args.max_steps,
         algorithm: args.algo.algorithm(),
         stop_after: None,
-        precision: match args.precision {
-            PrecisionArg::Fp32 => DType::F32,
-            PrecisionArg::Fp16 => DType::F16,
-        },
+        precision: args.precision,
         bucket_bytes: args.bucket_kb.saturating_mul(1024),
         comm: CommConfig {
             timeout: Duration::from_secs_f64(args.timeout),
@@ -377,24 +355,24 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
         },
     };
     if args.plot.is_some() {
-        super::plot::load_font()?;
+        super::plot::load_font().map_err(CliError::Input)?;
     }
-    let data = load_data(args.data.as_deref(), out).map_err(|e| e.to_string())?;
-    check_data(&data).map_err(|e| e.to_string())?;
+    let data = load_data(args.data.as_deref(), out)?;
+    check_data(&data).map_err(|e| CliError::Input(e.to_string()))?;
     let train_images = data.train_labels.len();
     if train_images == 0 {
-        return Err(format!(
+        return Err(CliError::Input(format!(
             "{}: the training set has no images",
             data.dir.display()
-        ));
+        )));
     }
     let ranks = args.devices.saturating_mul(mpi_size(mpi));
     if cfg.batch < ranks || cfg.batch > train_images {
-        return Err(format!(
+        return Err(CliError::Input(format!(
             "--batch {} must be between the number of devices ({ranks}) and the number of \
              training images ({train_images})",
             cfg.batch
-        ));
+        )));
     }
     let steps_per_epoch = train_images.div_ceil(cfg.batch);
     let total_steps = cfg
@@ -403,18 +381,19 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
         .min(steps_per_epoch.saturating_mul(cfg.epochs));
     let mut resume_note = None;
     let start = match (&args.init, &args.resume) {
-        (Some(path), _) => from_weights(checkpoint::load(path).map_err(|e| e.to_string())?.weights),
+        (Some(path), _) => from_weights(checkpoint::load(path)?.weights),
         (_, Some(path)) => {
-            let ckpt = checkpoint::load(path).map_err(|e| e.to_string())?;
-            cfg.check_resume(&ckpt, ranks, train_images)
-                .map_err(|e| match e {
+            let ckpt = checkpoint::load(path)?;
+            cfg.check_resume(&ckpt, ranks, train_images).map_err(|e| {
+                CliError::Input(match e {
                     TrainError::ResumeMismatch { .. } => format!(
-                        "--resume {}: {e}: resume with that run's settings, or start a new run \
-                         from its weights with --init",
+                        "--resume {}: {e}: resume with that run's settings, or start a new \
+                             run from its weights with --init",
                         path.display()
                     ),
                     e => format!("--resume {}: {e}", path.display()),
-                })?;
+                })
+            })?;
             if ckpt.step >= total_steps {
                 return Ok(Plan::NothingToDo(format!(
                     "nothing to do: {} already took all {} steps of its run; to train on, \
@@ -437,7 +416,8 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
     let (metrics, curves) = match (&args.metrics, lead) {
         (Some(path), true) => {
             let (file, curves) =
-                open_metrics(path, args.resume.is_some(), start.step, steps_per_epoch)?;
+                open_metrics(path, args.resume.is_some(), start.step, steps_per_epoch)
+                    .map_err(CliError::Input)?;
             (Some(std::io::BufWriter::new(file)), curves)
         }
         _ => (None, super::plot::Curves::default()),
@@ -481,9 +461,9 @@ fn open_metrics(
     Ok((file, history.curves))
 }
 
-fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcome {
+fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result<(), CliError> {
     let lead = mpi_rank(mpi) == 0;
-    let prepared = match prepare(&args, mpi, out).input()? {
+    let prepared = match prepare(&args, mpi, out)? {
         Plan::Train(p) => *p,
         Plan::NothingToDo(why) => {
             let _ = writeln!(out, "{why}");
@@ -541,7 +521,7 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
     };
     bar.set_style(
         ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({eta} left)")
-            .map_err(|e| Failure::Running(e.into()))?
+            .map_err(|e| CliError::Running(e.to_string()))?
             .progress_chars("=> "),
     );
     let mut on_event = |event: Event| -> Result<(), TrainError> {
@@ -647,37 +627,31 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Outcom
         BackendArg::Cuda => {
             // No GPU, or not enough, is the command line's problem: exit code 2.
             let (node_rank, node_size) = mpi_node_slot(mpi);
-            let visible = nanoddp::backend::cuda::device_count().input()?;
+            let visible = nanoddp::backend::cuda::device_count().map_err(CliError::Device)?;
             let devices = mpi_gpu_ordinals(node_rank, node_size, n, visible)
-                .input()?
+                .map_err(CliError::Input)?
                 .into_iter()
                 .map(CudaDevice::new)
                 .collect::<Result<Vec<_>, _>>()
-                .input()?;
+                .map_err(CliError::Device)?;
             run.go(devices, start, &mut on_event)
         }
     };
     bar.finish_and_clear();
     match trained {
         Ok(_) => Ok(()),
-        Err(TrainError::Comm(e)) if e.is_timeout() => Err(Failure::Running(
-            format!(
-                "{e}\nthe devices waited over --timeout ({} s) for each other. A stopped \
+        Err(TrainError::Comm(e)) if e.is_timeout() => Err(CliError::Running(format!(
+            "{e}\nthe devices waited over --timeout ({} s) for each other. A stopped \
                  process's pause is not counted, but a peer process stopped on its own, a \
                  loaded machine or a slow first step are: raise --timeout if that was it; \
                  with --save, --resume continues from the last checkpoint",
-                args.timeout
-            )
-            .into(),
-        )),
-        Err(e @ TrainError::Diverged(_)) => Err(Failure::Running(
-            format!(
-                "{e}: lower --lr, or resume from the last checkpoint (kept as it was) with a \
-                 smaller one"
-            )
-            .into(),
-        )),
-        Err(e) => Err(Failure::Running(e.into())),
+            args.timeout
+        ))),
+        Err(e @ TrainError::Diverged(_)) => Err(CliError::Running(format!(
+            "{e}: lower --lr, or resume from the last checkpoint (kept as it was) with a \
+             smaller one"
+        ))),
+        Err(e) => Err(CliError::Train(e)),
     }
 }
 

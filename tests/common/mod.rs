@@ -1,8 +1,10 @@
-//! Shared test support: random inputs, tolerances, the per-backend instantiation macro, and
-//! the float64 reference (`reference.rs`).
+//! Shared test support: random inputs, tolerances, the per-backend instantiation macro, the
+//! float64 reference (`reference.rs`), and running the binary (`cli.rs`).
 
 #![allow(dead_code, unused_macros, unused_imports)]
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod lenet64;
 pub mod reference;
 
