@@ -9,7 +9,7 @@ mod common;
 
 use common::reference as r;
 use common::rng;
-use nanoddp::backend::{Conv2dShape, Epilogue, GemmShape, Pool2dShape};
+use nanoddp::backend::{Conv2dShape, Epilogue, Pool2dShape};
 use rand::Rng;
 
 fn random(g: &mut impl Rng, n: usize) -> Vec<f64> {
@@ -121,13 +121,13 @@ fn linear_layer_backward_gemms_are_the_derivatives_of_the_forward() {
         random(&mut g, out),
         random(&mut g, batch * out),
     );
-    let fwd = GemmShape {
-        m: batch,
-        n: out,
-        k: inp,
-        trans_a: false,
-        trans_b: true,
+    // The model's own products for a linear layer (what fc1 and fc2 run).
+    let layer = nanoddp::model::Linear {
+        batch,
+        inputs: inp,
+        outputs: out,
     };
+    let fwd = layer.forward();
     let loss = |x: &[f64], w: &[f64], b: &[f64]| {
         dot(
             &dy,
@@ -135,7 +135,7 @@ fn linear_layer_backward_gemms_are_the_derivatives_of_the_forward() {
         )
     };
     let dx = r::gemm(
-        &GemmShape::new(batch, inp, out),
+        &layer.input_gradient(),
         &dy,
         &w,
         None,
@@ -144,13 +144,7 @@ fn linear_layer_backward_gemms_are_the_derivatives_of_the_forward() {
     );
     assert_matches("dx", &dx.value, &numeric_gradient(&x, |x| loss(x, &w, &b)));
     let dw = r::gemm(
-        &GemmShape {
-            m: out,
-            n: inp,
-            k: batch,
-            trans_a: true,
-            trans_b: false,
-        },
+        &layer.weight_gradient(),
         &dy,
         &x,
         None,

@@ -8,6 +8,7 @@ use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::backend::{Backend, BackendError, Conv2dShape, Epilogue, GemmShape};
+use nanoddp::model::LENET;
 use nanoddp::system;
 
 use super::args::BackendArg;
@@ -133,26 +134,13 @@ fn lenet_rows<B: Backend>(
         )?);
     }
     // The shapes of the model `nanoddp train` trains.
-    let conv1 = nanoddp::model::conv1(batch);
-    let conv2 = nanoddp::model::conv2(batch);
+    let (conv1, conv2) = (LENET.conv1(batch), LENET.conv2(batch));
     rows.extend(conv_rows(dev, "conv1", conv1, repeats)?);
     rows.extend(conv_rows(dev, "conv2", conv2, repeats)?);
-    for (name, inp, out) in [("fc1", 800, 128), ("fc2", 128, 10)] {
-        let fwd = GemmShape {
-            m: batch,
-            n: out,
-            k: inp,
-            trans_a: false,
-            trans_b: true,
-        };
+    for (name, layer) in [("fc1", LENET.fc1(batch)), ("fc2", LENET.fc2(batch))] {
+        let fwd = layer.forward();
         rows.push(gemm_row(dev, &format!("{name} forward"), fwd, repeats)?);
-        let dw = GemmShape {
-            m: out,
-            n: inp,
-            k: batch,
-            trans_a: true,
-            trans_b: false,
-        };
+        let dw = layer.weight_gradient();
         rows.push(gemm_row(dev, &format!("{name} weight grad"), dw, repeats)?);
     }
     Ok(rows)
