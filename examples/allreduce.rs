@@ -22,26 +22,16 @@ fn main() -> Result<(), AnyError> {
     for algorithm in [Algorithm::Ring, Algorithm::Tree] {
         let ranks = communicator(vec![CpuDevice::new(); RANKS], CommConfig::default())?;
         let start = std::time::Instant::now();
-        let results = std::thread::scope(|s| {
-            let handles: Vec<_> = ranks
-                .into_iter()
-                .map(|mut rank| {
-                    s.spawn(move || -> Result<Vec<f32>, AnyError> {
-                        let dev = *rank.device();
-                        let r = rank.rank();
-                        let input: Vec<f32> =
-                            (0..count).map(|i| ((r + 1) * (i % 7)) as f32).collect();
-                        let mut x = dev.upload(&input)?;
-                        rank.all_reduce(&mut x, ReduceOp::Sum, Some(algorithm))?;
-                        Ok(dev.download(&x)?)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().map_err(|_| AnyError::from("a rank panicked"))?)
-                .collect::<Result<Vec<_>, _>>()
-        })?;
+        let results = on_each_rank(ranks, |mut rank| -> Result<Vec<f32>, AnyError> {
+            let dev = *rank.device();
+            let r = rank.rank();
+            let input: Vec<f32> = (0..count).map(|i| ((r + 1) * (i % 7)) as f32).collect();
+            let mut x = dev.upload(&input)?;
+            rank.all_reduce(&mut x, ReduceOp::Sum, Some(algorithm))?;
+            Ok(dev.download(&x)?)
+        })?
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
         let seconds = start.elapsed().as_secs_f64();
         for (r, got) in results.iter().enumerate() {
             if let Some(i) = (0..count).find(|&i| got[i] != expected[i]) {

@@ -67,16 +67,9 @@ fn main() -> Result<(), AnyError> {
     let data = locate::load(&locate::shipped_subset())?;
     let weights = initial_weights(Recipe::Default, 0);
     let ranks = communicator(vec![CpuDevice::new(); DEVICES], CommConfig::default())?;
-    let results = std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .into_iter()
-            .map(|rank| s.spawn(|| replica_loop(rank, &data, &weights)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().map_err(|_| AnyError::from("a replica panicked"))?)
-            .collect::<Result<Vec<_>, _>>()
-    })?;
+    let results = on_each_rank(ranks, |rank| replica_loop(rank, &data, &weights))?
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
     let (losses, first) = &results[0];
     let steps_per_epoch = losses.len() / EPOCHS;
     for (e, chunk) in losses.chunks(steps_per_epoch).enumerate() {

@@ -71,20 +71,14 @@ pub mod train;
 /// // Two emulated GPUs: upload, allreduce across them, download.
 /// type Error = Box<dyn std::error::Error + Send + Sync>;
 /// let ranks = communicator(vec![SimtDevice::new(0), SimtDevice::new(1)], CommConfig::default())?;
-/// let sums = std::thread::scope(|s| {
-///     let handles: Vec<_> = ranks
-///         .into_iter()
-///         .map(|mut rank| {
-///             s.spawn(move || -> Result<Vec<f32>, Error> {
-///                 let dev = rank.device().clone();
-///                 let mut x = dev.upload(&[rank.rank() as f32 + 1.0; 3])?;
-///                 rank.all_reduce(&mut x, ReduceOp::Sum, Some(Algorithm::Ring))?;
-///                 Ok(dev.download(&x)?)
-///             })
-///         })
-///         .collect();
-///     handles.into_iter().map(|h| h.join().expect("no panic")).collect::<Result<Vec<_>, _>>()
-/// })?;
+/// let sums = on_each_rank(ranks, |mut rank| -> Result<Vec<f32>, Error> {
+///     let dev = rank.device().clone();
+///     let mut x = dev.upload(&[rank.rank() as f32 + 1.0; 3])?;
+///     rank.all_reduce(&mut x, ReduceOp::Sum, Some(Algorithm::Ring))?;
+///     Ok(dev.download(&x)?)
+/// })?
+/// .into_iter()
+/// .collect::<Result<Vec<_>, _>>()?;
 /// assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]); // collective.cu under the emulator
 /// # Ok::<(), Error>(())
 /// ```
@@ -98,6 +92,7 @@ pub mod prelude {
         LaunchConfig, Memory, Pool2dShape, SgdStep,
     };
     pub use crate::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
+    pub use crate::comm::rank_threads::on_each_rank;
     pub use crate::comm::schedule::Algorithm;
     pub use crate::data::Dataset;
     pub use crate::dtype::DType;

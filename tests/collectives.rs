@@ -16,6 +16,7 @@ use nanoddp::backend::cpu::{CpuBuffer, CpuDevice};
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::backend::{BackendError, DeviceScalar, Memory};
 use nanoddp::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
+use nanoddp::comm::rank_threads::on_each_rank;
 use nanoddp::comm::schedule::Algorithm;
 use nanoddp::comm::transport::CommDevice;
 use nanoddp::dtype::DType;
@@ -35,24 +36,20 @@ fn exact_input(rank: usize, count: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Asserts that what began at `start` ended within `seconds`: a failure must not hang.
+fn finished_within(start: Instant, seconds: u64) {
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(seconds), "took {took:?}");
+}
+
 /// Runs `f` on every rank's own thread and returns the results in rank order.
 fn on_ranks<D, R, F>(ranks: Vec<Rank<D>>, f: F) -> Vec<R>
 where
-    D: CommDevice + 'static,
-    R: Send + 'static,
-    F: Fn(Rank<D>) -> R + Send + Sync + Clone + 'static,
+    D: CommDevice,
+    R: Send,
+    F: Fn(Rank<D>) -> R + Sync,
 {
-    let handles: Vec<_> = ranks
-        .into_iter()
-        .map(|r| {
-            let f = f.clone();
-            thread::spawn(move || f(r))
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank thread panicked"))
-        .collect()
+    on_each_rank(ranks, f).expect("no rank thread panics")
 }
 
 fn all_reduce_exact<D, T>(
@@ -344,11 +341,7 @@ fn mismatched_calls_fail_on_every_rank() {
             "rank {r}: further use must be refused"
         );
     }
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        start.elapsed()
-    );
+    finished_within(start, 5);
 }
 
 #[test]
@@ -374,11 +367,7 @@ fn a_rank_that_dies_fails_the_others_within_the_timeout() {
             "rank {r}: {e}"
         );
     }
-    assert!(
-        start.elapsed() < Duration::from_secs(3),
-        "took {:?}",
-        start.elapsed()
-    );
+    finished_within(start, 3);
 }
 
 #[test]
@@ -404,7 +393,7 @@ fn a_rank_that_stalls_times_out_everyone() {
             "{e}"
         );
     }
-    assert!(start.elapsed() < Duration::from_secs(3));
+    finished_within(start, 3);
 }
 
 /// A CPU device whose transport panics at its `fail_at`-th step: a rank dying mid-collective.
@@ -495,7 +484,7 @@ fn a_rank_that_panics_mid_collective_aborts_the_others() {
             "rank {r}: {e}"
         );
     }
-    assert!(start.elapsed() < Duration::from_secs(5));
+    finished_within(start, 5);
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use nanoddp::backend::{cpu::CpuDevice, Memory};
 use nanoddp::comm::communicator::{communicator, CommConfig, ReduceOp};
 use nanoddp::comm::messages::{execute, lower, threads::wires};
+use nanoddp::comm::rank_threads::on_each_rank;
 use nanoddp::comm::schedule::{all_reduce, Algorithm};
 
 /// Fresh random inputs: rank r, element i (not integers, so the order of additions shows).
@@ -38,30 +39,23 @@ fn in_process(
         ..CommConfig::default()
     };
     let ranks = communicator(vec![CpuDevice::new(); data.len()], cfg).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = ranks
-            .into_iter()
-            .zip(data)
-            .map(|(mut rank, x)| {
-                s.spawn(move || {
-                    let dev = *rank.device();
-                    let src = dev.upload(x).unwrap();
-                    let mut dst = dev.upload(&vec![f32::NAN; x.len()]).unwrap();
-                    if in_place {
-                        let mut buf = src;
-                        rank.all_reduce(&mut buf, ReduceOp::Sum, Some(algorithm))
-                            .unwrap();
-                        dev.download(&buf).unwrap()
-                    } else {
-                        rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, Some(algorithm))
-                            .unwrap();
-                        dev.download(&dst).unwrap()
-                    }
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let ranks: Vec<_> = ranks.into_iter().zip(data).collect();
+    on_each_rank(ranks, |(mut rank, x)| {
+        let dev = *rank.device();
+        let src = dev.upload(x).unwrap();
+        let mut dst = dev.upload(&vec![f32::NAN; x.len()]).unwrap();
+        if in_place {
+            let mut buf = src;
+            rank.all_reduce(&mut buf, ReduceOp::Sum, Some(algorithm))
+                .unwrap();
+            dev.download(&buf).unwrap()
+        } else {
+            rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, Some(algorithm))
+                .unwrap();
+            dev.download(&dst).unwrap()
+        }
     })
+    .expect("no rank panics")
 }
 
 /// The message programs' results, ranks as threads exchanging messages.
@@ -76,27 +70,23 @@ fn by_messages(
     let program = lower(&all_reduce(algorithm, n, count, slice, in_place), in_place)
         .unwrap_or_else(|e| panic!("{algorithm:?} n={n} count={count}: {e}"));
     let program = &program;
-    std::thread::scope(|s| {
-        let hs: Vec<_> = wires(n, Duration::from_secs(20))
-            .into_iter()
-            .zip(data)
-            .enumerate()
-            .map(|(me, (mut wire, x))| {
-                s.spawn(move || {
-                    let mut out = if in_place {
-                        x.clone()
-                    } else {
-                        vec![f32::NAN; count]
-                    };
-                    let input = (!in_place).then_some(&x[..]);
-                    execute(program, me, input, &mut out, 1.0, &mut wire)
-                        .unwrap_or_else(|e| panic!("rank {me}: {e}"));
-                    out
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let ranks: Vec<_> = wires(n, Duration::from_secs(20))
+        .into_iter()
+        .zip(data)
+        .enumerate()
+        .collect();
+    on_each_rank(ranks, |(me, (mut wire, x))| {
+        let mut out = if in_place {
+            x.clone()
+        } else {
+            vec![f32::NAN; count]
+        };
+        let input = (!in_place).then_some(&x[..]);
+        execute(program, me, input, &mut out, 1.0, &mut wire)
+            .unwrap_or_else(|e| panic!("rank {me}: {e}"));
+        out
     })
+    .expect("no rank panics")
 }
 
 #[test]

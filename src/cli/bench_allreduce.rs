@@ -2,13 +2,13 @@
 //! backend, out of place and in place, with the fraction of the memory-traffic bound.
 
 use std::io::Write;
-use std::thread;
 use std::time::Instant;
 
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::comm::communicator::{communicator, CommConfig, Rank, ReduceOp};
+use nanoddp::comm::rank_threads::on_each_rank;
 use nanoddp::comm::schedule::Algorithm;
 use nanoddp::comm::transport::CommDevice;
 use nanoddp::system;
@@ -137,21 +137,10 @@ fn sweep_on<D: CommDevice + Clone + 'static>(
     algo: Option<Algorithm>,
 ) -> Result<Vec<RankResult>, CliError> {
     let ranks = communicator(devices, CommConfig::default())?;
-    let handles: Vec<_> = ranks
+    on_each_rank(ranks, |rank| run_rank(rank, &sizes, algo))
+        .map_err(|e| CliError::Running(e.to_string()))?
         .into_iter()
-        .map(|rank| {
-            let sizes = sizes.clone();
-            thread::spawn(move || run_rank(rank, &sizes, algo))
-        })
-        .collect();
-    let mut results = Vec::new();
-    for h in handles {
-        let result = h
-            .join()
-            .map_err(|_| CliError::Running("a rank thread panicked".into()))?;
-        results.push(result?);
-    }
-    Ok(results)
+        .collect()
 }
 
 /// Prints the table.

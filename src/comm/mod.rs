@@ -25,28 +25,9 @@
 //! * [`patience`]: timeouts that leave out the time this process was stopped.
 //! * [`cost`]: the α-β cost model `auto` uses to pick an algorithm.
 //! * [`picture`]: a schedule drawn as SVG (`nanoddp schedule --svg`).
-//!
-//! ```
-//! use nanoddp::backend::{cpu::CpuDevice, Memory};
-//! use nanoddp::comm::communicator::{communicator, CommConfig, ReduceOp};
-//!
-//! let ranks = communicator(vec![CpuDevice::new(); 3], CommConfig::default())?;
-//! let handles: Vec<_> = ranks
-//!     .into_iter()
-//!     .map(|mut rank| {
-//!         std::thread::spawn(move || {
-//!             let dev = *rank.device();
-//!             let mut grads = dev.upload(&[rank.rank() as f32 + 1.0; 5]).unwrap();
-//!             rank.all_reduce(&mut grads, ReduceOp::Sum, None).unwrap();
-//!             dev.download(&grads).unwrap()
-//!         })
-//!     })
-//!     .collect();
-//! for h in handles {
-//!     assert_eq!(h.join().unwrap(), vec![6.0; 5]); // 1 + 2 + 3 on every rank
-//! }
-//! # Ok::<(), nanoddp::comm::communicator::CommError>(())
-//! ```
+//! * [`rank_threads`]: every rank on a thread of its own
+//!   ([`on_each_rank`](rank_threads::on_each_rank), whose example is the shortest
+//!   allreduce): each rank of a collective waits for the others.
 pub mod agreement;
 pub mod collective;
 pub mod communicator;
@@ -59,6 +40,7 @@ pub mod messages;
 pub mod mpi;
 pub mod patience;
 pub mod picture;
+pub mod rank_threads;
 pub mod schedule;
 pub mod transport;
 pub mod tree;

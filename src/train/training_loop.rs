@@ -16,6 +16,7 @@ use crate::backend::SgdStep;
 use crate::backend::{Backend, BackendError, Fence, Memory, Precision};
 use crate::comm::collective::Collective;
 use crate::comm::communicator::{communicator, CommConfig};
+use crate::comm::rank_threads::{on_each_rank, RankPanicked};
 use crate::comm::schedule::Algorithm;
 use crate::comm::transport::CommDevice;
 use crate::data::{Batches, Dataset};
@@ -437,25 +438,14 @@ where
 {
     check_data(data)?;
     let ranks = communicator(devices, CommConfig::default())?;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = ranks
-            .into_iter()
-            .map(|mut rank| {
-                scope.spawn(move || -> Result<f64, TrainError> {
-                    let mut replica = Replica::<D, f32>::new(rank.device().clone(), weights)?;
-                    evaluate(&mut rank, &mut replica, data, batch.max(1), None)
-                })
-            })
-            .collect();
-        let mut acc = Err(TrainError::NoDevices);
-        for (i, h) in handles.into_iter().enumerate() {
-            let r = h.join().map_err(|_| TrainError::RankPanicked(i))?;
-            if i == 0 {
-                acc = r;
-            } else {
-                r?;
-            }
-        }
-        acc
+    let accuracies = on_each_rank(ranks, |mut rank| -> Result<f64, TrainError> {
+        let mut replica = Replica::<D, f32>::new(rank.device().clone(), weights)?;
+        evaluate(&mut rank, &mut replica, data, batch.max(1), None)
     })
+    .map_err(|RankPanicked(i)| TrainError::RankPanicked(i))?;
+    // Every rank computed the same (reduced) accuracy; any rank's failure is the result.
+    accuracies
+        .into_iter()
+        .reduce(|first, r| first.and_then(|a| r.map(|_| a)))
+        .unwrap_or(Err(TrainError::NoDevices))
 }
