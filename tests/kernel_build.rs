@@ -181,6 +181,12 @@ fn signatures_render_back_to_their_declarations() {
 /// The nvcc build, or `None` with a note that the test is skipped for want of `missing`.
 fn prebuilt_or_skip(missing: &str) -> Option<Prebuilt> {
     if PREBUILT.is_none() {
+        // Where CI expects an nvcc build, a skip would hide the check: fail instead.
+        assert_ne!(
+            std::env::var("NANODDP_EXPECT_PREBUILT").as_deref(),
+            Ok("1"),
+            "expected an nvcc build, but {missing}"
+        );
         eprintln!("skipped: built without nvcc, {missing}");
     }
     PREBUILT

@@ -2,7 +2,7 @@
 //!
 //! Every operation checks its shapes and buffer lengths here, once, and then hands the call
 //! to the backend's [`BackendImpl`], which may assume them: the kernel devices (CUDA, SIMT)
-//! by launching `kernels/*.cu` ([`super::kernel_ops`]), the CPU backend in native Rust
+//! by launching `kernels/*.cu` (`kernel/ops.rs`), the CPU backend in native Rust
 //! ([`super::cpu`]). Every [`BackendImpl`] is a [`Backend`] through the one implementation
 //! below, so no backend can skip a check, and a wrong call fails the same way on all of them.
 //!

@@ -101,10 +101,6 @@ pub trait Precision: DeviceScalar {
     fn to_f32(self) -> f32;
     /// Rounds from f32 (to nearest even for f16).
     fn from_f32(v: f32) -> Self;
-    /// The kernel implementing `op` at this precision ([`PrecisionOp::kernel`]).
-    fn kernel(op: PrecisionOp) -> &'static KernelSignature {
-        op.kernel(Self::DTYPE)
-    }
     /// Widens a whole slice into `dst` (same length): the fast path for many elements
     /// (F16C when the CPU has it, detected once per call rather than per element).
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
@@ -161,5 +157,29 @@ impl Precision for f16 {
     }
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
         super::cpu::half_convert::narrow(src, dst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two facts each Precision type states about itself agree: its DType's kernel C
+    /// type is its own, and only f32 is its own f32 view.
+    fn consistent<T: Precision>() {
+        assert_eq!(T::DTYPE.scalar(), T::SCALAR, "{}", T::DTYPE);
+        assert_eq!(
+            T::as_f32(&[]).is_some(),
+            T::DTYPE == DType::F32,
+            "{}",
+            T::DTYPE
+        );
+        assert_eq!(T::DTYPE.size(), std::mem::size_of::<T>(), "{}", T::DTYPE);
+    }
+
+    #[test]
+    fn each_type_agrees_with_its_dtype() {
+        consistent::<f32>();
+        consistent::<f16>();
     }
 }

@@ -153,7 +153,7 @@ impl<D: KernelDevice> BackendImpl for D {
         // SAFETY: see the module docs.
         unsafe {
             self.launch(
-                T::kernel(PrecisionOp::ReluBackward),
+                PrecisionOp::ReluBackward.kernel(T::DTYPE),
                 LaunchConfig::flat(n),
                 &args,
             )
@@ -208,7 +208,7 @@ impl<D: KernelDevice> BackendImpl for D {
             shared_bytes: 0,
         };
         // SAFETY: see the module docs.
-        unsafe { self.launch(T::kernel(PrecisionOp::Conv2dForward), cfg, &args) }
+        unsafe { self.launch(PrecisionOp::Conv2dForward.kernel(T::DTYPE), cfg, &args) }
     }
 
     unsafe fn conv2d_backward_input<T: Precision>(
@@ -235,7 +235,13 @@ impl<D: KernelDevice> BackendImpl for D {
             shared_bytes: 0,
         };
         // SAFETY: see the module docs.
-        unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardInput), cfg, &args) }
+        unsafe {
+            self.launch(
+                PrecisionOp::Conv2dBackwardInput.kernel(T::DTYPE),
+                cfg,
+                &args,
+            )
+        }
     }
 
     unsafe fn conv2d_backward_filter<T: Precision>(
@@ -260,7 +266,13 @@ impl<D: KernelDevice> BackendImpl for D {
             shared_bytes: 0,
         };
         // SAFETY: see the module docs.
-        unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardFilter), cfg, &args) }
+        unsafe {
+            self.launch(
+                PrecisionOp::Conv2dBackwardFilter.kernel(T::DTYPE),
+                cfg,
+                &args,
+            )
+        }
     }
 
     unsafe fn conv2d_backward_bias<T: Precision>(
@@ -282,7 +294,7 @@ impl<D: KernelDevice> BackendImpl for D {
             shared_bytes: 0,
         };
         // SAFETY: see the module docs.
-        unsafe { self.launch(T::kernel(PrecisionOp::Conv2dBackwardBias), cfg, &args) }
+        unsafe { self.launch(PrecisionOp::Conv2dBackwardBias.kernel(T::DTYPE), cfg, &args) }
     }
 
     unsafe fn max_pool_forward<T: Precision>(
@@ -302,7 +314,7 @@ impl<D: KernelDevice> BackendImpl for D {
         // SAFETY: see the module docs.
         unsafe {
             self.launch(
-                T::kernel(PrecisionOp::MaxPoolForward),
+                PrecisionOp::MaxPoolForward.kernel(T::DTYPE),
                 LaunchConfig::flat(ys),
                 &args,
             )
@@ -326,7 +338,7 @@ impl<D: KernelDevice> BackendImpl for D {
         // SAFETY: see the module docs. (argmax values come from max_pool_forward of this shape.)
         unsafe {
             self.launch(
-                T::kernel(PrecisionOp::MaxPoolBackward),
+                PrecisionOp::MaxPoolBackward.kernel(T::DTYPE),
                 LaunchConfig::flat(xs),
                 &args,
             )
@@ -345,7 +357,7 @@ impl<D: KernelDevice> BackendImpl for D {
         // SAFETY: see the module docs.
         unsafe {
             self.launch(
-                T::kernel(PrecisionOp::AvgPoolForward),
+                PrecisionOp::AvgPoolForward.kernel(T::DTYPE),
                 LaunchConfig::flat(ys),
                 &args,
             )
@@ -364,7 +376,7 @@ impl<D: KernelDevice> BackendImpl for D {
         // SAFETY: see the module docs.
         unsafe {
             self.launch(
-                T::kernel(PrecisionOp::AvgPoolBackward),
+                PrecisionOp::AvgPoolBackward.kernel(T::DTYPE),
                 LaunchConfig::flat(xs),
                 &args,
             )
@@ -398,7 +410,13 @@ impl<D: KernelDevice> BackendImpl for D {
             shared_bytes: 0,
         };
         // SAFETY: see the module docs.
-        unsafe { self.launch(T::kernel(PrecisionOp::SoftmaxCrossEntropy), cfg, &args) }
+        unsafe {
+            self.launch(
+                PrecisionOp::SoftmaxCrossEntropy.kernel(T::DTYPE),
+                cfg,
+                &args,
+            )
+        }
     }
 
     unsafe fn grad_check<G: Precision>(
@@ -415,7 +433,7 @@ impl<D: KernelDevice> BackendImpl for D {
         // SAFETY: see the module docs.
         unsafe {
             self.launch(
-                G::kernel(PrecisionOp::GradCheck),
+                PrecisionOp::GradCheck.kernel(G::DTYPE),
                 LaunchConfig::flat(n),
                 &args,
             )
@@ -447,7 +465,7 @@ impl<D: KernelDevice> BackendImpl for D {
         // SAFETY: see the module docs.
         unsafe {
             self.launch(
-                G::kernel(PrecisionOp::SgdStep),
+                PrecisionOp::SgdStep.kernel(G::DTYPE),
                 LaunchConfig::flat(n),
                 &args,
             )
