@@ -1,225 +1,171 @@
 //! [`BackendImpl`]: what a backend provides so that it is a [`Backend`](super::Backend).
 //!
 //! Each method does what the [`Backend`](super::Backend) method of the same name documents,
-//! and is called only after that method has checked the shapes and buffer lengths: an
+//! given that operation's arguments as a [`Checked`] struct ([`super::op`]): an
 //! implementation may index by the shape without checking again. The fused operations have
 //! defaults built from the plain ones (what the kernel devices use); a backend overrides
-//! them where fusing pays (the CPU backend does for all five). Workspace a default needs is
+//! them where fusing pays (the CPU backend does for all four). Workspace a default needs is
 //! allocated here, from the backend itself, not passed in by every caller.
 
+use super::op::{
+    Add, Args, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
+    Conv2dBackward, Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, Gemm, GradCheck, MaxPoolBackward,
+    MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+};
+use super::precision::Precision;
+use super::{BackendError, DeviceBuffer, Memory};
 use half::f16;
 
-use super::precision::Precision;
-use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
-use super::{BackendError, DeviceBuffer, Memory};
+/// What every backend operation returns.
+pub type OpResult = Result<(), BackendError>;
 
-type Buf<B, T> = <B as Memory>::Buffer<T>;
-
-/// A backend's own implementation of the operations: each method may assume the checks of
-/// its [`Backend`](super::Backend) namesake.
+/// A backend's own implementation of the operations, each taking the [`Checked`] arguments
+/// of its [`Backend`](super::Backend) namesake (whose docs say what it computes).
 /// Implemented by [`CpuDevice`](super::cpu::CpuDevice) and by every kernel
-/// [`KernelDevice`](super::KernelDevice).
+/// [`KernelDevice`](super::KernelDevice). [`Backend::conv2d_backward_filter`] and
+/// [`Backend::conv2d_backward_filter_bias`] share
+/// [`BackendImpl::conv2d_backward_filter`] (the bias gradient when `db` is given).
 ///
-/// # Safety
-///
-/// Every method may assume what the [`Backend`](super::Backend) method of the same name
-/// checks: a valid shape, and buffers of exactly the lengths it implies. A kernel device
-/// launches with those lengths as the kernel's bounds, so a caller that broke this would
-/// have the GPU read and write out of bounds: call them through [`Backend`](super::Backend).
-#[allow(missing_docs, clippy::missing_safety_doc)] // each is documented on `Backend`
-pub trait BackendImpl: Memory {
-    unsafe fn fill(&self, out: &mut Buf<Self, f32>, value: f32) -> Result<(), BackendError>;
-    unsafe fn scale(&self, x: &mut Buf<Self, f32>, alpha: f32) -> Result<(), BackendError>;
-    unsafe fn axpy(
+/// [`Backend::conv2d_backward_filter`]: super::Backend::conv2d_backward_filter
+/// [`Backend::conv2d_backward_filter_bias`]: super::Backend::conv2d_backward_filter_bias
+#[allow(missing_docs)] // each is documented on `Backend`
+pub trait BackendImpl: Memory + Sized {
+    fn fill(&self, op: Checked<Fill<'_, Self>>) -> OpResult;
+    fn scale(&self, op: Checked<Scale<'_, Self>>) -> OpResult;
+    fn axpy(&self, op: Checked<Axpy<'_, Self>>) -> OpResult;
+    fn add(&self, op: Checked<Add<'_, Self>>) -> OpResult;
+    fn cast_to_f16(&self, op: Checked<Cast<'_, Self, f32, f16>>) -> OpResult;
+    fn cast_to_f32(&self, op: Checked<Cast<'_, Self, f16, f32>>) -> OpResult;
+    fn relu_backward<T: Precision>(&self, op: Checked<ReluBackward<'_, Self, T>>) -> OpResult;
+    fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, Self, A, O>>) -> OpResult;
+    fn conv2d_forward<T: Precision>(&self, op: Checked<Conv2dForward<'_, Self, T>>) -> OpResult;
+    fn conv2d_backward_input<T: Precision>(
         &self,
-        alpha: f32,
-        x: &Buf<Self, f32>,
-        y: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError>;
-    unsafe fn add(
+        op: Checked<Conv2dBackwardInput<'_, Self, T>>,
+    ) -> OpResult;
+    fn conv2d_backward_filter<T: Precision>(
         &self,
-        a: &Buf<Self, f32>,
-        b: &Buf<Self, f32>,
-        out: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError>;
-    unsafe fn cast_to_f16(
+        op: Checked<Conv2dBackwardFilter<'_, Self, T>>,
+    ) -> OpResult;
+    fn conv2d_backward_bias<T: Precision>(
         &self,
-        x: &Buf<Self, f32>,
-        out: &mut Buf<Self, f16>,
-    ) -> Result<(), BackendError>;
-    unsafe fn cast_to_f32(
+        op: Checked<Conv2dBackwardBias<'_, Self, T>>,
+    ) -> OpResult;
+    fn max_pool_forward<T: Precision>(&self, op: Checked<MaxPoolForward<'_, Self, T>>) -> OpResult;
+    fn max_pool_backward<T: Precision>(
         &self,
-        x: &Buf<Self, f16>,
-        out: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError>;
-    unsafe fn relu_backward<T: Precision>(
+        op: Checked<MaxPoolBackward<'_, Self, T>>,
+    ) -> OpResult;
+    fn avg_pool_forward<T: Precision>(&self, op: Checked<AvgPoolForward<'_, Self, T>>) -> OpResult;
+    fn avg_pool_backward<T: Precision>(
         &self,
-        y: &Buf<Self, T>,
-        dy: &Buf<Self, T>,
-        dx: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError>;
-    unsafe fn gemm<A: Precision, O: Precision>(
+        op: Checked<AvgPoolBackward<'_, Self, T>>,
+    ) -> OpResult;
+    fn softmax_cross_entropy<T: Precision>(
         &self,
-        shape: &GemmShape,
-        a: &Buf<Self, A>,
-        b: &Buf<Self, A>,
-        bias: Option<&Buf<Self, f32>>,
-        c: &mut Buf<Self, O>,
-        epilogue: Epilogue,
-    ) -> Result<(), BackendError>;
-    unsafe fn conv2d_forward<T: Precision>(
-        &self,
-        shape: &Conv2dShape,
-        x: &Buf<Self, T>,
-        w: &Buf<Self, T>,
-        bias: Option<&Buf<Self, f32>>,
-        y: &mut Buf<Self, T>,
-        relu: bool,
-    ) -> Result<(), BackendError>;
-    unsafe fn conv2d_backward_input<T: Precision>(
-        &self,
-        shape: &Conv2dShape,
-        dy: &Buf<Self, T>,
-        w: &Buf<Self, T>,
-        dx: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError>;
-    unsafe fn conv2d_backward_filter<T: Precision>(
-        &self,
-        shape: &Conv2dShape,
-        x: &Buf<Self, T>,
-        dy: &Buf<Self, T>,
-        dw: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError>;
-    unsafe fn conv2d_backward_bias<T: Precision>(
-        &self,
-        shape: &Conv2dShape,
-        dy: &Buf<Self, T>,
-        db: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError>;
-    unsafe fn max_pool_forward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        x: &Buf<Self, T>,
-        y: &mut Buf<Self, T>,
-        argmax: &mut Buf<Self, i32>,
-    ) -> Result<(), BackendError>;
-    unsafe fn max_pool_backward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        dy: &Buf<Self, T>,
-        argmax: &Buf<Self, i32>,
-        dx: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError>;
-    unsafe fn avg_pool_forward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        x: &Buf<Self, T>,
-        y: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError>;
-    unsafe fn avg_pool_backward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        dy: &Buf<Self, T>,
-        dx: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError>;
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn softmax_cross_entropy<T: Precision>(
-        &self,
-        rows: usize,
-        classes: usize,
-        logits: &Buf<Self, T>,
-        labels: &Buf<Self, u8>,
-        loss: &mut Buf<Self, f32>,
-        grad: Option<&mut Buf<Self, T>>,
-        correct: &mut Buf<Self, i32>,
-        grad_scale: f32,
-    ) -> Result<(), BackendError>;
-    unsafe fn grad_check<G: Precision>(
-        &self,
-        grad: &Buf<Self, G>,
-        found: &mut Buf<Self, i32>,
-    ) -> Result<(), BackendError>;
-    unsafe fn sgd_step<G: Precision>(
-        &self,
-        w: &mut Buf<Self, f32>,
-        grad: &Buf<Self, G>,
-        velocity: Option<&mut Buf<Self, f32>>,
-        w_half: Option<&mut Buf<Self, f16>>,
-        step: SgdStep,
-        found: Option<&Buf<Self, i32>>,
-    ) -> Result<(), BackendError>;
+        op: Checked<SoftmaxCrossEntropy<'_, Self, T>>,
+    ) -> OpResult;
+    fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, Self, G>>) -> OpResult;
+    fn sgd_step<G: Precision>(&self, op: Checked<Sgd<'_, Self, G>>) -> OpResult;
 
     /// Default: the convolution with its ReLU, then the pool reading `y` back.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn conv2d_relu_avg_pool_forward<T: Precision>(
+    fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
-        conv: &Conv2dShape,
-        pool: &Pool2dShape,
-        x: &Buf<Self, T>,
-        w: &Buf<Self, T>,
-        bias: Option<&Buf<Self, f32>>,
-        y: &mut Buf<Self, T>,
-        pooled: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError> {
-        // SAFETY (here and in the defaults below): each part is called with buffers whose
-        // lengths the fused operation's checks fixed, workspace allocated to those lengths.
-        self.conv2d_forward(conv, x, w, bias, y, true)?;
-        self.avg_pool_forward(pool, y, pooled)
+        op: Checked<Conv2dReluAvgPoolForward<'_, Self, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        let relu = true;
+        let forward = Conv2dForward {
+            shape: op.conv,
+            x: op.x,
+            w: op.w,
+            bias: op.bias,
+            y: &mut *op.y,
+            relu,
+        };
+        run(self, forward, Self::conv2d_forward)?;
+        let pooling = AvgPoolForward {
+            shape: op.pool,
+            x: &*op.y,
+            y: op.pooled,
+        };
+        run(self, pooling, Self::avg_pool_forward)
     }
+
     /// Default: the pool's backward into a workspace the size of `y`, then the ReLU's.
-    unsafe fn avg_pool_relu_backward<T: Precision>(
+    fn avg_pool_relu_backward<T: Precision>(
         &self,
-        pool: &Pool2dShape,
-        d_pooled: &Buf<Self, T>,
-        y: &Buf<Self, T>,
-        dx: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError> {
-        let mut unmasked = self.alloc_zeros::<T>(y.len())?;
-        self.avg_pool_backward(pool, d_pooled, &mut unmasked)?;
-        self.relu_backward(y, &unmasked, dx)
+        op: Checked<AvgPoolReluBackward<'_, Self, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        let unmasked = &mut self.alloc_zeros::<T>(op.y.len())?;
+        let unpool = AvgPoolBackward {
+            shape: op.pool,
+            dy: op.d_pooled,
+            dx: &mut *unmasked,
+        };
+        run(self, unpool, Self::avg_pool_backward)?;
+        let relu = ReluBackward {
+            y: op.y,
+            dy: &*unmasked,
+            dx: op.dx,
+        };
+        run(self, relu, Self::relu_backward)
     }
-    /// Default: the filter gradient, then the bias gradient.
-    unsafe fn conv2d_backward_filter_bias<T: Precision>(
-        &self,
-        shape: &Conv2dShape,
-        x: &Buf<Self, T>,
-        dy: &Buf<Self, T>,
-        dw: &mut Buf<Self, f32>,
-        db: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError> {
-        self.conv2d_backward_filter(shape, x, dy, dw)?;
-        self.conv2d_backward_bias(shape, dy, db)
-    }
+
     /// Default: filter and bias gradients, then the input gradient.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn conv2d_backward<T: Precision>(
-        &self,
-        shape: &Conv2dShape,
-        x: &Buf<Self, T>,
-        w: &Buf<Self, T>,
-        dy: &Buf<Self, T>,
-        dw: &mut Buf<Self, f32>,
-        db: &mut Buf<Self, f32>,
-        dx: &mut Buf<Self, T>,
-    ) -> Result<(), BackendError> {
-        self.conv2d_backward_filter_bias(shape, x, dy, dw, db)?;
-        self.conv2d_backward_input(shape, dy, w, dx)
+    fn conv2d_backward<T: Precision>(&self, op: Checked<Conv2dBackward<'_, Self, T>>) -> OpResult {
+        let op = op.into_inner();
+        let filter = Conv2dBackwardFilter {
+            shape: op.shape,
+            x: op.x,
+            dy: op.dy,
+            dw: op.dw,
+            db: Some(op.db),
+        };
+        run(self, filter, Self::conv2d_backward_filter)?;
+        let input = Conv2dBackwardInput {
+            shape: op.shape,
+            dy: op.dy,
+            w: op.w,
+            dx: op.dx,
+        };
+        run(self, input, Self::conv2d_backward_input)
     }
+
     /// Default: the convolution's output gradient into a workspace the size of `y`
     /// ([`BackendImpl::avg_pool_relu_backward`]), then its filter and bias gradients.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn conv2d_relu_avg_pool_backward<T: Precision>(
+    fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
-        conv: &Conv2dShape,
-        pool: &Pool2dShape,
-        x: &Buf<Self, T>,
-        y: &Buf<Self, T>,
-        d_pooled: &Buf<Self, T>,
-        dw: &mut Buf<Self, f32>,
-        db: &mut Buf<Self, f32>,
-    ) -> Result<(), BackendError> {
-        let mut d_y = self.alloc_zeros::<T>(y.len())?;
-        self.avg_pool_relu_backward(pool, d_pooled, y, &mut d_y)?;
-        self.conv2d_backward_filter_bias(conv, x, &d_y, dw, db)
+        op: Checked<Conv2dReluAvgPoolBackward<'_, Self, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        let d_y = &mut self.alloc_zeros::<T>(op.y.len())?;
+        let unpool = AvgPoolReluBackward {
+            pool: op.pool,
+            d_pooled: op.d_pooled,
+            y: op.y,
+            dx: &mut *d_y,
+        };
+        run(self, unpool, Self::avg_pool_relu_backward)?;
+        let filter = Conv2dBackwardFilter {
+            shape: op.conv,
+            x: op.x,
+            dy: &*d_y,
+            dw: op.dw,
+            db: Some(op.db),
+        };
+        run(self, filter, Self::conv2d_backward_filter)
     }
+}
+
+/// Checks `args` and runs `op` on them: how the fused defaults call their parts (the checks
+/// cost a few comparisons, next to a kernel launch).
+pub(super) fn run<B: BackendImpl, A: Args>(
+    backend: &B,
+    args: A,
+    op: impl FnOnce(&B, Checked<A>) -> OpResult,
+) -> OpResult {
+    op(backend, Checked::new(args)?)
 }

@@ -17,7 +17,7 @@
 //!   checked by the Rust compiler on every kernel backend at once.
 //! * [`Backend`]: the operations LeNet needs (GEMM, convolution, pooling, loss, optimizer).
 //!   It checks every call's shapes and buffer lengths once, then calls the backend's
-//!   [`BackendImpl`]. A new backend implements [`Memory`] and either [`KernelDevice`] (and
+//!   [`BackendImpl`] with the arguments as one [`op`] struct, [`Checked`](op::Checked). A new backend implements [`Memory`] and either [`KernelDevice`] (and
 //!   gets every operation from the kernels) or [`BackendImpl`].
 //! * [`Precision`]: the Rust types of the storage [`DType`](crate::dtype::DType)s.
 //!
@@ -28,14 +28,15 @@ pub mod cpu;
 pub mod kernel;
 pub mod shapes;
 
-mod backend_impl;
+pub(crate) mod backend_impl;
 mod check;
 mod error;
 mod memory;
+pub mod op;
 mod ops;
 mod precision;
 
-pub use backend_impl::BackendImpl;
+pub use backend_impl::{BackendImpl, OpResult};
 pub use error::BackendError;
 pub use kernel::{cuda, nvrtc, simt, simt_module};
 pub use kernel::{KernelArg, KernelDevice, LaunchConfig};

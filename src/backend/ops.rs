@@ -11,11 +11,16 @@
 
 use half::f16;
 
-use super::backend_impl::BackendImpl;
-use super::check;
+use super::backend_impl::{run, BackendImpl};
+use super::op::{
+    Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Conv2dBackward,
+    Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, Gemm, GradCheck, MaxPoolBackward,
+    MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+};
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
-use super::{BackendError, DeviceBuffer, Memory};
+use super::{BackendError, Memory};
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
 
@@ -231,26 +236,19 @@ pub trait Backend: Memory {
     ) -> Result<(), BackendError>;
 }
 
-fn len<B: Memory, T: super::DeviceScalar>(buf: &Buf<B, T>) -> usize {
-    buf.len()
-}
-
-/// The checks, then the backend's own implementation (which may assume them).
+/// Every call's checks ([`Checked::new`](super::op::Checked::new)), then the backend's own
+/// implementation.
 impl<B: BackendImpl> Backend for B {
     fn fill(&self, out: &mut Buf<B, f32>, value: f32) -> Result<(), BackendError> {
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::fill(self, out, value) }
+        run(self, Fill { out, value }, BackendImpl::fill)
     }
 
     fn scale(&self, x: &mut Buf<B, f32>, alpha: f32) -> Result<(), BackendError> {
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::scale(self, x, alpha) }
+        run(self, Scale { x, alpha }, BackendImpl::scale)
     }
 
     fn axpy(&self, alpha: f32, x: &Buf<B, f32>, y: &mut Buf<B, f32>) -> Result<(), BackendError> {
-        check::same_len("axpy", x.len(), y.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::axpy(self, alpha, x, y) }
+        run(self, Axpy { alpha, x, y }, BackendImpl::axpy)
     }
 
     fn add(
@@ -259,22 +257,15 @@ impl<B: BackendImpl> Backend for B {
         b: &Buf<B, f32>,
         out: &mut Buf<B, f32>,
     ) -> Result<(), BackendError> {
-        check::same_len("add", a.len(), b.len())?;
-        check::same_len("add", a.len(), out.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::add(self, a, b, out) }
+        run(self, Add { a, b, out }, BackendImpl::add)
     }
 
     fn cast_to_f16(&self, x: &Buf<B, f32>, out: &mut Buf<B, f16>) -> Result<(), BackendError> {
-        check::same_len("cast_f32_to_f16", x.len(), out.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::cast_to_f16(self, x, out) }
+        run(self, Cast { x, out }, BackendImpl::cast_to_f16)
     }
 
     fn cast_to_f32(&self, x: &Buf<B, f16>, out: &mut Buf<B, f32>) -> Result<(), BackendError> {
-        check::same_len("cast_f16_to_f32", x.len(), out.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::cast_to_f32(self, x, out) }
+        run(self, Cast { x, out }, BackendImpl::cast_to_f32)
     }
 
     fn relu_backward<T: Precision>(
@@ -283,10 +274,7 @@ impl<B: BackendImpl> Backend for B {
         dy: &Buf<B, T>,
         dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        check::same_len("relu_backward", y.len(), dy.len())?;
-        check::same_len("relu_backward", y.len(), dx.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::relu_backward(self, y, dy, dx) }
+        run(self, ReluBackward { y, dy, dx }, BackendImpl::relu_backward)
     }
 
     fn gemm<A: Precision, O: Precision>(
@@ -298,10 +286,15 @@ impl<B: BackendImpl> Backend for B {
         c: &mut Buf<B, O>,
         epilogue: Epilogue,
     ) -> Result<(), BackendError> {
-        check::gemm_types(A::DTYPE, O::DTYPE)?;
-        check::gemm(shape, a.len(), b.len(), c.len(), bias.map(len::<B, _>))?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::gemm(self, shape, a, b, bias, c, epilogue) }
+        let op = Gemm {
+            shape,
+            a,
+            b,
+            bias,
+            c,
+            epilogue,
+        };
+        run(self, op, BackendImpl::gemm)
     }
 
     fn conv2d_forward<T: Precision>(
@@ -313,9 +306,15 @@ impl<B: BackendImpl> Backend for B {
         y: &mut Buf<B, T>,
         relu: bool,
     ) -> Result<(), BackendError> {
-        check::conv_forward(shape, x.len(), w.len(), y.len(), bias.map(len::<B, _>))?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::conv2d_forward(self, shape, x, w, bias, y, relu) }
+        let op = Conv2dForward {
+            shape,
+            x,
+            w,
+            bias,
+            y,
+            relu,
+        };
+        run(self, op, BackendImpl::conv2d_forward)
     }
 
     fn conv2d_backward_input<T: Precision>(
@@ -325,9 +324,8 @@ impl<B: BackendImpl> Backend for B {
         w: &Buf<B, T>,
         dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::conv2d_backward_input(self, shape, dy, w, dx) }
+        let op = Conv2dBackwardInput { shape, dy, w, dx };
+        run(self, op, BackendImpl::conv2d_backward_input)
     }
 
     fn conv2d_backward_filter<T: Precision>(
@@ -337,9 +335,14 @@ impl<B: BackendImpl> Backend for B {
         dy: &Buf<B, T>,
         dw: &mut Buf<B, f32>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::conv2d_backward_filter(self, shape, x, dy, dw) }
+        let op = Conv2dBackwardFilter {
+            shape,
+            x,
+            dy,
+            dw,
+            db: None,
+        };
+        run(self, op, BackendImpl::conv2d_backward_filter)
     }
 
     fn conv2d_backward_bias<T: Precision>(
@@ -348,9 +351,8 @@ impl<B: BackendImpl> Backend for B {
         dy: &Buf<B, T>,
         db: &mut Buf<B, f32>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_bias(shape, dy.len(), db.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::conv2d_backward_bias(self, shape, dy, db) }
+        let op = Conv2dBackwardBias { shape, dy, db };
+        run(self, op, BackendImpl::conv2d_backward_bias)
     }
 
     fn max_pool_forward<T: Precision>(
@@ -360,15 +362,13 @@ impl<B: BackendImpl> Backend for B {
         y: &mut Buf<B, T>,
         argmax: &mut Buf<B, i32>,
     ) -> Result<(), BackendError> {
-        check::pool(
-            "max_pool_forward",
+        let op = MaxPoolForward {
             shape,
-            x.len(),
-            y.len(),
-            Some(argmax.len()),
-        )?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::max_pool_forward(self, shape, x, y, argmax) }
+            x,
+            y,
+            argmax,
+        };
+        run(self, op, BackendImpl::max_pool_forward)
     }
 
     fn max_pool_backward<T: Precision>(
@@ -378,15 +378,13 @@ impl<B: BackendImpl> Backend for B {
         argmax: &Buf<B, i32>,
         dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        check::pool(
-            "max_pool_backward",
+        let op = MaxPoolBackward {
             shape,
-            dx.len(),
-            dy.len(),
-            Some(argmax.len()),
-        )?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::max_pool_backward(self, shape, dy, argmax, dx) }
+            dy,
+            argmax,
+            dx,
+        };
+        run(self, op, BackendImpl::max_pool_backward)
     }
 
     fn avg_pool_forward<T: Precision>(
@@ -395,9 +393,11 @@ impl<B: BackendImpl> Backend for B {
         x: &Buf<B, T>,
         y: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        check::pool("avg_pool_forward", shape, x.len(), y.len(), None)?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::avg_pool_forward(self, shape, x, y) }
+        run(
+            self,
+            AvgPoolForward { shape, x, y },
+            BackendImpl::avg_pool_forward,
+        )
     }
 
     fn avg_pool_backward<T: Precision>(
@@ -406,9 +406,11 @@ impl<B: BackendImpl> Backend for B {
         dy: &Buf<B, T>,
         dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        check::pool("avg_pool_backward", shape, dx.len(), dy.len(), None)?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::avg_pool_backward(self, shape, dy, dx) }
+        run(
+            self,
+            AvgPoolBackward { shape, dy, dx },
+            BackendImpl::avg_pool_backward,
+        )
     }
 
     fn conv2d_relu_avg_pool_forward<T: Precision>(
@@ -421,13 +423,16 @@ impl<B: BackendImpl> Backend for B {
         y: &mut Buf<B, T>,
         pooled: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        check::conv_then_pool(conv, pool)?;
-        check::conv_forward(conv, x.len(), w.len(), y.len(), bias.map(len::<B, _>))?;
-        check::pool("avg_pool_forward", pool, y.len(), pooled.len(), None)?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe {
-            BackendImpl::conv2d_relu_avg_pool_forward(self, conv, pool, x, w, bias, y, pooled)
-        }
+        let op = Conv2dReluAvgPoolForward {
+            conv,
+            pool,
+            x,
+            w,
+            bias,
+            y,
+            pooled,
+        };
+        run(self, op, BackendImpl::conv2d_relu_avg_pool_forward)
     }
 
     fn avg_pool_relu_backward<T: Precision>(
@@ -437,10 +442,13 @@ impl<B: BackendImpl> Backend for B {
         y: &Buf<B, T>,
         dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        check::pool("avg_pool_backward", pool, dx.len(), d_pooled.len(), None)?;
-        check::same_len("relu_backward", y.len(), dx.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::avg_pool_relu_backward(self, pool, d_pooled, y, dx) }
+        let op = AvgPoolReluBackward {
+            pool,
+            d_pooled,
+            y,
+            dx,
+        };
+        run(self, op, BackendImpl::avg_pool_relu_backward)
     }
 
     fn conv2d_backward_filter_bias<T: Precision>(
@@ -451,10 +459,14 @@ impl<B: BackendImpl> Backend for B {
         dw: &mut Buf<B, f32>,
         db: &mut Buf<B, f32>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
-        check::conv_backward_bias(shape, dy.len(), db.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::conv2d_backward_filter_bias(self, shape, x, dy, dw, db) }
+        let op = Conv2dBackwardFilter {
+            shape,
+            x,
+            dy,
+            dw,
+            db: Some(db),
+        };
+        run(self, op, BackendImpl::conv2d_backward_filter)
     }
 
     fn conv2d_backward<T: Precision>(
@@ -467,11 +479,16 @@ impl<B: BackendImpl> Backend for B {
         db: &mut Buf<B, f32>,
         dx: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
-        check::conv_backward_filter(shape, x.len(), dy.len(), dw.len())?;
-        check::conv_backward_bias(shape, dy.len(), db.len())?;
-        check::conv_backward_input(shape, dy.len(), w.len(), dx.len())?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::conv2d_backward(self, shape, x, w, dy, dw, db, dx) }
+        let op = Conv2dBackward {
+            shape,
+            x,
+            w,
+            dy,
+            dw,
+            db,
+            dx,
+        };
+        run(self, op, BackendImpl::conv2d_backward)
     }
 
     fn conv2d_relu_avg_pool_backward<T: Precision>(
@@ -484,14 +501,16 @@ impl<B: BackendImpl> Backend for B {
         dw: &mut Buf<B, f32>,
         db: &mut Buf<B, f32>,
     ) -> Result<(), BackendError> {
-        check::conv_then_pool(conv, pool)?;
-        check::conv_backward_filter(conv, x.len(), y.len(), dw.len())?;
-        check::conv_backward_bias(conv, y.len(), db.len())?;
-        check::pool("avg_pool_backward", pool, y.len(), d_pooled.len(), None)?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe {
-            BackendImpl::conv2d_relu_avg_pool_backward(self, conv, pool, x, y, d_pooled, dw, db)
-        }
+        let op = Conv2dReluAvgPoolBackward {
+            conv,
+            pool,
+            x,
+            y,
+            d_pooled,
+            dw,
+            db,
+        };
+        run(self, op, BackendImpl::conv2d_relu_avg_pool_backward)
     }
 
     fn softmax_cross_entropy<T: Precision>(
@@ -505,20 +524,17 @@ impl<B: BackendImpl> Backend for B {
         correct: &mut Buf<B, i32>,
         grad_scale: f32,
     ) -> Result<(), BackendError> {
-        let lengths = check::SoftmaxLengths {
-            logits: logits.len(),
-            labels: labels.len(),
-            loss: loss.len(),
-            grad: grad.as_deref().map(len::<B, _>),
-            correct: correct.len(),
+        let op = SoftmaxCrossEntropy {
+            rows,
+            classes,
+            logits,
+            labels,
+            loss,
+            grad,
+            correct,
+            grad_scale,
         };
-        check::softmax(rows, classes, lengths)?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe {
-            BackendImpl::softmax_cross_entropy(
-                self, rows, classes, logits, labels, loss, grad, correct, grad_scale,
-            )
-        }
+        run(self, op, BackendImpl::softmax_cross_entropy)
     }
 
     fn grad_check<G: Precision>(
@@ -526,9 +542,7 @@ impl<B: BackendImpl> Backend for B {
         grad: &Buf<B, G>,
         found: &mut Buf<B, i32>,
     ) -> Result<(), BackendError> {
-        check::expect_len("grad_check", "found", found.len(), 1)?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::grad_check(self, grad, found) }
+        run(self, GradCheck { grad, found }, BackendImpl::grad_check)
     }
 
     fn sgd_step<G: Precision>(
@@ -540,15 +554,14 @@ impl<B: BackendImpl> Backend for B {
         step: SgdStep,
         found: Option<&Buf<B, i32>>,
     ) -> Result<(), BackendError> {
-        let lengths = check::SgdLengths {
-            weights: w.len(),
-            grad: grad.len(),
-            velocity: velocity.as_deref().map(len::<B, _>),
-            w_half: w_half.as_deref().map(len::<B, _>),
-            found: found.map(len::<B, _>),
+        let op = Sgd {
+            w,
+            grad,
+            velocity,
+            w_half,
+            step,
+            found,
         };
-        check::sgd(lengths)?;
-        // SAFETY: the checks above are the ones `BackendImpl` may assume.
-        unsafe { BackendImpl::sgd_step(self, w, grad, velocity, w_half, step, found) }
+        run(self, op, BackendImpl::sgd_step)
     }
 }

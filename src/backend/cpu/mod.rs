@@ -54,9 +54,14 @@ mod window_gemm;
 use half::f16;
 use rayon::prelude::*;
 
-use super::backend_impl::BackendImpl;
+use super::backend_impl::{BackendImpl, OpResult};
+use super::op::{
+    Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked, Conv2dBackward,
+    Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, Gemm, GradCheck, MaxPoolBackward,
+    MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+};
 use super::precision::Precision;
-use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 
 /// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`.
@@ -165,23 +170,25 @@ fn map_into<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&A) -> B + Sy
 }
 
 impl BackendImpl for CpuDevice {
-    unsafe fn fill(&self, out: &mut CpuBuffer<f32>, value: f32) -> Result<(), BackendError> {
-        out.0.par_chunks_mut(FLAT_CHUNK).for_each(|c| c.fill(value));
+    fn fill(&self, op: Checked<Fill<'_, CpuDevice>>) -> OpResult {
+        let op = op.into_inner();
+        op.out
+            .0
+            .par_chunks_mut(FLAT_CHUNK)
+            .for_each(|c| c.fill(op.value));
         Ok(())
     }
 
-    unsafe fn scale(&self, x: &mut CpuBuffer<f32>, alpha: f32) -> Result<(), BackendError> {
-        x.0.par_chunks_mut(FLAT_CHUNK)
-            .for_each(|c| c.iter_mut().for_each(|v| *v *= alpha));
+    fn scale(&self, op: Checked<Scale<'_, CpuDevice>>) -> OpResult {
+        let op = op.into_inner();
+        op.x.0
+            .par_chunks_mut(FLAT_CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|v| *v *= op.alpha));
         Ok(())
     }
 
-    unsafe fn axpy(
-        &self,
-        alpha: f32,
-        x: &CpuBuffer<f32>,
-        y: &mut CpuBuffer<f32>,
-    ) -> Result<(), BackendError> {
+    fn axpy(&self, op: Checked<Axpy<'_, CpuDevice>>) -> OpResult {
+        let Axpy { alpha, x, y } = op.into_inner();
         y.0.par_chunks_mut(FLAT_CHUNK)
             .zip(x.0.par_chunks(FLAT_CHUNK))
             .for_each(|(y, x)| {
@@ -192,12 +199,8 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    unsafe fn add(
-        &self,
-        a: &CpuBuffer<f32>,
-        b: &CpuBuffer<f32>,
-        out: &mut CpuBuffer<f32>,
-    ) -> Result<(), BackendError> {
+    fn add(&self, op: Checked<Add<'_, CpuDevice>>) -> OpResult {
+        let Add { a, b, out } = op.into_inner();
         out.0
             .par_chunks_mut(FLAT_CHUNK)
             .zip(a.0.par_chunks(FLAT_CHUNK).zip(b.0.par_chunks(FLAT_CHUNK)))
@@ -209,30 +212,20 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    unsafe fn cast_to_f16(
-        &self,
-        x: &CpuBuffer<f32>,
-        out: &mut CpuBuffer<f16>,
-    ) -> Result<(), BackendError> {
-        map_into(&x.0, &mut out.0, |v| f16::from_f32(*v));
+    fn cast_to_f16(&self, op: Checked<Cast<'_, CpuDevice, f32, f16>>) -> OpResult {
+        let op = op.into_inner();
+        map_into(&op.x.0, &mut op.out.0, |v| f16::from_f32(*v));
         Ok(())
     }
 
-    unsafe fn cast_to_f32(
-        &self,
-        x: &CpuBuffer<f16>,
-        out: &mut CpuBuffer<f32>,
-    ) -> Result<(), BackendError> {
-        map_into(&x.0, &mut out.0, |v| v.to_f32());
+    fn cast_to_f32(&self, op: Checked<Cast<'_, CpuDevice, f16, f32>>) -> OpResult {
+        let op = op.into_inner();
+        map_into(&op.x.0, &mut op.out.0, |v| v.to_f32());
         Ok(())
     }
 
-    unsafe fn relu_backward<T: Precision>(
-        &self,
-        y: &CpuBuffer<T>,
-        dy: &CpuBuffer<T>,
-        dx: &mut CpuBuffer<T>,
-    ) -> Result<(), BackendError> {
+    fn relu_backward<T: Precision>(&self, op: Checked<ReluBackward<'_, CpuDevice, T>>) -> OpResult {
+        let ReluBackward { y, dy, dx } = op.into_inner();
         dx.0.par_chunks_mut(FLAT_CHUNK)
             .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
             .for_each(|(dx, (y, dy))| {
@@ -249,15 +242,8 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    unsafe fn gemm<A: Precision, O: Precision>(
-        &self,
-        shape: &GemmShape,
-        a: &CpuBuffer<A>,
-        b: &CpuBuffer<A>,
-        bias: Option<&CpuBuffer<f32>>,
-        c: &mut CpuBuffer<O>,
-        epilogue: Epilogue,
-    ) -> Result<(), BackendError> {
+    fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, CpuDevice, A, O>>) -> OpResult {
+        let op = op.into_inner();
         // Half operands are widened once (F16C), then the f32 product runs on them.
         let scratch = |n| {
             if A::DTYPE.is_half() {
@@ -266,270 +252,203 @@ impl BackendImpl for CpuDevice {
                 Vec::new()
             }
         };
-        let (mut wide_a, mut wide_b) = (scratch(a.len()), scratch(b.len()));
-        let (a32, b32) = (widened(&a.0, &mut wide_a), widened(&b.0, &mut wide_b));
-        let bias = bias.map(|b| b.as_slice());
-        match O::as_f32_mut(&mut c.0) {
-            Some(c32) => gemm::gemm_f32(shape, a32, b32, bias, c32, epilogue),
+        let (mut wide_a, mut wide_b) = (scratch(op.a.len()), scratch(op.b.len()));
+        let (a32, b32) = (widened(&op.a.0, &mut wide_a), widened(&op.b.0, &mut wide_b));
+        let bias = op.bias.map(|b| b.as_slice());
+        match O::as_f32_mut(&mut op.c.0) {
+            Some(c32) => gemm::gemm_f32(op.shape, a32, b32, bias, c32, op.epilogue),
             None => {
                 // C is read when beta != 0: widened, computed on, rounded back.
-                let mut c32 = vec![0.0f32; c.0.len()];
-                O::widen_slice(&c.0, &mut c32);
-                gemm::gemm_f32(shape, a32, b32, bias, &mut c32, epilogue);
-                O::narrow_slice(&c32, &mut c.0);
+                let mut c32 = vec![0.0f32; op.c.0.len()];
+                O::widen_slice(&op.c.0, &mut c32);
+                gemm::gemm_f32(op.shape, a32, b32, bias, &mut c32, op.epilogue);
+                O::narrow_slice(&c32, &mut op.c.0);
             }
         }
         Ok(())
     }
 
-    unsafe fn conv2d_forward<T: Precision>(
+    fn conv2d_forward<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        x: &CpuBuffer<T>,
-        w: &CpuBuffer<T>,
-        bias: Option<&CpuBuffer<f32>>,
-        y: &mut CpuBuffer<T>,
-        relu: bool,
-    ) -> Result<(), BackendError> {
+        op: Checked<Conv2dForward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         conv::forward(
-            shape,
-            &x.0,
-            &w.0,
-            bias.map(|b| b.as_slice()),
-            &mut y.0,
-            relu,
+            op.shape,
+            &op.x.0,
+            &op.w.0,
+            op.bias.map(|b| b.as_slice()),
+            &mut op.y.0,
+            op.relu,
             None,
         );
         Ok(())
     }
 
-    unsafe fn conv2d_relu_avg_pool_forward<T: Precision>(
+    fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
-        conv: &Conv2dShape,
-        pool: &Pool2dShape,
-        x: &CpuBuffer<T>,
-        w: &CpuBuffer<T>,
-        bias: Option<&CpuBuffer<f32>>,
-        y: &mut CpuBuffer<T>,
-        pooled: &mut CpuBuffer<T>,
-    ) -> Result<(), BackendError> {
+        op: Checked<Conv2dReluAvgPoolForward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         conv::forward(
-            conv,
-            &x.0,
-            &w.0,
-            bias.map(|b| b.as_slice()),
-            &mut y.0,
+            op.conv,
+            &op.x.0,
+            &op.w.0,
+            op.bias.map(|b| b.as_slice()),
+            &mut op.y.0,
             true,
-            Some((pool, &mut pooled.0)),
+            Some((op.pool, &mut op.pooled.0)),
         );
         Ok(())
     }
 
-    unsafe fn avg_pool_relu_backward<T: Precision>(
+    fn avg_pool_relu_backward<T: Precision>(
         &self,
-        pool: &Pool2dShape,
-        d_pooled: &CpuBuffer<T>,
-        y: &CpuBuffer<T>,
-        dx: &mut CpuBuffer<T>,
-    ) -> Result<(), BackendError> {
-        pool::avg_relu_backward(pool, &d_pooled.0, &y.0, &mut dx.0);
+        op: Checked<AvgPoolReluBackward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        pool::avg_relu_backward(op.pool, &op.d_pooled.0, &op.y.0, &mut op.dx.0);
         Ok(())
     }
 
-    unsafe fn conv2d_backward<T: Precision>(
+    fn conv2d_backward<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        x: &CpuBuffer<T>,
-        w: &CpuBuffer<T>,
-        dy: &CpuBuffer<T>,
-        dw: &mut CpuBuffer<f32>,
-        db: &mut CpuBuffer<f32>,
-        dx: &mut CpuBuffer<T>,
-    ) -> Result<(), BackendError> {
+        op: Checked<Conv2dBackward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         conv::backward_filter(
-            shape,
-            &x.0,
-            conv::OutputGrad::Tensor(&dy.0),
-            &mut dw.0,
-            Some(&mut db.0),
-            Some((&w.0, &mut dx.0)),
+            op.shape,
+            &op.x.0,
+            conv::OutputGrad::Tensor(&op.dy.0),
+            &mut op.dw.0,
+            Some(&mut op.db.0),
+            Some((&op.w.0, &mut op.dx.0)),
         );
         Ok(())
     }
 
-    unsafe fn conv2d_relu_avg_pool_backward<T: Precision>(
+    fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
-        conv: &Conv2dShape,
-        pool: &Pool2dShape,
-        x: &CpuBuffer<T>,
-        y: &CpuBuffer<T>,
-        d_pooled: &CpuBuffer<T>,
-        dw: &mut CpuBuffer<f32>,
-        db: &mut CpuBuffer<f32>,
-    ) -> Result<(), BackendError> {
+        op: Checked<Conv2dReluAvgPoolBackward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         let dy = conv::OutputGrad::Pooled {
-            pool,
-            d_pooled: &d_pooled.0,
-            y: &y.0,
+            pool: op.pool,
+            d_pooled: &op.d_pooled.0,
+            y: &op.y.0,
         };
-        conv::backward_filter(conv, &x.0, dy, &mut dw.0, Some(&mut db.0), None);
+        conv::backward_filter(op.conv, &op.x.0, dy, &mut op.dw.0, Some(&mut op.db.0), None);
         Ok(())
     }
 
-    unsafe fn conv2d_backward_filter_bias<T: Precision>(
+    fn conv2d_backward_input<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        x: &CpuBuffer<T>,
-        dy: &CpuBuffer<T>,
-        dw: &mut CpuBuffer<f32>,
-        db: &mut CpuBuffer<f32>,
-    ) -> Result<(), BackendError> {
+        op: Checked<Conv2dBackwardInput<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        conv::backward_input(op.shape, &op.dy.0, &op.w.0, &mut op.dx.0);
+        Ok(())
+    }
+
+    fn conv2d_backward_filter<T: Precision>(
+        &self,
+        op: Checked<Conv2dBackwardFilter<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         conv::backward_filter(
-            shape,
-            &x.0,
-            conv::OutputGrad::Tensor(&dy.0),
-            &mut dw.0,
-            Some(&mut db.0),
+            op.shape,
+            &op.x.0,
+            conv::OutputGrad::Tensor(&op.dy.0),
+            &mut op.dw.0,
+            op.db.map(|db| db.as_mut_slice()),
             None,
         );
         Ok(())
     }
 
-    unsafe fn conv2d_backward_input<T: Precision>(
+    fn conv2d_backward_bias<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        dy: &CpuBuffer<T>,
-        w: &CpuBuffer<T>,
-        dx: &mut CpuBuffer<T>,
-    ) -> Result<(), BackendError> {
-        conv::backward_input(shape, &dy.0, &w.0, &mut dx.0);
+        op: Checked<Conv2dBackwardBias<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        conv::backward_bias(op.shape, &op.dy.0, &mut op.db.0);
         Ok(())
     }
 
-    unsafe fn conv2d_backward_filter<T: Precision>(
+    fn max_pool_forward<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        x: &CpuBuffer<T>,
-        dy: &CpuBuffer<T>,
-        dw: &mut CpuBuffer<f32>,
-    ) -> Result<(), BackendError> {
-        conv::backward_filter(
-            shape,
-            &x.0,
-            conv::OutputGrad::Tensor(&dy.0),
-            &mut dw.0,
-            None,
-            None,
-        );
+        op: Checked<MaxPoolForward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        pool::max_forward(op.shape, &op.x.0, &mut op.y.0, &mut op.argmax.0);
         Ok(())
     }
 
-    unsafe fn conv2d_backward_bias<T: Precision>(
+    fn max_pool_backward<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        dy: &CpuBuffer<T>,
-        db: &mut CpuBuffer<f32>,
-    ) -> Result<(), BackendError> {
-        conv::backward_bias(shape, &dy.0, &mut db.0);
+        op: Checked<MaxPoolBackward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        pool::max_backward(op.shape, &op.dy.0, &op.argmax.0, &mut op.dx.0);
         Ok(())
     }
 
-    unsafe fn max_pool_forward<T: Precision>(
+    fn avg_pool_forward<T: Precision>(
         &self,
-        shape: &Pool2dShape,
-        x: &CpuBuffer<T>,
-        y: &mut CpuBuffer<T>,
-        argmax: &mut CpuBuffer<i32>,
-    ) -> Result<(), BackendError> {
-        pool::max_forward(shape, &x.0, &mut y.0, &mut argmax.0);
+        op: Checked<AvgPoolForward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        pool::avg_forward(op.shape, &op.x.0, &mut op.y.0);
         Ok(())
     }
 
-    unsafe fn max_pool_backward<T: Precision>(
+    fn avg_pool_backward<T: Precision>(
         &self,
-        shape: &Pool2dShape,
-        dy: &CpuBuffer<T>,
-        argmax: &CpuBuffer<i32>,
-        dx: &mut CpuBuffer<T>,
-    ) -> Result<(), BackendError> {
-        pool::max_backward(shape, &dy.0, &argmax.0, &mut dx.0);
+        op: Checked<AvgPoolBackward<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        pool::avg_backward(op.shape, &op.dy.0, &mut op.dx.0);
         Ok(())
     }
 
-    unsafe fn avg_pool_forward<T: Precision>(
+    fn softmax_cross_entropy<T: Precision>(
         &self,
-        shape: &Pool2dShape,
-        x: &CpuBuffer<T>,
-        y: &mut CpuBuffer<T>,
-    ) -> Result<(), BackendError> {
-        pool::avg_forward(shape, &x.0, &mut y.0);
-        Ok(())
-    }
-
-    unsafe fn avg_pool_backward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        dy: &CpuBuffer<T>,
-        dx: &mut CpuBuffer<T>,
-    ) -> Result<(), BackendError> {
-        pool::avg_backward(shape, &dy.0, &mut dx.0);
-        Ok(())
-    }
-
-    unsafe fn softmax_cross_entropy<T: Precision>(
-        &self,
-        _rows: usize, // the labels' length, validated
-        classes: usize,
-        logits: &CpuBuffer<T>,
-        labels: &CpuBuffer<u8>,
-        loss: &mut CpuBuffer<f32>,
-        grad: Option<&mut CpuBuffer<T>>,
-        correct: &mut CpuBuffer<i32>,
-        grad_scale: f32,
-    ) -> Result<(), BackendError> {
+        op: Checked<SoftmaxCrossEntropy<'_, CpuDevice, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         let right = loss::softmax_cross_entropy(
-            classes,
-            &logits.0,
-            &labels.0,
-            &mut loss.0,
-            grad.map(|g| g.as_mut_slice()),
-            grad_scale,
+            op.classes,
+            &op.logits.0,
+            &op.labels.0,
+            &mut op.loss.0,
+            op.grad.map(|g| g.as_mut_slice()),
+            op.grad_scale,
         );
-        correct.0[0] += right;
+        op.correct.0[0] += right;
         Ok(())
     }
 
-    unsafe fn grad_check<G: Precision>(
-        &self,
-        grad: &CpuBuffer<G>,
-        found: &mut CpuBuffer<i32>,
-    ) -> Result<(), BackendError> {
-        if optim::any_nonfinite(&grad.0) {
-            found.0[0] = 1;
+    fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, CpuDevice, G>>) -> OpResult {
+        let op = op.into_inner();
+        if optim::any_nonfinite(&op.grad.0) {
+            op.found.0[0] = 1;
         }
         Ok(())
     }
 
-    unsafe fn sgd_step<G: Precision>(
-        &self,
-        w: &mut CpuBuffer<f32>,
-        grad: &CpuBuffer<G>,
-        velocity: Option<&mut CpuBuffer<f32>>,
-        w_half: Option<&mut CpuBuffer<f16>>,
-        step: SgdStep,
-        found: Option<&CpuBuffer<i32>>,
-    ) -> Result<(), BackendError> {
-        if let Some(f) = found {
+    fn sgd_step<G: Precision>(&self, op: Checked<Sgd<'_, CpuDevice, G>>) -> OpResult {
+        let op = op.into_inner();
+        if let Some(f) = op.found {
             if f.0[0] != 0 {
                 return Ok(());
             }
         }
         optim::sgd_step(
-            &mut w.0,
-            &grad.0,
-            velocity.map(|v| v.as_mut_slice()),
-            w_half.map(|h| h.as_mut_slice()),
-            step,
+            &mut op.w.0,
+            &op.grad.0,
+            op.velocity.map(|v| v.as_mut_slice()),
+            op.w_half.map(|h| h.as_mut_slice()),
+            op.step,
         );
         Ok(())
     }

@@ -2,20 +2,24 @@
 //! launch shape, launch the kernel from `kernels/*.cu`. The fused operations are the
 //! trait's defaults, built from these launches.
 //!
-//! Every `unsafe` launch below is sound for the same reason: [`Backend`](crate::backend::Backend)
-//! validated the shape and checked every buffer's length against it before calling here,
-//! and the kernel's index ranges are exactly that shape.
+//! Every `unsafe` launch below is sound for the same reason: its arguments are
+//! [`Checked`], so the shape is valid and every buffer's length is the one it implies, and
+//! the kernel's index ranges are exactly that shape.
 
 use half::f16;
 
 use super::{KernelArg, KernelDevice, LaunchConfig};
+use crate::backend::backend_impl::{run, OpResult};
+use crate::backend::op::{
+    Add, AvgPoolBackward, AvgPoolForward, Axpy, Cast, Checked, Conv2dBackwardBias,
+    Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward, Fill, Gemm, GradCheck,
+    MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+};
 use crate::backend::{
-    gemm_kernel, BackendError, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Epilogue,
-    GemmShape, Memory, Pool2dShape, Precision, PrecisionOp, SgdStep,
+    gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Pool2dShape, Precision,
+    PrecisionOp,
 };
 use crate::kernels::elementwise as ew;
-
-type Buf<D, T> = <D as Memory>::Buffer<T>;
 
 fn i32_arg(v: usize) -> KernelArg {
     // Shapes are validated to fit i32 before any launch.
@@ -27,19 +31,15 @@ fn blocks(n: usize, per_block: usize) -> u32 {
 }
 
 fn gemm_args<D: KernelDevice, A: DeviceScalar, C: DeviceScalar>(
-    shape: &GemmShape,
-    a: &Buf<D, A>,
-    b: &Buf<D, A>,
-    bias: Option<&Buf<D, f32>>,
-    c: &mut Buf<D, C>,
-    epilogue: Epilogue,
+    op: Gemm<'_, D, A, C>,
 ) -> Vec<KernelArg> {
+    let (shape, epilogue) = (op.shape, op.epilogue);
     let (lda, ldb, ldc) = shape.leading_dims();
     vec![
-        KernelArg::buffer(a),
-        KernelArg::buffer(b),
-        KernelArg::buffer_mut(c),
-        KernelArg::optional(bias),
+        KernelArg::buffer(op.a),
+        KernelArg::buffer(op.b),
+        KernelArg::buffer_mut(op.c),
+        KernelArg::optional(op.bias),
         i32_arg(shape.m),
         i32_arg(shape.n),
         i32_arg(shape.k),
@@ -69,6 +69,29 @@ fn conv_dims(s: &Conv2dShape) -> [KernelArg; 10] {
     ]
 }
 
+/// Launches pooling `op` on `T` storage: `buffers`, then the shape's dimensions, one thread
+/// per element of the output (forward) or of the input gradient (backward, which writes
+/// each input element once).
+///
+/// # Safety
+/// `buffers` are the kernel's buffer parameters, of the lengths `shape` implies.
+unsafe fn launch_pool<D: KernelDevice, T: Precision>(
+    device: &D,
+    op: PrecisionOp,
+    shape: &Pool2dShape,
+    buffers: &[KernelArg],
+) -> OpResult {
+    let (xs, ys) = shape.sizes();
+    let threads = match op {
+        PrecisionOp::MaxPoolForward | PrecisionOp::AvgPoolForward => ys,
+        _ => xs,
+    };
+    let mut args = buffers.to_vec();
+    args.extend(pool_dims(shape));
+    // SAFETY: forwarded from the caller; the dimensions are the shape's own.
+    unsafe { device.launch(op.kernel(T::DTYPE), LaunchConfig::flat(threads), &args) }
+}
+
 fn pool_dims(s: &Pool2dShape) -> [KernelArg; 8] {
     [
         i32_arg(s.planes),
@@ -83,71 +106,55 @@ fn pool_dims(s: &Pool2dShape) -> [KernelArg; 8] {
 }
 
 impl<D: KernelDevice> BackendImpl for D {
-    unsafe fn fill(&self, out: &mut Buf<D, f32>, value: f32) -> Result<(), BackendError> {
-        let n = out.len();
+    fn fill(&self, op: Checked<Fill<'_, D>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.out.len();
         // SAFETY: see the module docs.
-        unsafe { ew::fill_f32(self, LaunchConfig::flat(n), out, value, n as u64) }
+        unsafe { ew::fill_f32(self, LaunchConfig::flat(n), op.out, op.value, n as u64) }
     }
 
-    unsafe fn scale(&self, x: &mut Buf<D, f32>, alpha: f32) -> Result<(), BackendError> {
-        let n = x.len();
+    fn scale(&self, op: Checked<Scale<'_, D>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.x.len();
         // SAFETY: see the module docs.
-        unsafe { ew::scale_f32(self, LaunchConfig::flat(n), x, alpha, n as u64) }
+        unsafe { ew::scale_f32(self, LaunchConfig::flat(n), op.x, op.alpha, n as u64) }
     }
 
-    unsafe fn axpy(
-        &self,
-        alpha: f32,
-        x: &Buf<D, f32>,
-        y: &mut Buf<D, f32>,
-    ) -> Result<(), BackendError> {
-        let n = y.len();
+    fn axpy(&self, op: Checked<Axpy<'_, D>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.y.len();
         // SAFETY: see the module docs.
-        unsafe { ew::axpy_f32(self, LaunchConfig::flat(n), x, y, alpha, n as u64) }
+        unsafe { ew::axpy_f32(self, LaunchConfig::flat(n), op.x, op.y, op.alpha, n as u64) }
     }
 
-    unsafe fn add(
-        &self,
-        a: &Buf<D, f32>,
-        b: &Buf<D, f32>,
-        out: &mut Buf<D, f32>,
-    ) -> Result<(), BackendError> {
-        let n = out.len();
+    fn add(&self, op: Checked<Add<'_, D>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.out.len();
         // SAFETY: see the module docs.
-        unsafe { ew::add_f32(self, LaunchConfig::flat(n), a, b, out, n as u64) }
+        unsafe { ew::add_f32(self, LaunchConfig::flat(n), op.a, op.b, op.out, n as u64) }
     }
 
-    unsafe fn cast_to_f16(
-        &self,
-        x: &Buf<D, f32>,
-        out: &mut Buf<D, f16>,
-    ) -> Result<(), BackendError> {
-        let n = x.len();
+    fn cast_to_f16(&self, op: Checked<Cast<'_, D, f32, f16>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.x.len();
         // SAFETY: see the module docs.
-        unsafe { ew::cast_f32_to_f16(self, LaunchConfig::flat(n), x, out, n as u64) }
+        unsafe { ew::cast_f32_to_f16(self, LaunchConfig::flat(n), op.x, op.out, n as u64) }
     }
 
-    unsafe fn cast_to_f32(
-        &self,
-        x: &Buf<D, f16>,
-        out: &mut Buf<D, f32>,
-    ) -> Result<(), BackendError> {
-        let n = x.len();
+    fn cast_to_f32(&self, op: Checked<Cast<'_, D, f16, f32>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.x.len();
         // SAFETY: see the module docs.
-        unsafe { ew::cast_f16_to_f32(self, LaunchConfig::flat(n), x, out, n as u64) }
+        unsafe { ew::cast_f16_to_f32(self, LaunchConfig::flat(n), op.x, op.out, n as u64) }
     }
 
-    unsafe fn relu_backward<T: Precision>(
-        &self,
-        y: &Buf<D, T>,
-        dy: &Buf<D, T>,
-        dx: &mut Buf<D, T>,
-    ) -> Result<(), BackendError> {
-        let n = y.len();
+    fn relu_backward<T: Precision>(&self, op: Checked<ReluBackward<'_, D, T>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.y.len();
         let args = [
-            KernelArg::buffer(y),
-            KernelArg::buffer(dy),
-            KernelArg::buffer_mut(dx),
+            KernelArg::buffer(op.y),
+            KernelArg::buffer(op.dy),
+            KernelArg::buffer_mut(op.dx),
             KernelArg::U64(n as u64),
         ];
         // SAFETY: see the module docs.
@@ -160,50 +167,39 @@ impl<D: KernelDevice> BackendImpl for D {
         }
     }
 
-    unsafe fn gemm<A: Precision, O: Precision>(
-        &self,
-        shape: &GemmShape,
-        a: &Buf<D, A>,
-        b: &Buf<D, A>,
-        bias: Option<&Buf<D, f32>>,
-        c: &mut Buf<D, O>,
-        epilogue: Epilogue,
-    ) -> Result<(), BackendError> {
+    fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, D, A, O>>) -> OpResult {
         let kernel = gemm_kernel(A::DTYPE, O::DTYPE)?;
-        let args = gemm_args::<D, A, O>(shape, a, b, bias, c, epilogue);
         // 64x64 tiles of C: 256 threads on CUDA cores, 4 warps of wmma fragments for half.
         let threads = if A::DTYPE.is_half() { 128 } else { 256 };
         let cfg = LaunchConfig {
-            grid: (blocks(shape.n, 64), blocks(shape.m, 64), 1),
+            grid: (blocks(op.shape.n, 64), blocks(op.shape.m, 64), 1),
             block: (threads, 1, 1),
             shared_bytes: 0,
         };
+        let args = gemm_args(op.into_inner());
         // SAFETY: see the module docs.
         unsafe { self.launch(kernel, cfg, &args) }
     }
 
-    unsafe fn conv2d_forward<T: Precision>(
-        &self,
-        shape: &Conv2dShape,
-        x: &Buf<D, T>,
-        w: &Buf<D, T>,
-        bias: Option<&Buf<D, f32>>,
-        y: &mut Buf<D, T>,
-        relu: bool,
-    ) -> Result<(), BackendError> {
+    fn conv2d_forward<T: Precision>(&self, op: Checked<Conv2dForward<'_, D, T>>) -> OpResult {
+        let op = op.into_inner();
         let mut args = vec![
-            KernelArg::buffer(x),
-            KernelArg::buffer(w),
-            KernelArg::optional(bias),
-            KernelArg::buffer_mut(y),
+            KernelArg::buffer(op.x),
+            KernelArg::buffer(op.w),
+            KernelArg::optional(op.bias),
+            KernelArg::buffer_mut(op.y),
         ];
-        args.push(i32_arg(shape.in_c));
-        let mut dims = conv_dims(shape);
-        dims[9] = KernelArg::I32(relu.into());
+        args.push(i32_arg(op.shape.in_c));
+        let mut dims = conv_dims(op.shape);
+        dims[9] = KernelArg::I32(op.relu.into());
         args.extend(dims);
-        let pixels = shape.out_h() * shape.out_w();
+        let pixels = op.shape.out_h() * op.shape.out_w();
         let cfg = LaunchConfig {
-            grid: (blocks(pixels, 256), shape.out_c as u32, shape.batch as u32),
+            grid: (
+                blocks(pixels, 256),
+                op.shape.out_c as u32,
+                op.shape.batch as u32,
+            ),
             block: (256, 1, 1),
             shared_bytes: 0,
         };
@@ -211,25 +207,23 @@ impl<D: KernelDevice> BackendImpl for D {
         unsafe { self.launch(PrecisionOp::Conv2dForward.kernel(T::DTYPE), cfg, &args) }
     }
 
-    unsafe fn conv2d_backward_input<T: Precision>(
+    fn conv2d_backward_input<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        dy: &Buf<D, T>,
-        w: &Buf<D, T>,
-        dx: &mut Buf<D, T>,
-    ) -> Result<(), BackendError> {
+        op: Checked<Conv2dBackwardInput<'_, D, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         let mut args = vec![
-            KernelArg::buffer(dy),
-            KernelArg::buffer(w),
-            KernelArg::buffer_mut(dx),
-            i32_arg(shape.in_c),
+            KernelArg::buffer(op.dy),
+            KernelArg::buffer(op.w),
+            KernelArg::buffer_mut(op.dx),
+            i32_arg(op.shape.in_c),
         ];
-        args.extend(&conv_dims(shape)[..9]);
+        args.extend(&conv_dims(op.shape)[..9]);
         let cfg = LaunchConfig {
             grid: (
-                blocks(shape.in_h * shape.in_w, 256),
-                shape.in_c as u32,
-                shape.batch as u32,
+                blocks(op.shape.in_h * op.shape.in_w, 256),
+                op.shape.in_c as u32,
+                op.shape.batch as u32,
             ),
             block: (256, 1, 1),
             shared_bytes: 0,
@@ -244,22 +238,20 @@ impl<D: KernelDevice> BackendImpl for D {
         }
     }
 
-    unsafe fn conv2d_backward_filter<T: Precision>(
+    fn conv2d_backward_filter<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        x: &Buf<D, T>,
-        dy: &Buf<D, T>,
-        dw: &mut Buf<D, f32>,
-    ) -> Result<(), BackendError> {
-        let ws = shape.sizes().1;
+        op: Checked<Conv2dBackwardFilter<'_, D, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        let ws = op.shape.sizes().1;
         let mut args = vec![
-            KernelArg::buffer(x),
-            KernelArg::buffer(dy),
-            KernelArg::buffer_mut(dw),
-            i32_arg(shape.batch),
-            i32_arg(shape.in_c),
+            KernelArg::buffer(op.x),
+            KernelArg::buffer(op.dy),
+            KernelArg::buffer_mut(op.dw),
+            i32_arg(op.shape.batch),
+            i32_arg(op.shape.in_c),
         ];
-        args.extend(&conv_dims(shape)[..9]);
+        args.extend(&conv_dims(op.shape)[..9]);
         let cfg = LaunchConfig {
             grid: (ws as u32, 1, 1),
             block: (256, 1, 1),
@@ -272,24 +264,34 @@ impl<D: KernelDevice> BackendImpl for D {
                 cfg,
                 &args,
             )
+        }?;
+        match op.db {
+            Some(db) => {
+                let bias = Conv2dBackwardBias {
+                    shape: op.shape,
+                    dy: op.dy,
+                    db,
+                };
+                run(self, bias, Self::conv2d_backward_bias)
+            }
+            None => Ok(()),
         }
     }
 
-    unsafe fn conv2d_backward_bias<T: Precision>(
+    fn conv2d_backward_bias<T: Precision>(
         &self,
-        shape: &Conv2dShape,
-        dy: &Buf<D, T>,
-        db: &mut Buf<D, f32>,
-    ) -> Result<(), BackendError> {
+        op: Checked<Conv2dBackwardBias<'_, D, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         let args = [
-            KernelArg::buffer(dy),
-            KernelArg::buffer_mut(db),
-            i32_arg(shape.batch),
-            i32_arg(shape.out_c),
-            i32_arg(shape.out_h() * shape.out_w()),
+            KernelArg::buffer(op.dy),
+            KernelArg::buffer_mut(op.db),
+            i32_arg(op.shape.batch),
+            i32_arg(op.shape.out_c),
+            i32_arg(op.shape.out_h() * op.shape.out_w()),
         ];
         let cfg = LaunchConfig {
-            grid: (shape.out_c as u32, 1, 1),
+            grid: (op.shape.out_c as u32, 1, 1),
             block: (256, 1, 1),
             shared_bytes: 0,
         };
@@ -297,115 +299,59 @@ impl<D: KernelDevice> BackendImpl for D {
         unsafe { self.launch(PrecisionOp::Conv2dBackwardBias.kernel(T::DTYPE), cfg, &args) }
     }
 
-    unsafe fn max_pool_forward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        x: &Buf<D, T>,
-        y: &mut Buf<D, T>,
-        argmax: &mut Buf<D, i32>,
-    ) -> Result<(), BackendError> {
-        let ys = shape.sizes().1;
-        let mut args = vec![
-            KernelArg::buffer(x),
-            KernelArg::buffer_mut(y),
-            KernelArg::buffer_mut(argmax),
+    fn max_pool_forward<T: Precision>(&self, op: Checked<MaxPoolForward<'_, D, T>>) -> OpResult {
+        let op = op.into_inner();
+        let buffers = [
+            KernelArg::buffer(op.x),
+            KernelArg::buffer_mut(op.y),
+            KernelArg::buffer_mut(op.argmax),
         ];
-        args.extend(pool_dims(shape));
         // SAFETY: see the module docs.
-        unsafe {
-            self.launch(
-                PrecisionOp::MaxPoolForward.kernel(T::DTYPE),
-                LaunchConfig::flat(ys),
-                &args,
-            )
-        }
+        unsafe { launch_pool::<D, T>(self, PrecisionOp::MaxPoolForward, op.shape, &buffers) }
     }
 
-    unsafe fn max_pool_backward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        dy: &Buf<D, T>,
-        argmax: &Buf<D, i32>,
-        dx: &mut Buf<D, T>,
-    ) -> Result<(), BackendError> {
-        let xs = shape.sizes().0;
-        let mut args = vec![
-            KernelArg::buffer(dy),
-            KernelArg::buffer(argmax),
-            KernelArg::buffer_mut(dx),
+    fn max_pool_backward<T: Precision>(&self, op: Checked<MaxPoolBackward<'_, D, T>>) -> OpResult {
+        let op = op.into_inner();
+        let buffers = [
+            KernelArg::buffer(op.dy),
+            KernelArg::buffer(op.argmax),
+            KernelArg::buffer_mut(op.dx),
         ];
-        args.extend(pool_dims(shape));
-        // SAFETY: see the module docs. (argmax values come from max_pool_forward of this shape.)
-        unsafe {
-            self.launch(
-                PrecisionOp::MaxPoolBackward.kernel(T::DTYPE),
-                LaunchConfig::flat(xs),
-                &args,
-            )
-        }
+        // SAFETY: see the module docs (argmax holds max_pool_forward's in-plane indices).
+        unsafe { launch_pool::<D, T>(self, PrecisionOp::MaxPoolBackward, op.shape, &buffers) }
     }
 
-    unsafe fn avg_pool_forward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        x: &Buf<D, T>,
-        y: &mut Buf<D, T>,
-    ) -> Result<(), BackendError> {
-        let ys = shape.sizes().1;
-        let mut args = vec![KernelArg::buffer(x), KernelArg::buffer_mut(y)];
-        args.extend(pool_dims(shape));
+    fn avg_pool_forward<T: Precision>(&self, op: Checked<AvgPoolForward<'_, D, T>>) -> OpResult {
+        let op = op.into_inner();
+        let buffers = [KernelArg::buffer(op.x), KernelArg::buffer_mut(op.y)];
         // SAFETY: see the module docs.
-        unsafe {
-            self.launch(
-                PrecisionOp::AvgPoolForward.kernel(T::DTYPE),
-                LaunchConfig::flat(ys),
-                &args,
-            )
-        }
+        unsafe { launch_pool::<D, T>(self, PrecisionOp::AvgPoolForward, op.shape, &buffers) }
     }
 
-    unsafe fn avg_pool_backward<T: Precision>(
-        &self,
-        shape: &Pool2dShape,
-        dy: &Buf<D, T>,
-        dx: &mut Buf<D, T>,
-    ) -> Result<(), BackendError> {
-        let xs = shape.sizes().0;
-        let mut args = vec![KernelArg::buffer(dy), KernelArg::buffer_mut(dx)];
-        args.extend(pool_dims(shape));
+    fn avg_pool_backward<T: Precision>(&self, op: Checked<AvgPoolBackward<'_, D, T>>) -> OpResult {
+        let op = op.into_inner();
+        let buffers = [KernelArg::buffer(op.dy), KernelArg::buffer_mut(op.dx)];
         // SAFETY: see the module docs.
-        unsafe {
-            self.launch(
-                PrecisionOp::AvgPoolBackward.kernel(T::DTYPE),
-                LaunchConfig::flat(xs),
-                &args,
-            )
-        }
+        unsafe { launch_pool::<D, T>(self, PrecisionOp::AvgPoolBackward, op.shape, &buffers) }
     }
 
-    unsafe fn softmax_cross_entropy<T: Precision>(
+    fn softmax_cross_entropy<T: Precision>(
         &self,
-        rows: usize,
-        classes: usize,
-        logits: &Buf<D, T>,
-        labels: &Buf<D, u8>,
-        loss: &mut Buf<D, f32>,
-        grad: Option<&mut Buf<D, T>>,
-        correct: &mut Buf<D, i32>,
-        grad_scale: f32,
-    ) -> Result<(), BackendError> {
+        op: Checked<SoftmaxCrossEntropy<'_, D, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
         let args = [
-            KernelArg::buffer(logits),
-            KernelArg::buffer(labels),
-            KernelArg::buffer_mut(loss),
-            KernelArg::optional_mut(grad),
-            KernelArg::buffer_mut(correct),
-            i32_arg(rows),
-            i32_arg(classes),
-            KernelArg::F32(grad_scale),
+            KernelArg::buffer(op.logits),
+            KernelArg::buffer(op.labels),
+            KernelArg::buffer_mut(op.loss),
+            KernelArg::optional_mut(op.grad),
+            KernelArg::buffer_mut(op.correct),
+            i32_arg(op.rows),
+            i32_arg(op.classes),
+            KernelArg::F32(op.grad_scale),
         ];
         let cfg = LaunchConfig {
-            grid: (blocks(rows, 8), 1, 1),
+            grid: (blocks(op.rows, 8), 1, 1),
             block: (256, 1, 1),
             shared_bytes: 0,
         };
@@ -419,16 +365,13 @@ impl<D: KernelDevice> BackendImpl for D {
         }
     }
 
-    unsafe fn grad_check<G: Precision>(
-        &self,
-        grad: &Buf<D, G>,
-        found: &mut Buf<D, i32>,
-    ) -> Result<(), BackendError> {
-        let n = grad.len();
+    fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, D, G>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.grad.len();
         let args = [
-            KernelArg::buffer(grad),
+            KernelArg::buffer(op.grad),
             KernelArg::U64(n as u64),
-            KernelArg::buffer_mut(found),
+            KernelArg::buffer_mut(op.found),
         ];
         // SAFETY: see the module docs.
         unsafe {
@@ -440,27 +383,20 @@ impl<D: KernelDevice> BackendImpl for D {
         }
     }
 
-    unsafe fn sgd_step<G: Precision>(
-        &self,
-        w: &mut Buf<D, f32>,
-        grad: &Buf<D, G>,
-        velocity: Option<&mut Buf<D, f32>>,
-        w_half: Option<&mut Buf<D, f16>>,
-        step: SgdStep,
-        found: Option<&Buf<D, i32>>,
-    ) -> Result<(), BackendError> {
-        let n = w.len();
+    fn sgd_step<G: Precision>(&self, op: Checked<Sgd<'_, D, G>>) -> OpResult {
+        let op = op.into_inner();
+        let n = op.w.len();
         let args = [
-            KernelArg::buffer_mut(w),
-            KernelArg::buffer(grad),
-            KernelArg::optional_mut(velocity),
-            KernelArg::optional_mut(w_half),
+            KernelArg::buffer_mut(op.w),
+            KernelArg::buffer(op.grad),
+            KernelArg::optional_mut(op.velocity),
+            KernelArg::optional_mut(op.w_half),
             KernelArg::U64(n as u64),
-            KernelArg::F32(step.lr),
-            KernelArg::F32(step.inv_scale),
-            KernelArg::F32(step.momentum),
-            KernelArg::F32(step.weight_decay),
-            KernelArg::optional(found),
+            KernelArg::F32(op.step.lr),
+            KernelArg::F32(op.step.inv_scale),
+            KernelArg::F32(op.step.momentum),
+            KernelArg::F32(op.step.weight_decay),
+            KernelArg::optional(op.found),
         ];
         // SAFETY: see the module docs.
         unsafe {

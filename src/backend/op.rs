@@ -1,0 +1,439 @@
+//! Each [`Backend`](super::Backend) operation's arguments as one struct, and [`Checked`]:
+//! arguments that passed their operation's checks.
+//!
+//! [`BackendImpl`](super::BackendImpl) takes its arguments only as `Checked<…>`, and the one
+//! way to make a `Checked` is [`Checked::new`], which runs the checks. So an implementation
+//! may index by the shape without checking again: a kernel device launches with the checked
+//! lengths as the kernel's bounds, and the type system, not a comment, says they were
+//! checked. Each struct's fields are the parameters of the [`Backend`](super::Backend)
+//! method of the same name (`Conv2dForward` for `conv2d_forward`), documented there.
+
+// The fields are the parameters of the `Backend` methods, documented there once.
+#![allow(missing_docs)]
+
+use std::ops::Deref;
+
+use half::f16;
+
+use super::check;
+use super::precision::Precision;
+use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
+use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
+use crate::kernels::Scalar;
+
+type Buf<B, T> = <B as Memory>::Buffer<T>;
+
+/// An operation's arguments, with the checks they must pass before a backend runs them.
+pub trait Args {
+    /// Checks the shape, and every buffer's length against it.
+    fn check(&self) -> Result<(), BackendError>;
+}
+
+/// Arguments `A` that passed [`Args::check`]. The buffers stay borrowed inside, so their
+/// lengths cannot change between the check and the backend's use of them.
+#[derive(Debug)]
+pub struct Checked<A>(A);
+
+impl<A: Args> Checked<A> {
+    /// Checks `args` ([`BackendError::BadShape`], [`BackendError::BufferSize`],
+    /// [`BackendError::LengthMismatch`] or [`BackendError::Unsupported`] when they fail).
+    pub fn new(args: A) -> Result<Self, BackendError> {
+        args.check()?;
+        Ok(Checked(args))
+    }
+}
+
+impl<A> Checked<A> {
+    /// The arguments, to take apart.
+    pub fn into_inner(self) -> A {
+        self.0
+    }
+}
+
+impl<A> Deref for Checked<A> {
+    type Target = A;
+
+    fn deref(&self) -> &A {
+        &self.0
+    }
+}
+
+fn len<B: Memory, T: DeviceScalar>(buf: &Buf<B, T>) -> usize {
+    buf.len()
+}
+
+/// [`Backend::fill`](super::Backend::fill)'s arguments.
+pub struct Fill<'a, B: Memory> {
+    pub out: &'a mut Buf<B, f32>,
+    pub value: f32,
+}
+
+impl<B: Memory> Args for Fill<'_, B> {
+    fn check(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+/// [`Backend::scale`](super::Backend::scale)'s arguments.
+pub struct Scale<'a, B: Memory> {
+    pub x: &'a mut Buf<B, f32>,
+    pub alpha: f32,
+}
+
+impl<B: Memory> Args for Scale<'_, B> {
+    fn check(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+/// [`Backend::axpy`](super::Backend::axpy)'s arguments.
+pub struct Axpy<'a, B: Memory> {
+    pub alpha: f32,
+    pub x: &'a Buf<B, f32>,
+    pub y: &'a mut Buf<B, f32>,
+}
+
+impl<B: Memory> Args for Axpy<'_, B> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::same_len("axpy", self.x.len(), self.y.len())
+    }
+}
+
+/// [`Backend::add`](super::Backend::add)'s arguments.
+pub struct Add<'a, B: Memory> {
+    pub a: &'a Buf<B, f32>,
+    pub b: &'a Buf<B, f32>,
+    pub out: &'a mut Buf<B, f32>,
+}
+
+impl<B: Memory> Args for Add<'_, B> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::same_len("add", self.a.len(), self.b.len())?;
+        check::same_len("add", self.a.len(), self.out.len())
+    }
+}
+
+/// The arguments of [`Backend::cast_to_f16`](super::Backend::cast_to_f16) (`S` = f32,
+/// `D` = f16) and [`Backend::cast_to_f32`](super::Backend::cast_to_f32) (the reverse).
+pub struct Cast<'a, B: Memory, S: DeviceScalar, D: DeviceScalar> {
+    pub x: &'a Buf<B, S>,
+    pub out: &'a mut Buf<B, D>,
+}
+
+impl<B: Memory, S: DeviceScalar, D: DeviceScalar> Args for Cast<'_, B, S, D> {
+    fn check(&self) -> Result<(), BackendError> {
+        let op = if D::SCALAR == Scalar::F16 {
+            "cast_f32_to_f16"
+        } else {
+            "cast_f16_to_f32"
+        };
+        check::same_len(op, self.x.len(), self.out.len())
+    }
+}
+
+/// [`Backend::relu_backward`](super::Backend::relu_backward)'s arguments.
+pub struct ReluBackward<'a, B: Memory, T: DeviceScalar> {
+    pub y: &'a Buf<B, T>,
+    pub dy: &'a Buf<B, T>,
+    pub dx: &'a mut Buf<B, T>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for ReluBackward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::same_len("relu_backward", self.y.len(), self.dy.len())?;
+        check::same_len("relu_backward", self.y.len(), self.dx.len())
+    }
+}
+
+/// [`Backend::gemm`](super::Backend::gemm)'s arguments: inputs of type `A`, result `O`.
+pub struct Gemm<'a, B: Memory, A: DeviceScalar, O: DeviceScalar> {
+    pub shape: &'a GemmShape,
+    pub a: &'a Buf<B, A>,
+    pub b: &'a Buf<B, A>,
+    pub bias: Option<&'a Buf<B, f32>>,
+    pub c: &'a mut Buf<B, O>,
+    pub epilogue: Epilogue,
+}
+
+impl<B: Memory, A: Precision, O: Precision> Args for Gemm<'_, B, A, O> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::gemm_types(A::DTYPE, O::DTYPE)?;
+        let bias = self.bias.map(len::<B, _>);
+        check::gemm(self.shape, self.a.len(), self.b.len(), self.c.len(), bias)
+    }
+}
+
+/// [`Backend::conv2d_forward`](super::Backend::conv2d_forward)'s arguments.
+pub struct Conv2dForward<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Conv2dShape,
+    pub x: &'a Buf<B, T>,
+    pub w: &'a Buf<B, T>,
+    pub bias: Option<&'a Buf<B, f32>>,
+    pub y: &'a mut Buf<B, T>,
+    pub relu: bool,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dForward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let bias = self.bias.map(len::<B, _>);
+        let (x, w, y) = (self.x.len(), self.w.len(), self.y.len());
+        check::conv_forward(self.shape, x, w, y, bias)
+    }
+}
+
+/// [`Backend::conv2d_backward_input`](super::Backend::conv2d_backward_input)'s arguments.
+pub struct Conv2dBackwardInput<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Conv2dShape,
+    pub dy: &'a Buf<B, T>,
+    pub w: &'a Buf<B, T>,
+    pub dx: &'a mut Buf<B, T>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dBackwardInput<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let (dy, w, dx) = (self.dy.len(), self.w.len(), self.dx.len());
+        check::conv_backward_input(self.shape, dy, w, dx)
+    }
+}
+
+/// The arguments of [`Backend::conv2d_backward_filter`](super::Backend::conv2d_backward_filter)
+/// (`db` is `None`) and of
+/// [`Backend::conv2d_backward_filter_bias`](super::Backend::conv2d_backward_filter_bias).
+pub struct Conv2dBackwardFilter<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Conv2dShape,
+    pub x: &'a Buf<B, T>,
+    pub dy: &'a Buf<B, T>,
+    pub dw: &'a mut Buf<B, f32>,
+    pub db: Option<&'a mut Buf<B, f32>>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dBackwardFilter<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let (x, dy, dw) = (self.x.len(), self.dy.len(), self.dw.len());
+        check::conv_backward_filter(self.shape, x, dy, dw)?;
+        match &self.db {
+            Some(db) => check::conv_backward_bias(self.shape, dy, db.len()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// [`Backend::conv2d_backward_bias`](super::Backend::conv2d_backward_bias)'s arguments.
+pub struct Conv2dBackwardBias<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Conv2dShape,
+    pub dy: &'a Buf<B, T>,
+    pub db: &'a mut Buf<B, f32>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dBackwardBias<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::conv_backward_bias(self.shape, self.dy.len(), self.db.len())
+    }
+}
+
+/// [`Backend::conv2d_backward`](super::Backend::conv2d_backward)'s arguments.
+pub struct Conv2dBackward<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Conv2dShape,
+    pub x: &'a Buf<B, T>,
+    pub w: &'a Buf<B, T>,
+    pub dy: &'a Buf<B, T>,
+    pub dw: &'a mut Buf<B, f32>,
+    pub db: &'a mut Buf<B, f32>,
+    pub dx: &'a mut Buf<B, T>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dBackward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let (x, dy, dw) = (self.x.len(), self.dy.len(), self.dw.len());
+        check::conv_backward_filter(self.shape, x, dy, dw)?;
+        check::conv_backward_bias(self.shape, dy, self.db.len())?;
+        check::conv_backward_input(self.shape, dy, self.w.len(), self.dx.len())
+    }
+}
+
+/// [`Backend::max_pool_forward`](super::Backend::max_pool_forward)'s arguments.
+pub struct MaxPoolForward<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Pool2dShape,
+    pub x: &'a Buf<B, T>,
+    pub y: &'a mut Buf<B, T>,
+    pub argmax: &'a mut Buf<B, i32>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for MaxPoolForward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let (x, y, argmax) = (self.x.len(), self.y.len(), Some(self.argmax.len()));
+        check::pool("max_pool_forward", self.shape, x, y, argmax)
+    }
+}
+
+/// [`Backend::max_pool_backward`](super::Backend::max_pool_backward)'s arguments.
+pub struct MaxPoolBackward<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Pool2dShape,
+    pub dy: &'a Buf<B, T>,
+    pub argmax: &'a Buf<B, i32>,
+    pub dx: &'a mut Buf<B, T>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for MaxPoolBackward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let (dx, dy, argmax) = (self.dx.len(), self.dy.len(), Some(self.argmax.len()));
+        check::pool("max_pool_backward", self.shape, dx, dy, argmax)
+    }
+}
+
+/// [`Backend::avg_pool_forward`](super::Backend::avg_pool_forward)'s arguments.
+pub struct AvgPoolForward<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Pool2dShape,
+    pub x: &'a Buf<B, T>,
+    pub y: &'a mut Buf<B, T>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for AvgPoolForward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::pool(
+            "avg_pool_forward",
+            self.shape,
+            self.x.len(),
+            self.y.len(),
+            None,
+        )
+    }
+}
+
+/// [`Backend::avg_pool_backward`](super::Backend::avg_pool_backward)'s arguments.
+pub struct AvgPoolBackward<'a, B: Memory, T: DeviceScalar> {
+    pub shape: &'a Pool2dShape,
+    pub dy: &'a Buf<B, T>,
+    pub dx: &'a mut Buf<B, T>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for AvgPoolBackward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::pool(
+            "avg_pool_backward",
+            self.shape,
+            self.dx.len(),
+            self.dy.len(),
+            None,
+        )
+    }
+}
+
+/// The arguments of
+/// [`Backend::conv2d_relu_avg_pool_forward`](super::Backend::conv2d_relu_avg_pool_forward).
+pub struct Conv2dReluAvgPoolForward<'a, B: Memory, T: DeviceScalar> {
+    pub conv: &'a Conv2dShape,
+    pub pool: &'a Pool2dShape,
+    pub x: &'a Buf<B, T>,
+    pub w: &'a Buf<B, T>,
+    pub bias: Option<&'a Buf<B, f32>>,
+    pub y: &'a mut Buf<B, T>,
+    pub pooled: &'a mut Buf<B, T>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolForward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let (x, w, y) = (self.x.len(), self.w.len(), self.y.len());
+        check::conv_then_pool(self.conv, self.pool)?;
+        check::conv_forward(self.conv, x, w, y, self.bias.map(len::<B, _>))?;
+        check::pool("avg_pool_forward", self.pool, y, self.pooled.len(), None)
+    }
+}
+
+/// [`Backend::avg_pool_relu_backward`](super::Backend::avg_pool_relu_backward)'s arguments.
+pub struct AvgPoolReluBackward<'a, B: Memory, T: DeviceScalar> {
+    pub pool: &'a Pool2dShape,
+    pub d_pooled: &'a Buf<B, T>,
+    pub y: &'a Buf<B, T>,
+    pub dx: &'a mut Buf<B, T>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for AvgPoolReluBackward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let (d_pooled, dx) = (self.d_pooled.len(), self.dx.len());
+        check::pool("avg_pool_backward", self.pool, dx, d_pooled, None)?;
+        check::same_len("relu_backward", self.y.len(), dx)
+    }
+}
+
+/// The arguments of
+/// [`Backend::conv2d_relu_avg_pool_backward`](super::Backend::conv2d_relu_avg_pool_backward).
+pub struct Conv2dReluAvgPoolBackward<'a, B: Memory, T: DeviceScalar> {
+    pub conv: &'a Conv2dShape,
+    pub pool: &'a Pool2dShape,
+    pub x: &'a Buf<B, T>,
+    pub y: &'a Buf<B, T>,
+    pub d_pooled: &'a Buf<B, T>,
+    pub dw: &'a mut Buf<B, f32>,
+    pub db: &'a mut Buf<B, f32>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolBackward<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let (conv, y) = (self.conv, self.y.len());
+        check::conv_then_pool(conv, self.pool)?;
+        check::conv_backward_filter(conv, self.x.len(), y, self.dw.len())?;
+        check::conv_backward_bias(conv, y, self.db.len())?;
+        check::pool("avg_pool_backward", self.pool, y, self.d_pooled.len(), None)
+    }
+}
+
+/// [`Backend::softmax_cross_entropy`](super::Backend::softmax_cross_entropy)'s arguments.
+pub struct SoftmaxCrossEntropy<'a, B: Memory, T: DeviceScalar> {
+    pub rows: usize,
+    pub classes: usize,
+    pub logits: &'a Buf<B, T>,
+    pub labels: &'a Buf<B, u8>,
+    pub loss: &'a mut Buf<B, f32>,
+    pub grad: Option<&'a mut Buf<B, T>>,
+    pub correct: &'a mut Buf<B, i32>,
+    pub grad_scale: f32,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for SoftmaxCrossEntropy<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let lengths = check::SoftmaxLengths {
+            logits: self.logits.len(),
+            labels: self.labels.len(),
+            loss: self.loss.len(),
+            grad: self.grad.as_deref().map(len::<B, _>),
+            correct: self.correct.len(),
+        };
+        check::softmax(self.rows, self.classes, lengths)
+    }
+}
+
+/// [`Backend::grad_check`](super::Backend::grad_check)'s arguments.
+pub struct GradCheck<'a, B: Memory, G: DeviceScalar> {
+    pub grad: &'a Buf<B, G>,
+    pub found: &'a mut Buf<B, i32>,
+}
+
+impl<B: Memory, G: DeviceScalar> Args for GradCheck<'_, B, G> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::expect_len("grad_check", "found", self.found.len(), 1)
+    }
+}
+
+/// [`Backend::sgd_step`](super::Backend::sgd_step)'s arguments (`step` holds the
+/// hyperparameters).
+pub struct Sgd<'a, B: Memory, G: DeviceScalar> {
+    pub w: &'a mut Buf<B, f32>,
+    pub grad: &'a Buf<B, G>,
+    pub velocity: Option<&'a mut Buf<B, f32>>,
+    pub w_half: Option<&'a mut Buf<B, f16>>,
+    pub step: SgdStep,
+    pub found: Option<&'a Buf<B, i32>>,
+}
+
+impl<B: Memory, G: DeviceScalar> Args for Sgd<'_, B, G> {
+    fn check(&self) -> Result<(), BackendError> {
+        check::sgd(check::SgdLengths {
+            weights: self.w.len(),
+            grad: self.grad.len(),
+            velocity: self.velocity.as_deref().map(len::<B, _>),
+            w_half: self.w_half.as_deref().map(len::<B, _>),
+            found: self.found.map(len::<B, _>),
+        })
+    }
+}
