@@ -115,61 +115,36 @@ fn buffer_lengths(
         .try_for_each(|(name, got, expected)| expect_len(op, name, got, expected))
 }
 
-/// Validates a convolution forward pass's shape and buffers.
-pub(crate) fn conv_forward(
+/// Which of a convolution's tensors a buffer holds (its gradient has the same length).
+#[derive(Clone, Copy)]
+pub(crate) enum ConvTensor {
+    /// The input, batch x in_c x in_h x in_w.
+    Input,
+    /// The filters, out_c x in_c x k_h x k_w.
+    Filter,
+    /// The output, batch x out_c x out_h x out_w.
+    Output,
+    /// The bias, out_c.
+    Bias,
+}
+
+/// Validates a convolution's shape and each `(buffer, length, tensor it holds)` of `op`.
+pub(crate) fn conv<const N: usize>(
+    op: &'static str,
     s: &Conv2dShape,
-    x: usize,
-    w: usize,
-    y: usize,
-    bias: Option<usize>,
+    buffers: [(&'static str, usize, ConvTensor); N],
 ) -> Result<(), BackendError> {
     s.validate()?;
     let (xs, ws, ys) = s.sizes();
-    let bias = bias.map(|b| ("bias", b, s.out_c));
-    let buffers = [("x", x, xs), ("w", w, ws), ("y", y, ys)];
-    buffer_lengths("conv2d_forward", buffers.into_iter().chain(bias))
-}
-
-/// Validates a convolution's input-gradient call.
-pub(crate) fn conv_backward_input(
-    s: &Conv2dShape,
-    dy: usize,
-    w: usize,
-    dx: usize,
-) -> Result<(), BackendError> {
-    s.validate()?;
-    let (xs, ws, ys) = s.sizes();
+    let expected = |tensor| match tensor {
+        ConvTensor::Input => xs,
+        ConvTensor::Filter => ws,
+        ConvTensor::Output => ys,
+        ConvTensor::Bias => s.out_c,
+    };
     buffer_lengths(
-        "conv2d_backward_input",
-        [("dy", dy, ys), ("w", w, ws), ("dx", dx, xs)],
-    )
-}
-
-/// Validates a convolution's filter-gradient call.
-pub(crate) fn conv_backward_filter(
-    s: &Conv2dShape,
-    x: usize,
-    dy: usize,
-    dw: usize,
-) -> Result<(), BackendError> {
-    s.validate()?;
-    let (xs, ws, ys) = s.sizes();
-    buffer_lengths(
-        "conv2d_backward_filter",
-        [("x", x, xs), ("dy", dy, ys), ("dw", dw, ws)],
-    )
-}
-
-/// Validates a convolution's bias-gradient call.
-pub(crate) fn conv_backward_bias(
-    s: &Conv2dShape,
-    dy: usize,
-    db: usize,
-) -> Result<(), BackendError> {
-    s.validate()?;
-    buffer_lengths(
-        "conv2d_backward_bias",
-        [("dy", dy, s.sizes().2), ("db", db, s.out_c)],
+        op,
+        buffers.map(|(name, got, tensor)| (name, got, expected(tensor))),
     )
 }
 

@@ -15,7 +15,7 @@ use std::ops::Deref;
 
 use half::f16;
 
-use super::check;
+use super::check::{self, ConvTensor::*};
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
@@ -60,6 +60,40 @@ impl<A> Deref for Checked<A> {
 
 fn len<B: Memory, T: DeviceScalar>(buf: &Buf<B, T>) -> usize {
     buf.len()
+}
+
+/// The checks of a convolution's forward pass (`bias` optional).
+fn conv_forward(
+    op: &'static str,
+    shape: &Conv2dShape,
+    [x, w, y]: [usize; 3],
+    bias: Option<usize>,
+) -> Result<(), BackendError> {
+    let bias = bias.map(|b| ("bias", b, Bias));
+    let buffers = [("x", x, Input), ("w", w, Filter), ("y", y, Output)];
+    match bias {
+        Some(bias) => check::conv(op, shape, [buffers[0], buffers[1], buffers[2], bias]),
+        None => check::conv(op, shape, buffers),
+    }
+}
+
+/// The checks of a convolution's filter gradient, and of its bias gradient (of length `db`)
+/// when there is one: `dy` is the gradient at the convolution's output.
+fn filter_gradients(
+    shape: &Conv2dShape,
+    [x, dy, dw]: [usize; 3],
+    db: Option<usize>,
+) -> Result<(), BackendError> {
+    let buffers = [("x", x, Input), ("dy", dy, Output), ("dw", dw, Filter)];
+    check::conv("conv2d_backward_filter", shape, buffers)?;
+    match db {
+        Some(db) => check::conv(
+            "conv2d_backward_bias",
+            shape,
+            [("dy", dy, Output), ("db", db, Bias)],
+        ),
+        None => Ok(()),
+    }
 }
 
 /// [`Backend::fill`](super::Backend::fill)'s arguments.
@@ -175,9 +209,12 @@ pub struct Conv2dForward<'a, B: Memory, T: DeviceScalar> {
 
 impl<B: Memory, T: DeviceScalar> Args for Conv2dForward<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
-        let bias = self.bias.map(len::<B, _>);
-        let (x, w, y) = (self.x.len(), self.w.len(), self.y.len());
-        check::conv_forward(self.shape, x, w, y, bias)
+        conv_forward(
+            "conv2d_forward",
+            self.shape,
+            [self.x.len(), self.w.len(), self.y.len()],
+            self.bias.map(len::<B, _>),
+        )
     }
 }
 
@@ -192,7 +229,8 @@ pub struct Conv2dBackwardInput<'a, B: Memory, T: DeviceScalar> {
 impl<B: Memory, T: DeviceScalar> Args for Conv2dBackwardInput<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
         let (dy, w, dx) = (self.dy.len(), self.w.len(), self.dx.len());
-        check::conv_backward_input(self.shape, dy, w, dx)
+        let buffers = [("dy", dy, Output), ("w", w, Filter), ("dx", dx, Input)];
+        check::conv("conv2d_backward_input", self.shape, buffers)
     }
 }
 
@@ -209,12 +247,8 @@ pub struct Conv2dBackwardFilter<'a, B: Memory, T: DeviceScalar> {
 
 impl<B: Memory, T: DeviceScalar> Args for Conv2dBackwardFilter<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
-        let (x, dy, dw) = (self.x.len(), self.dy.len(), self.dw.len());
-        check::conv_backward_filter(self.shape, x, dy, dw)?;
-        match &self.db {
-            Some(db) => check::conv_backward_bias(self.shape, dy, db.len()),
-            None => Ok(()),
-        }
+        let db = self.db.as_deref().map(len::<B, _>);
+        filter_gradients(self.shape, [self.x.len(), self.dy.len(), self.dw.len()], db)
     }
 }
 
@@ -227,7 +261,8 @@ pub struct Conv2dBackwardBias<'a, B: Memory, T: DeviceScalar> {
 
 impl<B: Memory, T: DeviceScalar> Args for Conv2dBackwardBias<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
-        check::conv_backward_bias(self.shape, self.dy.len(), self.db.len())
+        let buffers = [("dy", self.dy.len(), Output), ("db", self.db.len(), Bias)];
+        check::conv("conv2d_backward_bias", self.shape, buffers)
     }
 }
 
@@ -244,10 +279,14 @@ pub struct Conv2dBackward<'a, B: Memory, T: DeviceScalar> {
 
 impl<B: Memory, T: DeviceScalar> Args for Conv2dBackward<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
-        let (x, dy, dw) = (self.x.len(), self.dy.len(), self.dw.len());
-        check::conv_backward_filter(self.shape, x, dy, dw)?;
-        check::conv_backward_bias(self.shape, dy, self.db.len())?;
-        check::conv_backward_input(self.shape, dy, self.w.len(), self.dx.len())
+        filter_gradients(
+            self.shape,
+            [self.x.len(), self.dy.len(), self.dw.len()],
+            Some(self.db.len()),
+        )?;
+        let (dy, w, dx) = (self.dy.len(), self.w.len(), self.dx.len());
+        let buffers = [("dy", dy, Output), ("w", w, Filter), ("dx", dx, Input)];
+        check::conv("conv2d_backward_input", self.shape, buffers)
     }
 }
 
@@ -333,10 +372,15 @@ pub struct Conv2dReluAvgPoolForward<'a, B: Memory, T: DeviceScalar> {
 
 impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolForward<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
-        let (x, w, y) = (self.x.len(), self.w.len(), self.y.len());
         check::conv_then_pool(self.conv, self.pool)?;
-        check::conv_forward(self.conv, x, w, y, self.bias.map(len::<B, _>))?;
-        check::pool("avg_pool_forward", self.pool, y, self.pooled.len(), None)
+        conv_forward(
+            "conv2d_forward",
+            self.conv,
+            [self.x.len(), self.w.len(), self.y.len()],
+            self.bias.map(len::<B, _>),
+        )?;
+        let (y, pooled) = (self.y.len(), self.pooled.len());
+        check::pool("avg_pool_forward", self.pool, y, pooled, None)
     }
 }
 
@@ -370,11 +414,14 @@ pub struct Conv2dReluAvgPoolBackward<'a, B: Memory, T: DeviceScalar> {
 
 impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolBackward<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
-        let (conv, y) = (self.conv, self.y.len());
-        check::conv_then_pool(conv, self.pool)?;
-        check::conv_backward_filter(conv, self.x.len(), y, self.dw.len())?;
-        check::conv_backward_bias(conv, y, self.db.len())?;
-        check::pool("avg_pool_backward", self.pool, y, self.d_pooled.len(), None)
+        check::conv_then_pool(self.conv, self.pool)?;
+        filter_gradients(
+            self.conv,
+            [self.x.len(), self.y.len(), self.dw.len()],
+            Some(self.db.len()),
+        )?;
+        let (y, d_pooled) = (self.y.len(), self.d_pooled.len());
+        check::pool("avg_pool_backward", self.pool, y, d_pooled, None)
     }
 }
 
