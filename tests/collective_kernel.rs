@@ -13,7 +13,7 @@ use half::f16;
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::simt::{same_under_lane_orders, LaneOrder};
 use nanoddp::backend::{BackendError, DeviceBuffer, Precision};
-use nanoddp::comm::transport::CommDevice;
+use nanoddp::comm::transport::{CommDevice, Reduction};
 use nanoddp::dtype::DType;
 
 /// Around one pass of the capped grid (3 blocks · 256 threads · 4 elements = 3072), lengths
@@ -55,7 +55,14 @@ fn reduce_all<D: CommDevice, T: Precision>(dev: &D, dtype: DType) -> Result<Vec<
                     }
                     // SAFETY: every address is a live buffer of `len` elements of T on `dev`,
                     // and nothing else touches them during the call.
-                    unsafe { dev.reduce(&mut state, dtype, &dst_addrs, &src_addrs, len, scale)? };
+                    let step = Reduction {
+                        dtype,
+                        dsts: &dst_addrs,
+                        sources: &src_addrs,
+                        len,
+                        scale,
+                    };
+                    unsafe { dev.reduce(&mut state, step)? };
 
                     let want: Vec<f64> = (0..len)
                         .map(|i| inputs.iter().map(|v| v[i].to_f32() as f64).sum::<f64>())

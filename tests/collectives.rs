@@ -18,8 +18,7 @@ use nanoddp::backend::{BackendError, DeviceScalar, Memory};
 use nanoddp::comm::communicator::{communicator, CommConfig, CommError, Rank, ReduceOp};
 use nanoddp::comm::rank_threads::on_each_rank;
 use nanoddp::comm::schedule::Algorithm;
-use nanoddp::comm::transport::CommDevice;
-use nanoddp::dtype::DType;
+use nanoddp::comm::transport::{CommDevice, Reduction};
 
 const ALGOS: [Option<Algorithm>; 5] = [
     Some(Algorithm::Ring),
@@ -432,20 +431,12 @@ impl CommDevice for Dying {
     fn comm_state(&self, _: &[Dying]) -> Result<(), BackendError> {
         Ok(())
     }
-    unsafe fn reduce(
-        &self,
-        s: &mut (),
-        dtype: DType,
-        dsts: &[u64],
-        sources: &[u64],
-        len: usize,
-        scale: f32,
-    ) -> Result<(), BackendError> {
+    unsafe fn reduce(&self, s: &mut (), r: Reduction<'_>) -> Result<(), BackendError> {
         if Some(self.steps.fetch_add(1, Ordering::SeqCst)) == self.fail_at {
             panic!("simulated device failure");
         }
         // SAFETY: forwarded.
-        unsafe { self.cpu.reduce(s, dtype, dsts, sources, len, scale) }
+        unsafe { self.cpu.reduce(s, r) }
     }
 }
 

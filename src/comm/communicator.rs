@@ -28,7 +28,7 @@ use thiserror::Error;
 use super::agreement::{self, Call};
 use super::cost::CostModel;
 use super::schedule::{self, Algorithm, Buffer, Schedule};
-use super::transport::{ensure_scratch, CommDevice, MAX_RANKS};
+use super::transport::{ensure_scratch, CommDevice, Reduction, MAX_RANKS};
 use super::wait::{Signal, WaitEnd};
 use crate::backend::{BackendError, DeviceBuffer, Precision};
 use crate::dtype::DType;
@@ -649,17 +649,15 @@ impl<D: CommDevice> Rank<D> {
                 // step runs nobody writes its sources or touches its destinations, and every
                 // address lies inside a buffer its owner lent to this collective (lengths
                 // agreed in the announce).
-                unsafe {
-                    self.device.reduce(
-                        &mut self.state,
-                        ours.call.dtype,
-                        &dsts,
-                        &sources,
-                        step.len,
-                        1.0,
-                    )
-                }
-                .map_err(|source| CommError::Device { me, source })?;
+                let step = Reduction {
+                    dtype: ours.call.dtype,
+                    dsts: &dsts,
+                    sources: &sources,
+                    len: step.len,
+                    scale: 1.0,
+                };
+                unsafe { self.device.reduce(&mut self.state, step) }
+                    .map_err(|source| CommError::Device { me, source })?;
             }
             self.publish(hi | (2 + i as u64));
         }
@@ -676,17 +674,15 @@ impl<D: CommDevice> Rank<D> {
             // Every peer is done with our output (drained): scale it where it lies.
             let out = bases[me][1];
             // SAFETY: our own output, `count` elements, no longer read by anyone.
-            unsafe {
-                self.device.reduce(
-                    &mut self.state,
-                    ours.call.dtype,
-                    &[out],
-                    &[out],
-                    ours.call.count,
-                    1.0 / n as f32,
-                )
-            }
-            .map_err(|source| CommError::Device { me, source })?;
+            let average = Reduction {
+                dtype: ours.call.dtype,
+                dsts: &[out],
+                sources: &[out],
+                len: ours.call.count,
+                scale: 1.0 / n as f32,
+            };
+            unsafe { self.device.reduce(&mut self.state, average) }
+                .map_err(|source| CommError::Device { me, source })?;
         }
         Ok(())
     }

@@ -29,22 +29,30 @@ pub trait CommDevice: Memory + Send {
         1
     }
 
-    /// `d[0..len] = scale · (src[0] + src[1] + ...)[0..len]` for every `d` in `dsts`: summed in
-    /// f32, left to right; per element all sources are read before any destination is written.
+    /// Runs `r` ([`Reduction`]).
     ///
     /// # Safety
-    /// Every address must point at `len` live elements of `dtype`; no one else may write the
-    /// sources or touch the destinations during the call (a destination may be a source). The
-    /// schedule's waits ensure it.
-    unsafe fn reduce(
-        &self,
-        state: &mut Self::State,
-        dtype: DType,
-        dsts: &[u64],
-        sources: &[u64],
-        len: usize,
-        scale: f32,
-    ) -> Result<(), BackendError>;
+    /// Every address must point at `r.len` live elements of `r.dtype`; no one else may write
+    /// the sources or touch the destinations during the call (a destination may be a source).
+    /// The schedule's waits ensure it.
+    unsafe fn reduce(&self, state: &mut Self::State, r: Reduction<'_>) -> Result<(), BackendError>;
+}
+
+/// One reduction step over raw device addresses: `d[0..len] = scale · (src[0] + src[1] +
+/// ...)[0..len]` for every `d` in `dsts`, summed in f32, left to right; per element all
+/// sources are read before any destination is written.
+#[derive(Debug, Clone, Copy)]
+pub struct Reduction<'a> {
+    /// The element type at every address.
+    pub dtype: DType,
+    /// Where the result goes.
+    pub dsts: &'a [u64],
+    /// What is summed, in this order.
+    pub sources: &'a [u64],
+    /// Elements at each address.
+    pub len: usize,
+    /// The factor applied to the sum (1 for a sum, 1/n for an average's last step).
+    pub scale: f32,
 }
 
 /// Elements per block of the CPU loop: the running sum stays in L1.
@@ -98,15 +106,14 @@ impl CommDevice for CpuDevice {
         Ok(())
     }
 
-    unsafe fn reduce(
-        &self,
-        _: &mut (),
-        dtype: DType,
-        dsts: &[u64],
-        sources: &[u64],
-        len: usize,
-        scale: f32,
-    ) -> Result<(), BackendError> {
+    unsafe fn reduce(&self, _: &mut (), r: Reduction<'_>) -> Result<(), BackendError> {
+        let Reduction {
+            dtype,
+            dsts,
+            sources,
+            len,
+            scale,
+        } = r;
         // SAFETY: forwarded from the caller.
         unsafe {
             match dtype {
@@ -153,12 +160,15 @@ impl<D: KernelDevice + Send> CommDevice for D {
     unsafe fn reduce(
         &self,
         state: &mut KernelState<D>,
-        dtype: DType,
-        dsts: &[u64],
-        sources: &[u64],
-        len: usize,
-        scale: f32,
+        r: Reduction<'_>,
     ) -> Result<(), BackendError> {
+        let Reduction {
+            dtype,
+            dsts,
+            sources,
+            len,
+            scale,
+        } = r;
         if len == 0 {
             return Ok(());
         }
