@@ -61,16 +61,22 @@ const BLOCK: usize = 1024;
 /// The CPU's reduce over raw addresses, a block of elements at a time (the running sums
 /// stay in L1 while each source streams through once).
 ///
+/// `T` is `r.dtype`'s element type; `widen` and `narrow` convert it to and from the f32 sum.
+///
 /// # Safety
 /// As [`CommDevice::reduce`].
 unsafe fn cpu_reduce<T: Copy>(
-    dsts: &[u64],
-    sources: &[u64],
-    len: usize,
-    scale: f32,
+    r: &Reduction<'_>,
     widen: impl Fn(T) -> f32,
     narrow: impl Fn(f32) -> T,
 ) {
+    let Reduction {
+        dsts,
+        sources,
+        len,
+        scale,
+        ..
+    } = *r;
     let mut acc = [0.0f32; BLOCK];
     let mut start = 0;
     while start < len {
@@ -107,20 +113,11 @@ impl CommDevice for CpuDevice {
     }
 
     unsafe fn reduce(&self, _: &mut (), r: Reduction<'_>) -> Result<(), BackendError> {
-        let Reduction {
-            dtype,
-            dsts,
-            sources,
-            len,
-            scale,
-        } = r;
         // SAFETY: forwarded from the caller.
         unsafe {
-            match dtype {
-                DType::F32 => cpu_reduce::<f32>(dsts, sources, len, scale, |v| v, |v| v),
-                DType::F16 => {
-                    cpu_reduce::<f16>(dsts, sources, len, scale, f16::to_f32, f16::from_f32)
-                }
+            match r.dtype {
+                DType::F32 => cpu_reduce::<f32>(&r, |v| v, |v| v),
+                DType::F16 => cpu_reduce::<f16>(&r, f16::to_f32, f16::from_f32),
             }
         }
         Ok(())
@@ -162,22 +159,16 @@ impl<D: KernelDevice + Send> CommDevice for D {
         state: &mut KernelState<D>,
         r: Reduction<'_>,
     ) -> Result<(), BackendError> {
-        let Reduction {
-            dtype,
-            dsts,
-            sources,
-            len,
-            scale,
-        } = r;
-        if len == 0 {
+        if r.len == 0 {
             return Ok(());
         }
+        let (sources, dsts) = (r.sources, r.dsts);
         // The kernel reads its sources' and destinations' addresses from one device array.
         let mut table = [0u64; 2 * MAX_RANKS];
         table[..sources.len()].copy_from_slice(sources);
         table[sources.len()..sources.len() + dsts.len()].copy_from_slice(dsts);
         self.write(&table, &mut state.addresses)?;
-        let kernel = match dtype {
+        let kernel = match r.dtype {
             DType::F32 => &collective::REDUCE_SUM_F32,
             DType::F16 => &collective::REDUCE_SUM_F16,
         };
@@ -185,12 +176,12 @@ impl<D: KernelDevice + Send> CommDevice for D {
             KernelArg::buffer(&state.addresses),
             KernelArg::I32(sources.len() as i32),
             KernelArg::I32(dsts.len() as i32),
-            KernelArg::U64(len as u64),
-            KernelArg::F32(scale),
+            KernelArg::U64(r.len as u64),
+            KernelArg::F32(r.scale),
         ];
         // SAFETY: the addresses are live buffers of `len` elements (the caller's contract);
         // the kernel touches exactly [0, len) of each.
-        unsafe { self.launch(kernel, LaunchConfig::flat(len.div_ceil(4)), &args)? };
+        unsafe { self.launch(kernel, LaunchConfig::flat(r.len.div_ceil(4)), &args)? };
         // The flag that publishes this step lives in host memory: the data must be in place
         // before it is raised.
         self.synchronize()
