@@ -139,6 +139,25 @@ impl Builder {
         self.steps[rank].len()
     }
 
+    /// [`push`](Self::push)es the most common step: `rank` stores the sum of `sources` into
+    /// `len` elements of its own output from `offset`.
+    fn push_into_output(
+        &mut self,
+        rank: usize,
+        offset: usize,
+        len: usize,
+        sources: Vec<Operand>,
+        waits: Vec<(usize, usize)>,
+    ) -> usize {
+        let step = Step {
+            dsts: vec![own(rank, Buffer::Output, offset)],
+            len,
+            sources,
+            waits,
+        };
+        self.push(rank, step)
+    }
+
     fn done(&self, rank: usize) -> usize {
         self.steps[rank].len()
     }
@@ -180,15 +199,7 @@ pub fn all_reduce(
     if n == 1 {
         let mut b = Builder::new(1);
         if !in_place {
-            b.push(
-                0,
-                Step {
-                    dsts: vec![own(0, Buffer::Output, 0)],
-                    len: count,
-                    sources: vec![own(0, Buffer::Input, 0)],
-                    waits: vec![],
-                },
-            );
+            b.push_into_output(0, 0, count, vec![own(0, Buffer::Input, 0)], vec![]);
         }
         return Schedule {
             n,
@@ -239,14 +250,12 @@ fn ring(n: usize, count: usize, slice: usize) -> Schedule {
                 } else {
                     vec![(left, start[left] + s)]
                 };
-                b.push(
+                b.push_into_output(
                     r,
-                    Step {
-                        dsts: vec![own(r, Buffer::Output, c.start)],
-                        len: c.len(),
-                        sources: vec![own(r, Buffer::Input, c.start), own(left, peer_buf, c.start)],
-                        waits,
-                    },
+                    c.start,
+                    c.len(),
+                    vec![own(r, Buffer::Input, c.start), own(left, peer_buf, c.start)],
+                    waits,
                 );
             }
         }
@@ -262,14 +271,12 @@ fn ring(n: usize, count: usize, slice: usize) -> Schedule {
                     (left, start[left] + n - 1 + t),
                     (right, start[right] + t + 1),
                 ];
-                b.push(
+                b.push_into_output(
                     r,
-                    Step {
-                        dsts: vec![own(r, Buffer::Output, c.start)],
-                        len: c.len(),
-                        sources: vec![own(left, Buffer::Output, c.start)],
-                        waits,
-                    },
+                    c.start,
+                    c.len(),
+                    vec![own(left, Buffer::Output, c.start)],
+                    waits,
                 );
             }
         }
@@ -329,15 +336,7 @@ fn tree(n: usize, count: usize, slice: usize) -> Schedule {
                         waits.push((c, up_done[c]));
                     }
                 }
-                up_done[r] = b.push(
-                    r,
-                    Step {
-                        dsts: vec![own(r, Buffer::Output, s.start)],
-                        len: s.len(),
-                        sources,
-                        waits,
-                    },
-                );
+                up_done[r] = b.push_into_output(r, s.start, s.len(), sources, waits);
             }
             // Down: parents before children (pre-order). The root already holds the result.
             let mut final_done = up_done.clone();
@@ -346,14 +345,12 @@ fn tree(n: usize, count: usize, slice: usize) -> Schedule {
                 // Waiting for the parent's result also means the parent has read our partial (or,
                 // for a leaf, our input), which this copy is about to overwrite.
                 let waits = vec![(p, final_done[p])];
-                final_done[r] = b.push(
+                final_done[r] = b.push_into_output(
                     r,
-                    Step {
-                        dsts: vec![own(r, Buffer::Output, s.start)],
-                        len: s.len(),
-                        sources: vec![own(p, Buffer::Output, s.start)],
-                        waits,
-                    },
+                    s.start,
+                    s.len(),
+                    vec![own(p, Buffer::Output, s.start)],
+                    waits,
                 );
             }
         }
@@ -390,15 +387,7 @@ fn one_shot(n: usize, count: usize, in_place: bool) -> Schedule {
     let sources = || -> Vec<Operand> { (0..n).map(|p| own(p, Buffer::Input, 0)).collect() };
     if !in_place {
         for r in 0..n {
-            b.push(
-                r,
-                Step {
-                    dsts: vec![own(r, Buffer::Output, 0)],
-                    len: count,
-                    sources: sources(),
-                    waits: vec![],
-                },
-            );
+            b.push_into_output(r, 0, count, sources(), vec![]);
         }
         return b.finish(0);
     }
@@ -417,15 +406,7 @@ fn one_shot(n: usize, count: usize, in_place: bool) -> Schedule {
         .collect();
     for r in 0..n {
         let waits = (0..n).filter(|&p| p != r).map(|p| (p, summed[p])).collect();
-        b.push(
-            r,
-            Step {
-                dsts: vec![own(r, Buffer::Output, 0)],
-                len: count,
-                sources: vec![own(r, Buffer::Scratch, 0)],
-                waits,
-            },
-        );
+        b.push_into_output(r, 0, count, vec![own(r, Buffer::Scratch, 0)], waits);
     }
     b.finish(count)
 }
@@ -436,15 +417,7 @@ pub fn reduce_scatter(n: usize, count: usize) -> Schedule {
     let mut b = Builder::new(n);
     for r in 0..n {
         let sources = (0..n).map(|p| own(p, Buffer::Input, r * count)).collect();
-        b.push(
-            r,
-            Step {
-                dsts: vec![own(r, Buffer::Output, 0)],
-                len: count,
-                sources,
-                waits: vec![],
-            },
-        );
+        b.push_into_output(r, 0, count, sources, vec![]);
     }
     b.finish(0)
 }
@@ -455,15 +428,7 @@ pub fn all_gather(n: usize, count: usize) -> Schedule {
     for r in 0..n {
         for i in 0..n {
             let p = (r + i) % n;
-            b.push(
-                r,
-                Step {
-                    dsts: vec![own(r, Buffer::Output, p * count)],
-                    len: count,
-                    sources: vec![own(p, Buffer::Input, 0)],
-                    waits: vec![],
-                },
-            );
+            b.push_into_output(r, p * count, count, vec![own(p, Buffer::Input, 0)], vec![]);
         }
     }
     b.finish(0)
@@ -474,15 +439,7 @@ pub fn all_gather(n: usize, count: usize) -> Schedule {
 pub fn broadcast(n: usize, count: usize, root: usize, in_place: bool) -> Schedule {
     let mut b = Builder::new(n);
     for r in (0..n).filter(|&r| !(in_place && r == root)) {
-        b.push(
-            r,
-            Step {
-                dsts: vec![own(r, Buffer::Output, 0)],
-                len: count,
-                sources: vec![own(root, Buffer::Input, 0)],
-                waits: vec![],
-            },
-        );
+        b.push_into_output(r, 0, count, vec![own(root, Buffer::Input, 0)], vec![]);
     }
     b.finish(0)
 }
