@@ -14,7 +14,7 @@
 //! communicator may move between threads but is used by one at a time (`&mut self`).
 
 use std::collections::HashMap;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -260,7 +260,7 @@ impl MpiComm {
         let desc = call.encode();
         let mine: Vec<u8> = bytemuck::cast_slice(&desc).to_vec();
         let mut all = vec![0u8; mine.len() * self.n];
-        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let mut req = null_request();
         // SAFETY: both buffers outlive the request (completed or leaked below); counts match
         // their lengths; the communicator is live.
         check(self.me, "MPI_Iallgather", unsafe {
@@ -338,11 +338,8 @@ impl MpiComm {
         }
         let send: Vec<f32> = input.unwrap_or(buf).iter().map(|v| v.to_f32()).collect();
         let mut recv = vec![0.0f32; buf.len()];
-        let count = c_int::try_from(buf.len()).map_err(|_| CommError::Invalid {
-            me: self.me,
-            detail: format!("{} elements is over MPI's int count", buf.len()),
-        })?;
-        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let count = int_count(self.me, buf.len(), || format!("{} elements", buf.len()))?;
+        let mut req = null_request();
         // SAFETY: both buffers hold `count` floats and outlive the request (completed, or
         // leaked on timeout below); the communicator is live.
         check(self.me, "MPI_Iallreduce", unsafe {
@@ -364,6 +361,20 @@ impl MpiComm {
         }
         Ok(())
     }
+}
+
+/// A request handle for MPI to fill in.
+fn null_request() -> ffi::MPI_Request {
+    // SAFETY: reads a constant the MPI library initializes when it is loaded.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// `len` as MPI's element count (an int), or an error saying that `what` is too large.
+fn int_count(me: usize, len: usize, what: impl FnOnce() -> String) -> Result<c_int, CommError> {
+    c_int::try_from(len).map_err(|_| CommError::Invalid {
+        me,
+        detail: format!("{} is over MPI's int count", what()),
+    })
 }
 
 fn check(me: usize, call: &str, code: c_int) -> Result<(), CommError> {
@@ -421,6 +432,31 @@ fn poll(
     }
 }
 
+/// An MPI call that starts a point-to-point transfer (`MPI_Isend`, `MPI_Irecv`: the same
+/// parameters, but for the buffer pointer's type `P`), with its name for error messages.
+struct PointToPoint<P> {
+    name: &'static str,
+    start: unsafe extern "C" fn(
+        P,
+        c_int,
+        ffi::MPI_Datatype,
+        c_int,
+        c_int,
+        ffi::MPI_Comm,
+        *mut ffi::MPI_Request,
+    ) -> c_int,
+}
+
+const ISEND: PointToPoint<*const c_void> = PointToPoint {
+    name: "MPI_Isend",
+    start: ffi::MPI_Isend,
+};
+
+const IRECV: PointToPoint<*mut c_void> = PointToPoint {
+    name: "MPI_Irecv",
+    start: ffi::MPI_Irecv,
+};
+
 /// The message programs' wire over MPI point-to-point (bytes, tags per sender).
 struct MpiWire {
     comm: ffi::MPI_Comm,
@@ -448,6 +484,38 @@ impl MpiWire {
         }
     }
 
+    /// Starts `call` ([`ISEND`] or [`IRECV`]) on the `len` bytes at `bytes` with `peer`, as
+    /// message `tag`; returns its request.
+    ///
+    /// # Safety
+    /// The `len` bytes at `bytes` must stay readable (a send) or writable (a receive), and not
+    /// move, until the request completes; on a timeout they must be leaked, never freed.
+    unsafe fn start<P>(
+        &self,
+        call: PointToPoint<P>,
+        bytes: P,
+        len: usize,
+        peer: usize,
+        tag: u32,
+    ) -> Result<ffi::MPI_Request, CommError> {
+        let count = int_count(self.me, len, || format!("a {len} byte message"))?;
+        let mut req = null_request();
+        // SAFETY: `bytes` holds `count` bytes for as long as the request runs (the caller's
+        // contract); the communicator is live.
+        check(self.me, call.name, unsafe {
+            (call.start)(
+                bytes,
+                count,
+                ffi::RSMPI_UINT8_T,
+                peer as c_int,
+                tag as c_int,
+                self.comm,
+                &mut req,
+            )
+        })?;
+        Ok(req)
+    }
+
     fn timed_out(&self, peer: usize, what: String) -> CommError {
         CommError::Timeout {
             me: self.me,
@@ -468,48 +536,18 @@ impl Wire for MpiWire {
                 ),
             });
         }
-        let count = c_int::try_from(bytes.len()).map_err(|_| CommError::Invalid {
-            me: self.me,
-            detail: format!("a {} byte message is over MPI's int count", bytes.len()),
-        })?;
-        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `bytes` moves into `self.sends` with the request and stays alive (its heap
         // buffer does not move) until the request completes in `finish`, or is leaked.
-        check(self.me, "MPI_Isend", unsafe {
-            ffi::MPI_Isend(
-                bytes.as_ptr().cast(),
-                count,
-                ffi::RSMPI_UINT8_T,
-                to as c_int,
-                tag as c_int,
-                self.comm,
-                &mut req,
-            )
-        })?;
+        let req = unsafe { self.start(ISEND, bytes.as_ptr().cast(), bytes.len(), to, tag)? };
         self.sends.push((req, bytes, to));
         Ok(())
     }
 
     fn recv(&mut self, from: usize, tag: u32, len: usize) -> Result<Vec<u8>, CommError> {
         let mut buf = vec![0u8; len];
-        let count = c_int::try_from(len).map_err(|_| CommError::Invalid {
-            me: self.me,
-            detail: format!("a {len} byte message is over MPI's int count"),
-        })?;
-        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `buf` holds `len` bytes and outlives the request (completed below, or
         // leaked on timeout).
-        check(self.me, "MPI_Irecv", unsafe {
-            ffi::MPI_Irecv(
-                buf.as_mut_ptr().cast(),
-                count,
-                ffi::RSMPI_UINT8_T,
-                from as c_int,
-                tag as c_int,
-                self.comm,
-                &mut req,
-            )
-        })?;
+        let mut req = unsafe { self.start(IRECV, buf.as_mut_ptr().cast(), len, from, tag)? };
         match poll(
             &mut req,
             self.me,
