@@ -365,16 +365,8 @@ impl<D: CommDevice> Rank<D> {
                 dst.len()
             )
         })?;
-        let count = src.len();
-        let algo = algorithm.unwrap_or_else(|| self.auto_algorithm::<T>(count));
-        self.run(
-            Kind::AllReduce(algo, op),
-            T::DTYPE,
-            count,
-            false,
-            src.device_addr(),
-            dst.device_addr(),
-        )
+        let algo = algorithm.unwrap_or_else(|| self.auto_algorithm::<T>(src.len()));
+        self.run_out_of_place(Kind::AllReduce(algo, op), src.len(), src, dst)
     }
 
     /// Rank r's `dst` (count elements) = the reduction over ranks of block r of `src` (size·count).
@@ -384,22 +376,8 @@ impl<D: CommDevice> Rank<D> {
         dst: &mut D::Buffer<T>,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let n = self.shared.n;
-        self.expect(src.len() == dst.len() * n, || {
-            format!(
-                "reduce_scatter: src must hold {n} x dst ({}), has {}",
-                dst.len(),
-                src.len()
-            )
-        })?;
-        self.run(
-            Kind::ReduceScatter(op),
-            T::DTYPE,
-            dst.len(),
-            false,
-            src.device_addr(),
-            dst.device_addr(),
-        )
+        self.expect_n_times("reduce_scatter", ("src", src.len()), ("dst", dst.len()))?;
+        self.run_out_of_place(Kind::ReduceScatter(op), dst.len(), src, dst)
     }
 
     /// Every rank's `dst` (size·count) = all ranks' `src` (count each), in rank order.
@@ -408,22 +386,8 @@ impl<D: CommDevice> Rank<D> {
         src: &D::Buffer<T>,
         dst: &mut D::Buffer<T>,
     ) -> Result<(), CommError> {
-        let n = self.shared.n;
-        self.expect(dst.len() == src.len() * n, || {
-            format!(
-                "all_gather: dst must hold {n} x src ({}), has {}",
-                src.len(),
-                dst.len()
-            )
-        })?;
-        self.run(
-            Kind::AllGather,
-            T::DTYPE,
-            src.len(),
-            false,
-            src.device_addr(),
-            dst.device_addr(),
-        )
+        self.expect_n_times("all_gather", ("dst", dst.len()), ("src", src.len()))?;
+        self.run_out_of_place(Kind::AllGather, src.len(), src, dst)
     }
 
     /// Copies `root`'s `buf` into every other rank's `buf`.
@@ -456,6 +420,32 @@ impl<D: CommDevice> Rank<D> {
                 detail: detail(),
             })
         }
+    }
+
+    /// Checks that a collective's (`call`'s) buffer `whole` holds one `part` per rank; each
+    /// is a name and an element count.
+    fn expect_n_times(
+        &self,
+        call: &str,
+        (whole, whole_len): (&str, usize),
+        (part, part_len): (&str, usize),
+    ) -> Result<(), CommError> {
+        let n = self.shared.n;
+        self.expect(whole_len == part_len * n, || {
+            format!("{call}: {whole} must hold {n} x {part} ({part_len}), has {whole_len}")
+        })
+    }
+
+    /// [`run`](Self::run)s a collective from `src` into another buffer, `dst`.
+    fn run_out_of_place<T: Precision>(
+        &mut self,
+        kind: Kind,
+        count: usize,
+        src: &D::Buffer<T>,
+        dst: &D::Buffer<T>,
+    ) -> Result<(), CommError> {
+        let (input, output) = (src.device_addr(), dst.device_addr());
+        self.run(kind, T::DTYPE, count, false, input, output)
     }
 
     fn schedule(
