@@ -35,6 +35,11 @@ fn exact_input(rank: usize, count: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Rank r's CPU device (they are all alike), as [`all_reduce_exact`] makes devices.
+fn cpu_device(_rank: usize) -> CpuDevice {
+    CpuDevice::new()
+}
+
 /// Asserts that what began at `start` ended within `seconds`: a failure must not hang.
 fn finished_within(start: Instant, seconds: u64) {
     let took = start.elapsed();
@@ -125,7 +130,7 @@ fn cpu_all_reduce_is_exact_for_every_algorithm_size_and_rank_count() {
                         continue; // over the scratch limit by design (tested below)
                     }
                     all_reduce_exact::<CpuDevice, f32>(
-                        |_| CpuDevice::new(),
+                        cpu_device,
                         n,
                         count,
                         algo,
@@ -198,22 +203,8 @@ fn cuda_all_reduce_over_peer_memory_for_every_algorithm_and_rank_count() {
 #[test]
 fn averages_and_half_precision() {
     for algo in ALGOS {
-        all_reduce_exact::<CpuDevice, f32>(
-            |_| CpuDevice::new(),
-            4,
-            1001,
-            algo,
-            true,
-            ReduceOp::Avg,
-        );
-        all_reduce_exact::<CpuDevice, f16>(
-            |_| CpuDevice::new(),
-            3,
-            1001,
-            algo,
-            false,
-            ReduceOp::Sum,
-        );
+        all_reduce_exact::<CpuDevice, f32>(cpu_device, 4, 1001, algo, true, ReduceOp::Avg);
+        all_reduce_exact::<CpuDevice, f16>(cpu_device, 3, 1001, algo, false, ReduceOp::Sum);
         all_reduce_exact::<SimtDevice, f16>(SimtDevice::new, 3, 1001, algo, true, ReduceOp::Sum);
     }
 }
@@ -343,26 +334,32 @@ fn mismatched_calls_fail_on_every_rank() {
     finished_within(start, 5);
 }
 
-#[test]
-fn a_rank_that_dies_fails_the_others_within_the_timeout() {
+/// `n` CPU ranks (timeout `timeout_s`) sum `len` ones, except rank `absent`, which does
+/// `instead` and never calls: every other rank must fail within 3 s, with an error that
+/// `blames_absent` accepts or one saying that the communicator was aborted.
+fn others_fail_without(
+    n: usize,
+    timeout_s: u64,
+    absent: usize,
+    len: usize,
+    instead: impl Fn(Rank<CpuDevice>) + Sync,
+    blames_absent: impl Fn(&CommError) -> bool,
+) {
     let start = Instant::now();
-    let ranks = communicator(vec![CpuDevice::new(); 5], quick(3)).unwrap();
+    let ranks = communicator(vec![CpuDevice::new(); n], quick(timeout_s)).unwrap();
     let results = on_ranks(ranks, |mut rank| {
-        if rank.rank() == 3 {
-            drop(rank); // dies without ever calling
+        if rank.rank() == absent {
+            instead(rank);
             return None;
         }
         let dev = *rank.device();
-        let mut buf = dev.upload(&[1.0f32; 100]).unwrap();
+        let mut buf = dev.upload(&vec![1.0f32; len]).unwrap();
         Some(rank.all_reduce(&mut buf, ReduceOp::Sum, None))
     });
-    for (r, res) in results.iter().enumerate().filter(|(r, _)| *r != 3) {
+    for (r, res) in results.iter().enumerate().filter(|(r, _)| *r != absent) {
         let e = res.as_ref().expect("ran").as_ref().expect_err("must fail");
         assert!(
-            matches!(
-                e,
-                CommError::PeerGone { peer: 3, .. } | CommError::Aborted { .. }
-            ),
+            blames_absent(e) || matches!(e, CommError::Aborted { .. }),
             "rank {r}: {e}"
         );
     }
@@ -370,29 +367,20 @@ fn a_rank_that_dies_fails_the_others_within_the_timeout() {
 }
 
 #[test]
-fn a_rank_that_stalls_times_out_everyone() {
-    let start = Instant::now();
-    let ranks = communicator(vec![CpuDevice::new(); 3], quick(1)).unwrap();
-    let results = on_ranks(ranks, |mut rank| {
-        if rank.rank() == 0 {
-            thread::sleep(Duration::from_millis(1500)); // never shows up in time
-            return None;
-        }
-        let dev = *rank.device();
-        let mut buf = dev.upload(&[1.0f32; 10]).unwrap();
-        Some(rank.all_reduce(&mut buf, ReduceOp::Sum, None))
+fn a_rank_that_dies_fails_the_others_within_the_timeout() {
+    // Rank 3 dies without ever calling.
+    others_fail_without(5, 3, 3, 100, drop, |e| {
+        matches!(e, CommError::PeerGone { peer: 3, .. })
     });
-    for res in results.iter().flatten() {
-        let e = res.as_ref().expect_err("must time out");
-        assert!(
-            matches!(
-                e,
-                CommError::Timeout { peer: 0, .. } | CommError::Aborted { .. }
-            ),
-            "{e}"
-        );
-    }
-    finished_within(start, 3);
+}
+
+#[test]
+fn a_rank_that_stalls_times_out_everyone() {
+    // Rank 0 never shows up in time.
+    let stall = |_| thread::sleep(Duration::from_millis(1500));
+    others_fail_without(3, 1, 0, 10, stall, |e| {
+        matches!(e, CommError::Timeout { peer: 0, .. })
+    });
 }
 
 /// A CPU device whose transport panics at its `fail_at`-th step: a rank dying mid-collective.
