@@ -43,28 +43,14 @@ __device__ __forceinline__ void sgd_step(float* __restrict__ w, const G* __restr
     }
 }
 
-extern "C" __global__ void grad_check_f32(const float* __restrict__ grad, unsigned long long n,
-                                          int* __restrict__ found_nonfinite) {
-    grad_check<float>(grad, n, found_nonfinite);
-}
+NANODDP_ENTRY_F32_F16(grad_check,
+                      (const T* __restrict__ grad, unsigned long long n, int* __restrict__ found_nonfinite),
+                      (grad, n, found_nonfinite))
 
-extern "C" __global__ void grad_check_f16(const __half* __restrict__ grad, unsigned long long n,
-                                          int* __restrict__ found_nonfinite) {
-    grad_check<__half>(grad, n, found_nonfinite);
-}
-
-extern "C" __global__ void sgd_step_f32grad(float* __restrict__ w, const float* __restrict__ grad,
-                                            float* __restrict__ velocity_or_null, __half* __restrict__ w_half_or_null,
-                                            unsigned long long n, float lr, float inv_scale, float momentum,
-                                            float weight_decay, const int* __restrict__ found_nonfinite_or_null) {
-    sgd_step<float>(w, grad, velocity_or_null, w_half_or_null, n, lr, inv_scale, momentum, weight_decay,
-                    found_nonfinite_or_null);
-}
-
-extern "C" __global__ void sgd_step_f16grad(float* __restrict__ w, const __half* __restrict__ grad,
-                                            float* __restrict__ velocity_or_null, __half* __restrict__ w_half_or_null,
-                                            unsigned long long n, float lr, float inv_scale, float momentum,
-                                            float weight_decay, const int* __restrict__ found_nonfinite_or_null) {
-    sgd_step<__half>(w, grad, velocity_or_null, w_half_or_null, n, lr, inv_scale, momentum, weight_decay,
-                     found_nonfinite_or_null);
-}
+// T is the gradient's type; weights, velocity and the half weight copy have theirs.
+NANODDP_ENTRY_F32_F16(sgd_step,
+                      (float* __restrict__ w, const T* __restrict__ grad, float* __restrict__ velocity_or_null,
+                       __half* __restrict__ w_half_or_null, unsigned long long n, float lr, float inv_scale,
+                       float momentum, float weight_decay, const int* __restrict__ found_nonfinite_or_null),
+                      (w, grad, velocity_or_null, w_half_or_null, n, lr, inv_scale, momentum, weight_decay,
+                       found_nonfinite_or_null))

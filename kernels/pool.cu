@@ -107,50 +107,22 @@ __device__ __forceinline__ void avg_pool_backward(const T* __restrict__ dy, T* _
 
 // ---------------------------------------------------------------- entry points
 
-extern "C" __global__ void max_pool_forward_f32(const float* __restrict__ x, float* __restrict__ y,
-                                                int* __restrict__ argmax, int planes, int in_h, int in_w, int k_h,
-                                                int k_w, int stride, int out_h, int out_w) {
-    max_pool_forward<float>(x, y, argmax, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
-}
+NANODDP_ENTRY_F32_F16(max_pool_forward,
+                      (const T* __restrict__ x, T* __restrict__ y, int* __restrict__ argmax, int planes, int in_h, int in_w,
+                       int k_h, int k_w, int stride, int out_h, int out_w),
+                      (x, y, argmax, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
 
-extern "C" __global__ void max_pool_forward_f16(const __half* __restrict__ x, __half* __restrict__ y,
-                                                int* __restrict__ argmax, int planes, int in_h, int in_w, int k_h,
-                                                int k_w, int stride, int out_h, int out_w) {
-    max_pool_forward<__half>(x, y, argmax, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
-}
+NANODDP_ENTRY_F32_F16(max_pool_backward,
+                      (const T* __restrict__ dy, const int* __restrict__ argmax, T* __restrict__ dx, int planes, int in_h,
+                       int in_w, int k_h, int k_w, int stride, int out_h, int out_w),
+                      (dy, argmax, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
 
-extern "C" __global__ void max_pool_backward_f32(const float* __restrict__ dy, const int* __restrict__ argmax,
-                                                 float* __restrict__ dx, int planes, int in_h, int in_w, int k_h,
-                                                 int k_w, int stride, int out_h, int out_w) {
-    max_pool_backward<float>(dy, argmax, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
-}
+NANODDP_ENTRY_F32_F16(avg_pool_forward,
+                      (const T* __restrict__ x, T* __restrict__ y, int planes, int in_h, int in_w, int k_h, int k_w, int stride,
+                       int out_h, int out_w),
+                      (x, y, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
 
-extern "C" __global__ void max_pool_backward_f16(const __half* __restrict__ dy, const int* __restrict__ argmax,
-                                                 __half* __restrict__ dx, int planes, int in_h, int in_w, int k_h,
-                                                 int k_w, int stride, int out_h, int out_w) {
-    max_pool_backward<__half>(dy, argmax, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
-}
-
-extern "C" __global__ void avg_pool_forward_f32(const float* __restrict__ x, float* __restrict__ y, int planes,
-                                                int in_h, int in_w, int k_h, int k_w, int stride, int out_h,
-                                                int out_w) {
-    avg_pool_forward<float>(x, y, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
-}
-
-extern "C" __global__ void avg_pool_forward_f16(const __half* __restrict__ x, __half* __restrict__ y, int planes,
-                                                int in_h, int in_w, int k_h, int k_w, int stride, int out_h,
-                                                int out_w) {
-    avg_pool_forward<__half>(x, y, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
-}
-
-extern "C" __global__ void avg_pool_backward_f32(const float* __restrict__ dy, float* __restrict__ dx, int planes,
-                                                 int in_h, int in_w, int k_h, int k_w, int stride, int out_h,
-                                                 int out_w) {
-    avg_pool_backward<float>(dy, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
-}
-
-extern "C" __global__ void avg_pool_backward_f16(const __half* __restrict__ dy, __half* __restrict__ dx, int planes,
-                                                 int in_h, int in_w, int k_h, int k_w, int stride, int out_h,
-                                                 int out_w) {
-    avg_pool_backward<__half>(dy, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
-}
+NANODDP_ENTRY_F32_F16(avg_pool_backward,
+                      (const T* __restrict__ dy, T* __restrict__ dx, int planes, int in_h, int in_w, int k_h, int k_w, int stride,
+                       int out_h, int out_w),
+                      (dy, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))

@@ -671,3 +671,17 @@ void invoke(void (*kernel)(A...), void* const* params) {
 #define SIMT_GRID_STRIDE_LOOP(i, n)                                                         \
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;  \
          i < (n); i += (unsigned long long)blockDim.x * gridDim.x)
+
+// ============================================================================ both sides
+// A kernel's entry points, one per storage type, from its one template:
+//
+//   NANODDP_ENTRY_F32_F16(avg_pool_forward, (const T* __restrict__ x, T* __restrict__ y, int n), (x, y, n))
+//
+// defines `extern "C" __global__ void avg_pool_forward_f32(const float* x, float* y, int n)`
+// calling `avg_pool_forward<float>(x, y, n)`, and `avg_pool_forward_f16` with `__half`. The
+// parameters name the storage type `T`. Each entry lives in a namespace of its own where
+// `T` is that type (extern "C" keeps its symbol the bare name) and is brought out by a
+// using-declaration. nanoddp's declaration parser (src/kernels/declarations.rs) reads an
+// invocation as the two declarations, so the launchers know both.
+#define NANODDP_ENTRY_(type, suffix, name, params, args) namespace nanoddp_entry_##name##_##suffix { using T = type; extern "C" __global__ void name##_##suffix params { name<T> args; } } using nanoddp_entry_##name##_##suffix::name##_##suffix;
+#define NANODDP_ENTRY_F32_F16(name, params, args) NANODDP_ENTRY_(float, f32, name, params, args) NANODDP_ENTRY_(__half, f16, name, params, args)

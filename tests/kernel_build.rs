@@ -10,7 +10,7 @@ use std::path::Path;
 
 use nanoddp::kernels::fatbin::{self, ImageKind};
 use nanoddp::kernels::{
-    resources, KernelSignature, ParamKind, Prebuilt, Scalar, MODULES, PREBUILT,
+    resources, KernelModule, KernelSignature, ParamKind, Prebuilt, Scalar, MODULES, PREBUILT,
 };
 
 fn kernel_dir() -> &'static Path {
@@ -142,6 +142,28 @@ fn normalize(text: &str) -> String {
         .replace(" *", "*")
 }
 
+/// The declaration `text` (from its first line on) writes for kernel `name`: itself, or for
+/// `simt.cuh`'s `NANODDP_ENTRY_F32_F16(base, (params), ...)`, the entry point it defines
+/// for `name` (`base_f32` or `base_f16`), the storage type `T` spelled out.
+fn written_for(text: &str, name: &str) -> String {
+    let Some(rest) = text.trim_start().strip_prefix("NANODDP_ENTRY_F32_F16(") else {
+        return text.to_string();
+    };
+    let (base, rest) = rest
+        .split_once(',')
+        .expect("NANODDP_ENTRY_F32_F16(name, ...");
+    let c_type = match name.strip_prefix(base.trim()) {
+        Some("_f32") => "float",
+        Some("_f16") => "__half",
+        other => panic!("{name} is not an entry of {base}: {other:?}"),
+    };
+    let params = rest.trim_start().strip_prefix('(').expect("(params)");
+    let params = params
+        .replace("T*", &format!("{c_type}*"))
+        .replace("T ", &format!("{c_type} "));
+    format!("extern \"C\" __global__ void {name}({params}")
+}
+
 #[test]
 fn signatures_render_back_to_their_declarations() {
     let mut names = BTreeSet::new();
@@ -156,6 +178,7 @@ fn signatures_render_back_to_their_declarations() {
             // The declaration starts on the recorded line and runs to the closing parenthesis.
             let from = k.line as usize - 1;
             let decl: String = strip_launch_bounds(&lines[from..].join(" "));
+            let decl = written_for(&decl, k.name);
             let decl = &decl[..decl.find(')').expect("closing parenthesis")];
             let rendered: Vec<String> = k
                 .params
@@ -178,9 +201,10 @@ fn signatures_render_back_to_their_declarations() {
     }
 }
 
-/// The nvcc build, or `None` with a note that the test is skipped for want of `missing`.
-fn prebuilt_or_skip(missing: &str) -> Option<Prebuilt> {
-    if PREBUILT.is_none() {
+/// Runs `check` on the nvcc build and each of its modules, or notes that the test is skipped
+/// for want of `missing` when the crate was built without nvcc.
+fn each_prebuilt_module(missing: &str, check: impl Fn(&Prebuilt, &KernelModule)) {
+    let Some(pre) = PREBUILT else {
         // Where CI expects an nvcc build, a skip would hide the check: fail instead.
         assert_ne!(
             std::env::var("NANODDP_EXPECT_PREBUILT").as_deref(),
@@ -188,16 +212,16 @@ fn prebuilt_or_skip(missing: &str) -> Option<Prebuilt> {
             "expected an nvcc build, but {missing}"
         );
         eprintln!("skipped: built without nvcc, {missing}");
+        return;
+    };
+    for m in MODULES {
+        check(&pre, m);
     }
-    PREBUILT
 }
 
 #[test]
 fn fatbins_hold_sass_for_each_arch_and_portable_ptx() {
-    let Some(pre) = prebuilt_or_skip("no fatbin to inspect") else {
-        return;
-    };
-    for m in MODULES {
+    each_prebuilt_module("no fatbin to inspect", |pre, m| {
         let images = fatbin::images(m.fatbin.expect("prebuilt")).expect("fatbin parses");
         let sass: BTreeSet<String> = images
             .iter()
@@ -217,15 +241,12 @@ fn fatbins_hold_sass_for_each_arch_and_portable_ptx() {
             "{}: PTX images",
             m.name
         );
-    }
+    });
 }
 
 #[test]
 fn ptxas_report_covers_exactly_the_kernels_and_nothing_spills() {
-    let Some(pre) = prebuilt_or_skip("no ptxas report") else {
-        return;
-    };
-    for m in MODULES {
+    each_prebuilt_module("no ptxas report", |pre, m| {
         let rows = resources::parse(m.ptxas_report.expect("prebuilt")).expect("report parses");
         let got: BTreeSet<(String, String)> = rows
             .iter()
@@ -264,5 +285,5 @@ fn ptxas_report_covers_exactly_the_kernels_and_nothing_spills() {
                 r.spill_load_bytes
             );
         }
-    }
+    });
 }

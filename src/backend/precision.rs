@@ -33,7 +33,7 @@ pub enum PrecisionOp {
     ReluBackward,
     /// `grad_check_*`
     GradCheck,
-    /// `sgd_step_*grad`
+    /// `sgd_step_*` (by the gradient's type)
     SgdStep,
 }
 
@@ -68,7 +68,7 @@ impl PrecisionOp {
                 &elementwise::RELU_BACKWARD_F16,
             ],
             Self::GradCheck => [&optim::GRAD_CHECK_F32, &optim::GRAD_CHECK_F16],
-            Self::SgdStep => [&optim::SGD_STEP_F32GRAD, &optim::SGD_STEP_F16GRAD],
+            Self::SgdStep => [&optim::SGD_STEP_F32, &optim::SGD_STEP_F16],
         };
         match dtype {
             DType::F32 => f32_kernel,

@@ -257,7 +257,72 @@ pub fn parse(source: &str) -> Result<Vec<Declaration>, DeclarationError> {
             params,
         });
     }
+    declarations.extend(per_type_entries(&code)?);
+    declarations.sort_by_key(|d| d.line);
     Ok(declarations)
+}
+
+/// The entry points `simt.cuh`'s `NANODDP_ENTRY_F32_F16(name, (params), (args))` defines:
+/// `name_f32` and `name_f16`, `extern "C"`, their parameters `params` with the storage type
+/// `T` spelled `float` and `__half`.
+fn per_type_entries(code: &str) -> Result<Vec<Declaration>, DeclarationError> {
+    const MACRO: &str = "NANODDP_ENTRY_F32_F16";
+    const TYPES: [(&str, &str); 2] = [("f32", "float"), ("f16", "__half")];
+    let mut entries = Vec::new();
+    for (at, _) in code.match_indices(MACRO) {
+        let line_start = code[..at].rfind('\n').map_or(0, |p| p + 1);
+        if code[line_start..at].trim_start().starts_with('#') {
+            continue; // its definition
+        }
+        let line = code[..at].matches('\n').count() as u32 + 1;
+        let fail = |message: String| DeclarationError { line, message };
+        let rest = code[at + MACRO.len()..].trim_start();
+        let rest = rest
+            .strip_prefix('(')
+            .ok_or_else(|| fail(format!("expected `{MACRO}(`")))?;
+        let comma = rest.find(',').ok_or_else(|| {
+            fail(format!(
+                "{MACRO}: expected `name, (parameters), (arguments)`"
+            ))
+        })?;
+        let name = rest[..comma].trim();
+        let params = rest[comma + 1..].trim_start();
+        let close = params
+            .find(')')
+            .filter(|_| params.starts_with('('))
+            .ok_or_else(|| fail(format!("{MACRO}({name}: expected `(parameters)`")))?;
+        for (suffix, c_type) in TYPES {
+            entries.push(Declaration {
+                name: format!("{name}_{suffix}"),
+                line,
+                extern_c: true,
+                launch_bounds: None,
+                params: params[1..close]
+                    .split(',')
+                    .map(|p| spell_type(p.trim(), c_type))
+                    .filter(|p| !p.is_empty())
+                    .collect(),
+            });
+        }
+    }
+    Ok(entries)
+}
+
+/// `param` with every whole-word `T` replaced by `c_type`.
+fn spell_type(param: &str, c_type: &str) -> String {
+    let mut out = String::new();
+    let mut word = String::new();
+    for c in param.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+            continue;
+        }
+        out.push_str(if word == "T" { c_type } else { &word });
+        word.clear();
+        out.push(c);
+    }
+    out.pop();
+    out
 }
 
 /// Reads a `__launch_bounds__(maxThreads[, minBlocks])` at the start of `rest` into
@@ -394,6 +459,44 @@ mod tests {
             ]
         );
         assert!(found[2].typed_params().expect("typed").is_empty());
+    }
+
+    #[test]
+    fn per_type_entry_macros_read_as_their_two_declarations() {
+        let src = "#define NANODDP_ENTRY_F32_F16(name, params, args) ...\n\
+                   extern \"C\" __global__ void plain(int n) {}\n\
+                   NANODDP_ENTRY_F32_F16(scale,\n  (const T* __restrict__ x, Tx* y, int n),\n  (x, y, n))\n";
+        let found = parse(src).expect("parses");
+        let summary: Vec<(&str, u32, bool, Vec<&str>)> = found
+            .iter()
+            .map(|d| {
+                let params = d.params.iter().map(String::as_str).collect();
+                (d.name.as_str(), d.line, d.extern_c, params)
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("plain", 2, true, vec!["int n"]),
+                (
+                    "scale_f32",
+                    3,
+                    true,
+                    vec!["const float* __restrict__ x", "Tx* y", "int n"]
+                ),
+                (
+                    "scale_f16",
+                    3,
+                    true,
+                    vec!["const __half* __restrict__ x", "Tx* y", "int n"]
+                ),
+            ]
+        );
+        let e = parse("NANODDP_ENTRY_F32_F16(scale)").expect_err("no parameters");
+        assert!(
+            e.message.contains("scale") || e.message.contains("expected"),
+            "{e}"
+        );
     }
 
     #[test]
