@@ -7,32 +7,11 @@ mod common;
 
 use common::reference as r;
 use common::{
-    assert_close, bytes, check_and_record, per_backend, random, rng, wide, Tol, F16, F32, F32_LONG,
+    assert_close, bytes, check_and_record, check_download, conv_shape as shape, per_backend,
+    random, rng, wide, Tol, F16, F32, F32_LONG,
 };
 use half::f16;
 use nanoddp::backend::{Backend, Conv2dShape, Pool2dShape, Precision};
-
-fn shape(
-    batch: usize,
-    in_c: usize,
-    in_hw: (usize, usize),
-    out_c: usize,
-    k: (usize, usize),
-    stride: usize,
-    pad: usize,
-) -> Conv2dShape {
-    Conv2dShape {
-        batch,
-        in_c,
-        in_h: in_hw.0,
-        in_w: in_hw.1,
-        out_c,
-        k_h: k.0,
-        k_w: k.1,
-        stride,
-        pad,
-    }
-}
 
 fn shapes() -> Vec<Conv2dShape> {
     vec![
@@ -88,44 +67,26 @@ fn conv_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce: 
             with_bias.then(|| wide(&bias)).as_deref(),
             relu,
         );
-        let got = dev.download(&y).unwrap();
-        check_and_record(
-            &format!("forward {s:?} bias {with_bias} relu {relu}"),
-            &got,
-            &want,
-            tol,
-            &mut out,
-        );
+        let what = format!("forward {s:?} bias {with_bias} relu {relu}");
+        check_download(dev, &y, &what, &want, tol, &mut out);
 
         let mut dx = dev.upload(&poison(xs)).unwrap();
         dev.conv2d_backward_input(&s, &dy_, &dw_, &mut dx).unwrap();
         let want = r::conv_backward_input(&s, &wide(&dy), &wide(&w));
-        let got = dev.download(&dx).unwrap();
-        check_and_record(&format!("backward input {s:?}"), &got, &want, tol, &mut out);
+        let what = format!("backward input {s:?}");
+        check_download(dev, &dx, &what, &want, tol, &mut out);
 
         let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
         dev.conv2d_backward_filter(&s, &dx_, &dy_, &mut dw).unwrap();
         let want = r::conv_backward_filter(&s, &wide(&x), &wide(&dy));
-        let got = dev.download(&dw).unwrap();
-        check_and_record(
-            &format!("backward filter {s:?}"),
-            &got,
-            &want,
-            tol_reduce,
-            &mut out,
-        );
+        let what = format!("backward filter {s:?}");
+        check_download(dev, &dw, &what, &want, tol_reduce, &mut out);
 
         let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
         dev.conv2d_backward_bias(&s, &dy_, &mut db).unwrap();
         let want = r::conv_backward_bias(&s, &wide(&dy));
-        let got = dev.download(&db).unwrap();
-        check_and_record(
-            &format!("backward bias {s:?}"),
-            &got,
-            &want,
-            tol_reduce,
-            &mut out,
-        );
+        let what = format!("backward bias {s:?}");
+        check_download(dev, &db, &what, &want, tol_reduce, &mut out);
     }
     out
 }
@@ -261,23 +222,11 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
             rtol: tol.rtol.max(tol_reduce.rtol),
         };
         let want_w = r::conv_backward_filter(&s, &wide(&x), &want);
-        let got = dev.download(&dw).unwrap();
-        check_and_record(
-            &format!("first-layer backward filter {s:?}"),
-            &got,
-            &want_w,
-            loose,
-            &mut out,
-        );
+        let what = format!("first-layer backward filter {s:?}");
+        check_download(dev, &dw, &what, &want_w, loose, &mut out);
         let want_b = r::conv_backward_bias(&s, &want);
-        let got = dev.download(&db).unwrap();
-        check_and_record(
-            &format!("first-layer backward bias {s:?}"),
-            &got,
-            &want_b,
-            loose,
-            &mut out,
-        );
+        let what = format!("first-layer backward bias {s:?}");
+        check_download(dev, &db, &what, &want_b, loose, &mut out);
 
         let dy: Vec<T> = random(&mut g, ys);
         let dy_ = dev.upload(&dy).unwrap();
@@ -286,23 +235,11 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         dev.conv2d_backward_filter_bias(&s, &x_, &dy_, &mut dw, &mut db)
             .unwrap();
         let want = r::conv_backward_filter(&s, &wide(&x), &wide(&dy));
-        let got = dev.download(&dw).unwrap();
-        check_and_record(
-            &format!("fused filter {s:?}"),
-            &got,
-            &want,
-            tol_reduce,
-            &mut out,
-        );
+        let what = format!("fused filter {s:?}");
+        check_download(dev, &dw, &what, &want, tol_reduce, &mut out);
         let want = r::conv_backward_bias(&s, &wide(&dy));
-        let got = dev.download(&db).unwrap();
-        check_and_record(
-            &format!("fused bias {s:?}"),
-            &got,
-            &want,
-            tol_reduce,
-            &mut out,
-        );
+        let what = format!("fused bias {s:?}");
+        check_download(dev, &db, &what, &want, tol_reduce, &mut out);
 
         // The whole backward pass in one call: filter, bias and input gradients.
         let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();

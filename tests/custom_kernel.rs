@@ -88,57 +88,24 @@ fn user_mistakes_give_errors_that_name_the_file_and_the_argument() {
     assert_eq!(names, ["scale", "diverge"]);
     let dev = SimtDevice::new(0);
     let mut x = dev.upload(&[1.0f32, 2.0, 3.0]).unwrap();
-    // SAFETY (all launches below): `scale` touches x[0..n) with n = 3 = x's length; `diverge`
-    // touches x[0]; the wrong-argument launches are refused before running.
-    unsafe {
-        module
-            .launch(
-                &dev,
-                "scale",
-                LaunchConfig::flat(3),
-                &[
-                    KernelArg::buffer_mut(&mut x),
-                    KernelArg::F32(-2.5),
-                    KernelArg::I32(3),
-                ],
-            )
-            .unwrap();
-    }
-    assert_eq!(dev.download(&x).unwrap(), [-2.5, -5.0, -7.5]);
-    let wrong_type = unsafe {
-        module.launch(
-            &dev,
-            "scale",
-            LaunchConfig::flat(3),
-            &[
-                KernelArg::buffer_mut(&mut x),
-                KernelArg::I32(2),
-                KernelArg::I32(3),
-            ],
-        )
+    // Every launch below passes x (3 elements) or nothing.
+    let launch = |name: &str, threads: usize, args: &[KernelArg]| {
+        // SAFETY: `scale` touches x[0..n) with n = 3 = x's length; `diverge` touches x[0];
+        // the wrong-argument launches are refused before running.
+        unsafe { module.launch(&dev, name, LaunchConfig::flat(threads), args) }
     };
+    let (scale, two, three) = (KernelArg::F32(-2.5), KernelArg::I32(2), KernelArg::I32(3));
+    launch("scale", 3, &[KernelArg::buffer_mut(&mut x), scale, three]).unwrap();
+    assert_eq!(dev.download(&x).unwrap(), [-2.5, -5.0, -7.5]);
+    let wrong_type = launch("scale", 3, &[KernelArg::buffer_mut(&mut x), two, three]);
     let e = wrong_type.unwrap_err().to_string();
     assert!(e.contains("scale") && e.contains("arg1"), "{e}");
-    let too_few = unsafe {
-        module.launch(
-            &dev,
-            "scale",
-            LaunchConfig::flat(3),
-            &[KernelArg::buffer_mut(&mut x)],
-        )
-    };
+    let too_few = launch("scale", 3, &[KernelArg::buffer_mut(&mut x)]);
     assert!(too_few.is_err());
-    let missing = unsafe { module.launch(&dev, "nope", LaunchConfig::flat(1), &[]) };
+    let missing = launch("nope", 1, &[]);
     assert!(matches!(missing, Err(BackendError::NoSuchKernel { .. })));
     // A divergent barrier in the user's kernel is reported at the user's line.
-    let diverged = unsafe {
-        module.launch(
-            &dev,
-            "diverge",
-            LaunchConfig::flat(32),
-            &[KernelArg::buffer_mut(&mut x)],
-        )
-    };
+    let diverged = launch("diverge", 32, &[KernelArg::buffer_mut(&mut x)]);
     match diverged {
         Err(BackendError::Emulator(e)) => {
             let text = e.to_string();

@@ -8,8 +8,8 @@
 mod common;
 
 use common::reference as r;
-use common::rng;
-use nanoddp::backend::{Conv2dShape, Epilogue, Pool2dShape};
+use common::{conv_shape, pool_shape, rng};
+use nanoddp::backend::Epilogue;
 use rand::Rng;
 
 fn random(g: &mut impl Rng, n: usize) -> Vec<f64> {
@@ -46,39 +46,9 @@ fn assert_matches(what: &str, analytic: &[f64], numeric: &[f64]) {
 #[test]
 fn conv_backward_passes_are_the_derivatives_of_the_forward() {
     let shapes = [
-        Conv2dShape {
-            batch: 2,
-            in_c: 2,
-            in_h: 6,
-            in_w: 5,
-            out_c: 3,
-            k_h: 3,
-            k_w: 3,
-            stride: 1,
-            pad: 1,
-        },
-        Conv2dShape {
-            batch: 1,
-            in_c: 3,
-            in_h: 7,
-            in_w: 7,
-            out_c: 2,
-            k_h: 5,
-            k_w: 5,
-            stride: 2,
-            pad: 2,
-        },
-        Conv2dShape {
-            batch: 2,
-            in_c: 1,
-            in_h: 8,
-            in_w: 8,
-            out_c: 2,
-            k_h: 5,
-            k_w: 5,
-            stride: 1,
-            pad: 0,
-        },
+        conv_shape(2, 2, (6, 5), 3, (3, 3), 1, 1),
+        conv_shape(1, 3, (7, 7), 2, (5, 5), 2, 2),
+        conv_shape(2, 1, (8, 8), 2, (5, 5), 1, 0),
     ];
     let mut g = rng(50);
     for s in shapes {
@@ -161,30 +131,9 @@ fn linear_layer_backward_gemms_are_the_derivatives_of_the_forward() {
 #[test]
 fn pooling_backward_passes_are_the_derivatives_of_the_forward() {
     let shapes = [
-        Pool2dShape {
-            planes: 2,
-            in_h: 6,
-            in_w: 6,
-            k_h: 2,
-            k_w: 2,
-            stride: 2,
-        },
-        Pool2dShape {
-            planes: 1,
-            in_h: 7,
-            in_w: 8,
-            k_h: 3,
-            k_w: 3,
-            stride: 2,
-        }, // overlapping windows
-        Pool2dShape {
-            planes: 1,
-            in_h: 5,
-            in_w: 5,
-            k_h: 3,
-            k_w: 2,
-            stride: 1,
-        },
+        pool_shape(2, (6, 6), (2, 2), 2),
+        pool_shape(1, (7, 8), (3, 3), 2), // overlapping windows
+        pool_shape(1, (5, 5), (3, 2), 1),
     ];
     let mut g = rng(52);
     for s in shapes {

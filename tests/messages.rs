@@ -27,30 +27,34 @@ fn inputs(n: usize, count: usize, seed: u64) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The in-process communicator's results (CPU devices, one thread per rank).
-fn in_process(
+/// One all-reduce to run both ways: each rank's input, the algorithm, the slice in
+/// elements, in place or not.
+struct Case<'a> {
     algorithm: Algorithm,
-    data: &[Vec<f32>],
+    data: &'a [Vec<f32>],
     slice: usize,
     in_place: bool,
-) -> Vec<Vec<f32>> {
+}
+
+/// The in-process communicator's results (CPU devices, one thread per rank).
+fn in_process(case: &Case<'_>) -> Vec<Vec<f32>> {
     let cfg = CommConfig {
-        slice_bytes: slice * 4,
+        slice_bytes: case.slice * 4,
         ..CommConfig::default()
     };
-    let ranks = communicator(vec![CpuDevice::new(); data.len()], cfg).unwrap();
-    let ranks: Vec<_> = ranks.into_iter().zip(data).collect();
+    let ranks = communicator(vec![CpuDevice::new(); case.data.len()], cfg).unwrap();
+    let ranks: Vec<_> = ranks.into_iter().zip(case.data).collect();
     on_each_rank(ranks, |(mut rank, x)| {
         let dev = *rank.device();
         let src = dev.upload(x).unwrap();
         let mut dst = dev.upload(&vec![f32::NAN; x.len()]).unwrap();
-        if in_place {
+        if case.in_place {
             let mut buf = src;
-            rank.all_reduce(&mut buf, ReduceOp::Sum, Some(algorithm))
+            rank.all_reduce(&mut buf, ReduceOp::Sum, Some(case.algorithm))
                 .unwrap();
             dev.download(&buf).unwrap()
         } else {
-            rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, Some(algorithm))
+            rank.all_reduce_into(&src, &mut dst, ReduceOp::Sum, Some(case.algorithm))
                 .unwrap();
             dev.download(&dst).unwrap()
         }
@@ -59,12 +63,13 @@ fn in_process(
 }
 
 /// The message programs' results, ranks as threads exchanging messages.
-fn by_messages(
-    algorithm: Algorithm,
-    data: &[Vec<f32>],
-    slice: usize,
-    in_place: bool,
-) -> Vec<Vec<f32>> {
+fn by_messages(case: &Case<'_>) -> Vec<Vec<f32>> {
+    let Case {
+        algorithm,
+        data,
+        slice,
+        in_place,
+    } = *case;
     let n = data.len();
     let count = data[0].len();
     let program = lower(&all_reduce(algorithm, n, count, slice, in_place), in_place)
@@ -96,8 +101,13 @@ fn message_programs_equal_the_in_process_transport_bit_for_bit() {
             for (count, slice) in [(0, 1), (1, 1), (7, 7), (1000, 64), (4099, 1000)] {
                 for in_place in [true, false] {
                     let data = inputs(n, count, (n * 7919 + count) as u64);
-                    let want = in_process(algorithm, &data, slice, in_place);
-                    let got = by_messages(algorithm, &data, slice, in_place);
+                    let case = Case {
+                        algorithm,
+                        data: &data,
+                        slice,
+                        in_place,
+                    };
+                    let (want, got) = (in_process(&case), by_messages(&case));
                     for r in 0..n {
                         let same = want[r]
                             .iter()

@@ -6,29 +6,22 @@ mod common;
 
 use common::reference as r;
 use common::{
-    assert_close, bytes, check_and_record, per_backend, random, rng, wide, Tol, F16, F32,
+    assert_close, bytes, check_and_record, per_backend, pool_shape, random, rng, wide, Tol, F16,
+    F32,
 };
 use half::f16;
 use nanoddp::backend::{Backend, Pool2dShape, Precision};
 
 fn shapes() -> Vec<Pool2dShape> {
-    let s = |planes, in_h, in_w, k_h, k_w, stride| Pool2dShape {
-        planes,
-        in_h,
-        in_w,
-        k_h,
-        k_w,
-        stride,
-    };
     vec![
-        s(257 * 6, 24, 24, 2, 2, 2), // LeNet pool1 at batch 257
-        s(5, 8, 8, 2, 2, 2),         // LeNet pool2
-        s(7, 9, 9, 2, 2, 2),         // nanoddp's pool2: the last row and column are in no window
-        s(2, 7, 11, 3, 3, 3),        // tiling windows that leave a remainder on both axes
-        s(3, 9, 11, 3, 3, 2),        // overlapping windows
-        s(2, 7, 7, 3, 3, 1),         // every input under up to 9 windows
-        s(1, 5, 13, 2, 4, 3),        // non-square window, a stride that skips inputs
-        s(1, 1, 1, 1, 1, 1),
+        pool_shape(257 * 6, (24, 24), (2, 2), 2), // LeNet pool1 at batch 257
+        pool_shape(5, (8, 8), (2, 2), 2),         // LeNet pool2
+        pool_shape(7, (9, 9), (2, 2), 2), // nanoddp's pool2: the last row and column are in no window
+        pool_shape(2, (7, 11), (3, 3), 3), // tiling windows that leave a remainder on both axes
+        pool_shape(3, (9, 11), (3, 3), 2), // overlapping windows
+        pool_shape(2, (7, 7), (3, 3), 1), // every input under up to 9 windows
+        pool_shape(1, (5, 13), (2, 4), 3), // non-square window, a stride that skips inputs
+        pool_shape(1, (1, 1), (1, 1), 1),
     ]
 }
 

@@ -9,7 +9,7 @@ pub mod lenet64;
 pub mod reference;
 
 use half::f16;
-use nanoddp::backend::Precision;
+use nanoddp::backend::{Backend, Conv2dShape, Pool2dShape, Precision};
 use rand::{Rng, SeedableRng};
 
 pub fn rng(seed: u64) -> rand::rngs::StdRng {
@@ -156,6 +156,61 @@ pub fn check_and_record<T: Precision>(
 ) {
     assert_close(what, got, &want.value, &want.mag, tol);
     out.extend(bytes(got));
+}
+
+/// A convolution's shape, written the way the tests' tables read: batch, input channels,
+/// input (height, width), output channels, filter (height, width), stride, padding.
+pub fn conv_shape(
+    batch: usize,
+    in_c: usize,
+    (in_h, in_w): (usize, usize),
+    out_c: usize,
+    (k_h, k_w): (usize, usize),
+    stride: usize,
+    pad: usize,
+) -> Conv2dShape {
+    Conv2dShape {
+        batch,
+        in_c,
+        in_h,
+        in_w,
+        out_c,
+        k_h,
+        k_w,
+        stride,
+        pad,
+    }
+}
+
+/// A pooling's shape, written the way the tests' tables read: planes, input (height,
+/// width), window (height, width), stride.
+pub fn pool_shape(
+    planes: usize,
+    (in_h, in_w): (usize, usize),
+    (k_h, k_w): (usize, usize),
+    stride: usize,
+) -> Pool2dShape {
+    Pool2dShape {
+        planes,
+        in_h,
+        in_w,
+        k_h,
+        k_w,
+        stride,
+    }
+}
+
+/// Downloads `buf` from `dev`, then [`check_and_record`]s it.
+pub fn check_download<B: Backend, T: Precision>(
+    dev: &B,
+    buf: &B::Buffer<T>,
+    what: &str,
+    want: &reference::Ref,
+    tol: Tol,
+    out: &mut Vec<u8>,
+) {
+    let got = dev.download(buf).unwrap();
+    check_and_record(what, &got, want, tol, out);
 }
 
 pub fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {

@@ -621,9 +621,7 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
-
-    use super::super::product_check::{assert_product, poisoned, tile_paths, uniform};
+    use super::super::product_check::{check_on_paths, seeded, uniform};
     use super::*;
 
     /// Both tile paths (the AVX-512 one where the CPU has it) against a float64 product, on
@@ -632,8 +630,7 @@ mod tests {
     /// writes.
     #[test]
     fn gemm_matches_float64_on_ragged_shapes() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let paths = tile_paths();
+        let mut rng = seeded(7);
         for &(m, k, n) in &[
             (1, 1, 1),
             (10, 13, 32),
@@ -650,24 +647,19 @@ mod tests {
             let c0 = uniform(&mut rng, m * ldc);
             // The same A stored column-major: at[k·m + i] = A[i][k].
             let at: Vec<f32> = (0..k * m).map(|x| a[(x % m) * lda + x / m]).collect();
-            for &avx in paths {
-                for accumulate in [false, true] {
-                    for transposed in [false, true] {
-                        let mut packed = PackedA::default();
-                        if transposed {
-                            packed.pack(&at, m, k, 1, m);
-                        } else {
-                            packed.pack(&a, m, k, lda, 1);
-                        }
-                        let mut c = poisoned(&c0, n, ldc);
-                        gemm_on(avx, &packed, &b, ldb, n, &mut c, ldc, accumulate);
-                        let term = |i: usize, j: usize, kk: usize| {
-                            a[i * lda + kk] as f64 * b[kk * ldb + j] as f64
-                        };
-                        let what = format!("{m}x{k}x{n} avx512 {avx}");
-                        assert_product(&c, &c0, (m, n, ldc), k, accumulate, term, &what);
-                    }
+            let term =
+                |i: usize, j: usize, kk: usize| a[i * lda + kk] as f64 * b[kk * ldb + j] as f64;
+            for transposed in [false, true] {
+                let mut packed = PackedA::default();
+                if transposed {
+                    packed.pack(&at, m, k, 1, m);
+                } else {
+                    packed.pack(&a, m, k, lda, 1);
                 }
+                let what = format!("{m}x{k}x{n} A transposed {transposed}");
+                check_on_paths(&c0, (m, n, ldc), k, term, &what, |avx, c, accumulate| {
+                    gemm_on(avx, &packed, &b, ldb, n, c, ldc, accumulate)
+                });
             }
         }
     }
@@ -748,8 +740,7 @@ mod tests {
     /// below, at and past a vector, overwrite and accumulate, padding poisoned.
     #[test]
     fn gemm_nt_matches_float64_on_ragged_shapes() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
-        let paths = tile_paths();
+        let mut rng = seeded(8);
         for &(m, n, k) in &[
             (1, 1, 1),
             (4, 5, 16),
@@ -763,17 +754,12 @@ mod tests {
             let a = uniform(&mut rng, m * lda);
             let b = uniform(&mut rng, n * ldb);
             let c0 = uniform(&mut rng, m * ldc);
-            for &avx in paths {
-                for accumulate in [false, true] {
-                    let mut c = poisoned(&c0, n, ldc);
-                    gemm_nt_on(avx, &a, lda, m, &b, ldb, n, k, &mut c, ldc, accumulate);
-                    let term = |i: usize, j: usize, kk: usize| {
-                        a[i * lda + kk] as f64 * b[j * ldb + kk] as f64
-                    };
-                    let what = format!("{m}x{n}x{k} avx512 {avx}");
-                    assert_product(&c, &c0, (m, n, ldc), k, accumulate, term, &what);
-                }
-            }
+            let term =
+                |i: usize, j: usize, kk: usize| a[i * lda + kk] as f64 * b[j * ldb + kk] as f64;
+            let what = format!("{m}x{n}x{k}");
+            check_on_paths(&c0, (m, n, ldc), k, term, &what, |avx, c, accumulate| {
+                gemm_nt_on(avx, &a, lda, m, &b, ldb, n, k, c, ldc, accumulate)
+            });
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Test helpers shared by the GEMM tiles' unit tests: the paths to test, random operands,
 //! and a float64 check of a product.
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 /// The tile paths this CPU can run: the portable one, and the AVX-512 one where present.
 pub(super) fn tile_paths() -> &'static [bool] {
@@ -10,6 +10,11 @@ pub(super) fn tile_paths() -> &'static [bool] {
     } else {
         &[false]
     }
+}
+
+/// The tests' random numbers, reproducible from `seed`.
+pub(super) fn seeded(seed: u64) -> rand::rngs::StdRng {
+    rand::rngs::StdRng::seed_from_u64(seed)
 }
 
 /// `n` values uniform in [-1, 1).
@@ -63,5 +68,25 @@ pub(super) fn assert_product(
             pad.iter().all(|v| v.is_nan()),
             "{what}: wrote past column {n}"
         );
+    }
+}
+
+/// Runs `run(avx512, c, accumulate)` on every tile path, overwriting and accumulating into
+/// a copy of `c0` with its padding poisoned, and checks each result with [`assert_product`].
+pub(super) fn check_on_paths(
+    c0: &[f32],
+    (m, n, ldc): (usize, usize, usize),
+    depth: usize,
+    term: impl Fn(usize, usize, usize) -> f64,
+    what: &str,
+    mut run: impl FnMut(bool, &mut [f32], bool),
+) {
+    for &avx in tile_paths() {
+        for accumulate in [false, true] {
+            let mut c = poisoned(c0, n, ldc);
+            run(avx, &mut c, accumulate);
+            let what = format!("{what} avx512 {avx}");
+            assert_product(&c, c0, (m, n, ldc), depth, accumulate, &term, &what);
+        }
     }
 }

@@ -267,9 +267,7 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
-
-    use super::super::product_check::{assert_product, poisoned, tile_paths, uniform};
+    use super::super::product_check::{assert_product, poisoned, seeded, tile_paths, uniform};
     use super::*;
 
     /// Both paths against a float64 product, for offsets shaped like conv2's forward (runs
@@ -279,7 +277,7 @@ mod tests {
     /// poisoned. x ends right after the last element read.
     #[test]
     fn window_gemm_matches_float64() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut rng = seeded(11);
         let paths = tile_paths();
         let taps: Vec<usize> = (0..50)
             .map(|t| (t / 25) * 169 + (t / 5 % 5) * 13 + t % 5)
