@@ -459,6 +459,51 @@ inline __half2 __hadd2(__half2 a, __half2 b) { return {__hadd(a.x, b.x), __hadd(
 inline __half2 __hmul2(__half2 a, __half2 b) { return {__hmul(a.x, b.x), __hmul(a.y, b.y)}; }
 inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) { return {__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)}; }
 
+// ---- __nv_bfloat16: bfloat16 storage (the top 16 bits of an f32), converted from float
+// by rounding to nearest even and NaN to the canonical quiet NaN 0x7fff, as cuda_bf16.h's
+// __float2bfloat16 and PTX's cvt.rn.bf16.f32 do. Arithmetic is float rounded back: for
+// + - * that is correctly rounded bf16 arithmetic (float has > 2*8+2 bits).
+// (The CUDA side of this header does not include cuda_bf16.h yet: no nanoddp kernel takes
+// bf16 so far, and user kernels that do include it themselves.)
+namespace simt {
+inline std::uint16_t f32_to_bf16_bits(float f) {
+    std::uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
+    // Adding 0x7fff rounds up past the halfway point; the low result bit breaks ties to even.
+    // Overflow carries into the exponent, up to inf, as rounding should.
+    return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+inline float bf16_bits_to_f32(std::uint16_t h) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+}  // namespace simt
+
+struct __nv_bfloat16 {
+    std::uint16_t x;
+    __nv_bfloat16() = default;
+    __nv_bfloat16(float f) : x(simt::f32_to_bf16_bits(f)) {}
+    __nv_bfloat16(int i) : x(simt::f32_to_bf16_bits(static_cast<float>(i))) {}
+    operator float() const { return simt::bf16_bits_to_f32(x); }
+};
+static_assert(sizeof(__nv_bfloat16) == 2, "bfloat16 layout matches CUDA");
+
+inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
+inline float __bfloat162float(__nv_bfloat16 h) { return static_cast<float>(h); }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
+    __nv_bfloat16 h;
+    h.x = u;
+    return h;
+}
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
+inline __nv_bfloat16 __hadd(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat16(float(a) + float(b)); }
+inline __nv_bfloat16 __hsub(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat16(float(a) - float(b)); }
+inline __nv_bfloat16 __hmul(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat16(float(a) * float(b)); }
+
 // ---- nvcuda::wmma, 16x16x16 with half inputs and float or half accumulators.
 // The element-to-lane mapping is unspecified in CUDA; here lane l holds the 8 elements
 // e = 8l..8l+7 of the fragment's logical 16x16 matrix in row-major order (row e/16,

@@ -183,3 +183,90 @@ fn a_user_kernels_launch_bounds_are_read_and_enforced() {
         other => panic!("expected a declaration error, got {other:?}"),
     }
 }
+
+/// The emulator's `__nv_bfloat16` converts as CUDA does: every bf16 bit pattern widens
+/// exactly, and f32 narrows by rounding to nearest even (checked against `half::bf16` and,
+/// for the ties and the overflow boundary, by hand), NaN to the canonical 0x7fff.
+#[test]
+fn bfloat16_conversions_round_to_nearest_even_over_every_bit_pattern() {
+    let path = write_kernel(
+        "bf16.cu",
+        "#include \"simt.cuh\"\n\
+         extern \"C\" __global__ void bf16_convert(const unsigned int* bits, float* wide,\n\
+                                                   const float* x, unsigned int* narrow, int n) {\n\
+             int i = blockIdx.x * blockDim.x + threadIdx.x;\n\
+             if (i >= n) return;\n\
+             wide[i] = __bfloat162float(__ushort_as_bfloat16((unsigned short)bits[i]));\n\
+             narrow[i] = __bfloat16_as_ushort(__float2bfloat16(x[i]));\n\
+         }\n",
+    );
+    let module = SimtModule::compile(&path).expect("builds");
+    let dev = SimtDevice::new(0);
+    let bits: Vec<u32> = (0..=u16::MAX as u32).collect();
+    // Each bf16 value, the points halfway to its upper neighbour (ties) and just either
+    // side of them, and the overflow boundary.
+    let mut x: Vec<f32> = Vec::new();
+    for &b in &bits {
+        let f = f32::from_bits(b << 16);
+        let tie = f32::from_bits((b << 16) | 0x8000);
+        x.extend([
+            f,
+            tie,
+            f32::from_bits(tie.to_bits() - 1),
+            f32::from_bits(tie.to_bits() + 1),
+        ]);
+    }
+    x.extend([f32::MAX, 3.3961776e38, f32::INFINITY, -f32::INFINITY]);
+    let n = x.len();
+    let mut padded_bits = bits.clone();
+    padded_bits.resize(n, 0);
+    let d_bits = dev.upload(&padded_bits).unwrap();
+    let d_x = dev.upload(&x).unwrap();
+    let mut wide = dev.upload(&vec![f32::NAN; n]).unwrap();
+    let mut narrow = dev.upload(&vec![0xdead_beef_u32; n]).unwrap();
+    let args = [
+        KernelArg::buffer(&d_bits),
+        KernelArg::buffer_mut(&mut wide),
+        KernelArg::buffer(&d_x),
+        KernelArg::buffer_mut(&mut narrow),
+        KernelArg::I32(n as i32),
+    ];
+    // SAFETY: one thread per element of the n-element buffers, each touching index i < n.
+    unsafe { module.launch(&dev, "bf16_convert", LaunchConfig::flat(n), &args) }.unwrap();
+    let wide = dev.download(&wide).unwrap();
+    for &b in &bits {
+        let want = half::bf16::from_bits(b as u16).to_f32();
+        let got = wide[b as usize];
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "bf16 {b:#06x} widened to {got}, want {want}"
+        );
+    }
+    for (v, got) in x.iter().zip(dev.download(&narrow).unwrap()) {
+        if v.is_nan() {
+            assert_eq!(got, 0x7fff, "NaN {:#010x}", v.to_bits());
+            continue;
+        }
+        let want = half::bf16::from_f32(*v).to_bits() as u32;
+        assert_eq!(got, want, "{v:e} ({:#010x}) narrowed", v.to_bits());
+    }
+    // The reference itself, by hand: a tie goes to the even neighbour, just above it to the
+    // upper one, and the largest finite f32 rounds up to inf.
+    let narrowed = |v: f32| half::bf16::from_f32(v).to_bits();
+    assert_eq!(
+        narrowed(f32::from_bits(0x3f80_8000)),
+        0x3f80,
+        "tie to even (down)"
+    );
+    assert_eq!(
+        narrowed(f32::from_bits(0x3f81_8000)),
+        0x3f82,
+        "tie to even (up)"
+    );
+    assert_eq!(
+        narrowed(f32::from_bits(0x3f80_8001)),
+        0x3f81,
+        "above the tie"
+    );
+    assert_eq!(narrowed(f32::MAX), 0x7f80, "overflow to inf");
+}
