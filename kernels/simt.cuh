@@ -380,33 +380,93 @@ inline float f16_bits_to_f32(std::uint16_t h) {
 }
 }  // namespace simt
 
-struct __half {
+namespace simt {
+// A 16-bit float's storage, raw bits in `x`, converted to and from float by `Format`'s
+// `from_f32` and `to_f32`: __half and __nv_bfloat16 are this with their formats.
+template <class Format>
+struct Float16 {
     std::uint16_t x;
-    __half() = default;
-    __half(float f) : x(simt::f32_to_f16_bits(f)) {}
-    __half(double d) : x(simt::f32_to_f16_bits(static_cast<float>(d))) {}
-    __half(int i) : x(simt::f32_to_f16_bits(static_cast<float>(i))) {}
-    operator float() const { return simt::f16_bits_to_f32(x); }
+    Float16() = default;
+    Float16(float f) : x(Format::from_f32(f)) {}
+    Float16(double d) : x(Format::from_f32(static_cast<float>(d))) {}
+    Float16(int i) : x(Format::from_f32(static_cast<float>(i))) {}
+    operator float() const { return Format::to_f32(x); }
 };
+struct Binary16 {
+    static std::uint16_t from_f32(float f) { return f32_to_f16_bits(f); }
+    static float to_f32(std::uint16_t h) { return f16_bits_to_f32(h); }
+};
+}  // namespace simt
+
+using __half = simt::Float16<simt::Binary16>;
 using half = __half;
 struct __half2 {
     __half x, y;
 };
 static_assert(sizeof(__half) == 2 && sizeof(__half2) == 4, "half layout matches CUDA");
 
-inline __half __float2half_rn(float f) { return __half(f); }
-inline __half __float2half(float f) { return __half(f); }
-inline float __half2float(__half h) { return static_cast<float>(h); }
-inline __half __ushort_as_half(unsigned short u) {
-    __half h;
+// ---- __nv_bfloat16: bfloat16 storage (the top 16 bits of an f32), converted from float
+// by rounding to nearest even and NaN to the canonical quiet NaN 0x7fff, as cuda_bf16.h's
+// __float2bfloat16 and PTX's cvt.rn.bf16.f32 do. Arithmetic is float rounded back: for
+// + - * that is correctly rounded bf16 arithmetic (float has > 2*8+2 bits).
+// (The CUDA side of this header does not include cuda_bf16.h yet: no nanoddp kernel takes
+// bf16 so far, and user kernels that do include it themselves.)
+namespace simt {
+inline std::uint16_t f32_to_bf16_bits(float f) {
+    std::uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
+    // Adding 0x7fff rounds up past the halfway point; the low result bit breaks ties to even.
+    // Overflow carries into the exponent, up to inf, as rounding should.
+    return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+inline float bf16_bits_to_f32(std::uint16_t h) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+struct Bfloat16 {
+    static std::uint16_t from_f32(float f) { return f32_to_bf16_bits(f); }
+    static float to_f32(std::uint16_t h) { return bf16_bits_to_f32(h); }
+};
+}  // namespace simt
+
+using __nv_bfloat16 = simt::Float16<simt::Bfloat16>;
+static_assert(sizeof(__nv_bfloat16) == 2, "bfloat16 layout matches CUDA");
+
+// __half and __nv_bfloat16 share what does not depend on the format: raw bits in `x`, and
+// + - * / computed in float and rounded back by the constructor.
+namespace simt {
+template <class H>
+constexpr bool is_float16 = std::is_same_v<H, __half> || std::is_same_v<H, __nv_bfloat16>;
+template <class H>
+inline H from_bits(unsigned short u) {
+    H h;
     h.x = u;
     return h;
 }
+}  // namespace simt
+template <class H, class = std::enable_if_t<simt::is_float16<H>>>
+inline H __hadd(H a, H b) { return H(float(a) + float(b)); }
+template <class H, class = std::enable_if_t<simt::is_float16<H>>>
+inline H __hsub(H a, H b) { return H(float(a) - float(b)); }
+template <class H, class = std::enable_if_t<simt::is_float16<H>>>
+inline H __hmul(H a, H b) { return H(float(a) * float(b)); }
+template <class H, class = std::enable_if_t<simt::is_float16<H>>>
+inline H __hdiv(H a, H b) { return H(float(a) / float(b)); }
+
+inline __half __float2half_rn(float f) { return __half(f); }
+inline __half __float2half(float f) { return __half(f); }
+inline float __half2float(__half h) { return static_cast<float>(h); }
+inline __half __ushort_as_half(unsigned short u) { return simt::from_bits<__half>(u); }
 inline unsigned short __half_as_ushort(__half h) { return h.x; }
-inline __half __hadd(__half a, __half b) { return __half(float(a) + float(b)); }
-inline __half __hsub(__half a, __half b) { return __half(float(a) - float(b)); }
-inline __half __hmul(__half a, __half b) { return __half(float(a) * float(b)); }
-inline __half __hdiv(__half a, __half b) { return __half(float(a) / float(b)); }
+
+inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
+inline float __bfloat162float(__nv_bfloat16 h) { return static_cast<float>(h); }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return simt::from_bits<__nv_bfloat16>(u); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
 namespace simt {
 // double -> half with a single rounding: go through float rounding to odd (truncate, then
 // set the last bit if anything was lost), which float's 13 spare bits make exact for the
@@ -458,51 +518,6 @@ inline float __high2float(__half2 h) { return float(h.y); }
 inline __half2 __hadd2(__half2 a, __half2 b) { return {__hadd(a.x, b.x), __hadd(a.y, b.y)}; }
 inline __half2 __hmul2(__half2 a, __half2 b) { return {__hmul(a.x, b.x), __hmul(a.y, b.y)}; }
 inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) { return {__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)}; }
-
-// ---- __nv_bfloat16: bfloat16 storage (the top 16 bits of an f32), converted from float
-// by rounding to nearest even and NaN to the canonical quiet NaN 0x7fff, as cuda_bf16.h's
-// __float2bfloat16 and PTX's cvt.rn.bf16.f32 do. Arithmetic is float rounded back: for
-// + - * that is correctly rounded bf16 arithmetic (float has > 2*8+2 bits).
-// (The CUDA side of this header does not include cuda_bf16.h yet: no nanoddp kernel takes
-// bf16 so far, and user kernels that do include it themselves.)
-namespace simt {
-inline std::uint16_t f32_to_bf16_bits(float f) {
-    std::uint32_t x;
-    std::memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
-    // Adding 0x7fff rounds up past the halfway point; the low result bit breaks ties to even.
-    // Overflow carries into the exponent, up to inf, as rounding should.
-    return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-inline float bf16_bits_to_f32(std::uint16_t h) {
-    const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-}  // namespace simt
-
-struct __nv_bfloat16 {
-    std::uint16_t x;
-    __nv_bfloat16() = default;
-    __nv_bfloat16(float f) : x(simt::f32_to_bf16_bits(f)) {}
-    __nv_bfloat16(int i) : x(simt::f32_to_bf16_bits(static_cast<float>(i))) {}
-    operator float() const { return simt::bf16_bits_to_f32(x); }
-};
-static_assert(sizeof(__nv_bfloat16) == 2, "bfloat16 layout matches CUDA");
-
-inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
-inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
-inline float __bfloat162float(__nv_bfloat16 h) { return static_cast<float>(h); }
-inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
-    __nv_bfloat16 h;
-    h.x = u;
-    return h;
-}
-inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
-inline __nv_bfloat16 __hadd(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat16(float(a) + float(b)); }
-inline __nv_bfloat16 __hsub(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat16(float(a) - float(b)); }
-inline __nv_bfloat16 __hmul(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat16(float(a) * float(b)); }
 
 // ---- nvcuda::wmma, 16x16x16 with half inputs and float or half accumulators.
 // The element-to-lane mapping is unspecified in CUDA; here lane l holds the 8 elements
