@@ -5,7 +5,7 @@ use std::env;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::declarations::ParamKind;
+use crate::declarations::{ParamKind, ENTRY_TYPES};
 use crate::emulator::simt_entry_symbol;
 use crate::kernel_files::{Kernel, Module};
 use crate::nvcc::{PTX_ARCH, SASS_ARCHS};
@@ -108,9 +108,41 @@ pub(crate) fn generate_rust(
         for k in &m.kernels {
             generate_kernel(&mut g, m, k);
         }
+        generate_per_type(&mut g, m);
         g.push_str("}\n\n");
     }
     g
+}
+
+/// For every kernel that exists once per storage type (`simt.cuh`'s
+/// `NANODDP_ENTRY_EACH_TYPE`: `base_f32`, `base_f16`, `base_bf16`), `BASE`: its entries in
+/// `DType::ALL` order, which `PrecisionOp::kernel` indexes by the type's position.
+fn generate_per_type(g: &mut String, m: &Module) {
+    let (first_suffix, _) = ENTRY_TYPES[0];
+    for k in &m.kernels {
+        let Some(base) = k.name.strip_suffix(&format!("_{first_suffix}")) else {
+            continue;
+        };
+        let names: Vec<String> = ENTRY_TYPES
+            .iter()
+            .map(|(suffix, _)| format!("{base}_{suffix}"))
+            .collect();
+        if !names.iter().all(|n| m.kernels.iter().any(|k| &k.name == n)) {
+            continue;
+        }
+        let entries: Vec<String> = names
+            .iter()
+            .map(|n| format!("&{}", n.to_uppercase()))
+            .collect();
+        let _ = writeln!(
+            g,
+            "    /// `{base}` for each storage type, in `DType::ALL` order.\n    \
+             pub static {}: [&KernelSignature; {}] = [{}];\n",
+            base.to_uppercase(),
+            names.len(),
+            entries.join(", ")
+        );
+    }
 }
 
 fn generate_kernel(g: &mut String, m: &Module, k: &Kernel) {

@@ -6,14 +6,14 @@
 // writes for a push), as NCCL's P2P transport does. The addresses arrive in one small device
 // array: `addrs[0..nsrc]` the sources, `addrs[nsrc..nsrc+ndst]` the destinations.
 // Sums are left folds in f32 in source order, so every rank that computes an element
-// computes it bit for bit the same, whatever the backend; half buffers are widened, summed
-// in f32 and rounded once per store. Each thread reads all sources of its elements before
+// computes it bit for bit the same, whatever the backend; 16-bit buffers (fp16, bf16) are
+// widened, summed in f32 and rounded once per store. Each thread reads all sources of its elements before
 // writing any destination, so a destination may alias a source (in-place reduction).
 //
 // Launch: 1-D grid-stride, 256 threads per block, 4 consecutive elements per thread per
 // iteration so each buffer is touched in 16-byte runs. Bytes per element: nsrc reads +
-// ndst writes (4 B each for f32, 2 B for half); FLOPs: nsrc - 1 adds. Bound by memory (or
-// by the link to the peer) at any k.
+// ndst writes (4 B each for f32, 2 B for fp16 and bf16); FLOPs: nsrc - 1 adds. Bound by
+// memory (or by the link to the peer) at any k.
 #include "simt.cuh"
 
 template <class T>
@@ -38,12 +38,8 @@ __device__ __forceinline__ void reduce_sum(const unsigned long long* __restrict_
     }
 }
 
-extern "C" __global__ void reduce_sum_f32(const unsigned long long* __restrict__ addrs, int nsrc, int ndst,
-                                          unsigned long long n, float scale) {
-    reduce_sum<float>(addrs, nsrc, ndst, n, scale);
-}
-
-extern "C" __global__ void reduce_sum_f16(const unsigned long long* __restrict__ addrs, int nsrc, int ndst,
-                                          unsigned long long n, float scale) {
-    reduce_sum<__half>(addrs, nsrc, ndst, n, scale);
-}
+// (256, 1): with a bare 256, ptxas for sm_90 aims at 8 resident blocks (32 registers) and
+// spills; this kernel wants 38.
+NANODDP_ENTRY_EACH_TYPE(reduce_sum, (256, 1),
+    (const unsigned long long* __restrict__ addrs, int nsrc, int ndst, unsigned long long n, float scale),
+    (addrs, nsrc, ndst, n, scale))

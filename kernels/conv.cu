@@ -14,7 +14,7 @@
 // thread of a block shares) in shared memory, and reads x through the cache, where the
 // KH·KW overlapping windows of neighbouring threads hit the same lines.
 //
-// Kernels, each for fp32 (_f32) and for half storage with float accumulation (_f16):
+// Kernels, each for fp32 (_f32) and for 16-bit storage with float accumulation (_f16, _bf16):
 //   conv2d_forward:         one thread per output pixel; grid (ceil(P·Q/256), O, batch),
 //                           block 256. The block's filter w[o] is staged in shared memory
 //                           in chunks of whole input channels (≤ 1024 floats; KH·KW ≤ 1024).
@@ -191,54 +191,21 @@ __device__ __forceinline__ void conv2d_backward_bias(const T* __restrict__ dy, f
 
 // ---------------------------------------------------------------- entry points
 
-extern "C" __global__ void __launch_bounds__(256)
-    conv2d_forward_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias_or_null,
-                       float* __restrict__ y, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
-                       int pad, int out_h, int out_w, int relu) {
-    conv2d_forward<float>(x, w, bias_or_null, y, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu);
-}
+NANODDP_ENTRY_EACH_TYPE(conv2d_forward, (256),
+    (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y,
+     int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int relu),
+    (x, w, bias_or_null, y, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu))
 
-extern "C" __global__ void __launch_bounds__(256)
-    conv2d_forward_f16(const __half* __restrict__ x, const __half* __restrict__ w,
-                       const float* __restrict__ bias_or_null, __half* __restrict__ y, int in_c, int in_h, int in_w,
-                       int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int relu) {
-    conv2d_forward<__half>(x, w, bias_or_null, y, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu);
-}
+NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input, (256),
+    (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int in_c, int in_h, int in_w, int out_c,
+     int k_h, int k_w, int stride, int pad, int out_h, int out_w),
+    (dy, w, dx, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
 
-extern "C" __global__ void __launch_bounds__(256)
-    conv2d_backward_input_f32(const float* __restrict__ dy, const float* __restrict__ w, float* __restrict__ dx,
-                              int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
-                              int out_h, int out_w) {
-    conv2d_backward_input<float>(dy, w, dx, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w);
-}
+NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter, (256),
+    (const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ dw, int batch, int in_c, int in_h,
+     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),
+    (x, dy, dw, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
 
-extern "C" __global__ void __launch_bounds__(256)
-    conv2d_backward_input_f16(const __half* __restrict__ dy, const __half* __restrict__ w, __half* __restrict__ dx,
-                              int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
-                              int out_h, int out_w) {
-    conv2d_backward_input<__half>(dy, w, dx, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-    conv2d_backward_filter_f32(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ dw,
-                               int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
-                               int pad, int out_h, int out_w) {
-    conv2d_backward_filter<float>(x, dy, dw, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-    conv2d_backward_filter_f16(const __half* __restrict__ x, const __half* __restrict__ dy, float* __restrict__ dw,
-                               int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
-                               int pad, int out_h, int out_w) {
-    conv2d_backward_filter<__half>(x, dy, dw, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-    conv2d_backward_bias_f32(const float* __restrict__ dy, float* __restrict__ db, int batch, int out_c, int pixels) {
-    conv2d_backward_bias<float>(dy, db, batch, out_c, pixels);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-    conv2d_backward_bias_f16(const __half* __restrict__ dy, float* __restrict__ db, int batch, int out_c, int pixels) {
-    conv2d_backward_bias<__half>(dy, db, batch, out_c, pixels);
-}
+NANODDP_ENTRY_EACH_TYPE(conv2d_backward_bias, (256),
+    (const T* __restrict__ dy, float* __restrict__ db, int batch, int out_c, int pixels),
+    (dy, db, batch, out_c, pixels))

@@ -10,10 +10,10 @@
 //   scale            8 B   (read + write f32)                 1 FLOP
 //   axpy            12 B   (read x, read y, write y)           2 FLOPs
 //   add             12 B   (read a, read b, write out)         1 FLOP
-//   cast_f32_to_f16  6 B   (read f32, write f16)
-//   cast_f16_to_f32  6 B   (read f16, write f32)
-// Casts round to nearest even (__float2half_rn), the IEEE default, so results are the
-// same on every backend.
+//   cast_from_f32_T  6 B   (read f32, write a 16-bit T; 8 B for the f32 copy)
+//   cast_to_f32_T    6 B   (read a 16-bit T, write f32)
+// Casts round to nearest even (the T(float) constructor: __float2half_rn,
+// __float2bfloat16_rn), the IEEE default, so results are the same on every backend.
 #include "simt.cuh"
 
 // out[i] = value
@@ -38,26 +38,32 @@ extern "C" __global__ void add_f32(const float* __restrict__ a, const float* __r
     SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
 }
 
-// out[i] = (half) in[i], round to nearest even; overflow gives ±inf, NaN stays NaN.
-extern "C" __global__ void cast_f32_to_f16(const float* __restrict__ in, __half* __restrict__ out,
-                                           unsigned long long n) {
-    SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = __float2half_rn(in[i]); }
+// out[i] = T(in[i]), round to nearest even; overflow gives ±inf, NaN stays NaN.
+template <class T>
+__device__ __forceinline__ void cast_from_f32(const float* __restrict__ in, T* __restrict__ out,
+                                              unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = (T)in[i]; }
 }
 
-// out[i] = (float) in[i]; exact for every half value.
-extern "C" __global__ void cast_f16_to_f32(const __half* __restrict__ in, float* __restrict__ out,
-                                           unsigned long long n) {
-    SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = __half2float(in[i]); }
+// out[i] = (float) in[i]; exact for every value of each storage type.
+template <class T>
+__device__ __forceinline__ void cast_to_f32(const T* __restrict__ in, float* __restrict__ out, unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { out[i] = (float)in[i]; }
 }
+
+NANODDP_ENTRY_EACH_TYPE(cast_from_f32, (256),
+    (const float* __restrict__ in, T* __restrict__ out, unsigned long long n), (in, out, n))
+NANODDP_ENTRY_EACH_TYPE(cast_to_f32, (256),
+    (const T* __restrict__ in, float* __restrict__ out, unsigned long long n), (in, out, n))
 
 // dx[i] = dy[i] where the layer's output y[i] > 0, else 0 (ReLU backward; y > 0 exactly
 // where the input was > 0). 3 elements moved per element: 12 B fp32, 6 B half.
-extern "C" __global__ void relu_backward_f32(const float* __restrict__ y, const float* __restrict__ dy,
-                                             float* __restrict__ dx, unsigned long long n) {
-    SIMT_GRID_STRIDE_LOOP(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+template <class T>
+__device__ __forceinline__ void relu_backward(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                                              unsigned long long n) {
+    SIMT_GRID_STRIDE_LOOP(i, n) { dx[i] = (float)y[i] > 0.0f ? dy[i] : (T)0.0f; }
 }
 
-extern "C" __global__ void relu_backward_f16(const __half* __restrict__ y, const __half* __restrict__ dy,
-                                             __half* __restrict__ dx, unsigned long long n) {
-    SIMT_GRID_STRIDE_LOOP(i, n) { dx[i] = (float)y[i] > 0.0f ? dy[i] : __float2half_rn(0.0f); }
-}
+NANODDP_ENTRY_EACH_TYPE(relu_backward, (256),
+    (const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, unsigned long long n),
+    (y, dy, dx, n))

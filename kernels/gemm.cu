@@ -27,7 +27,10 @@
 //   as written (no -use_fast_math).
 //   Launch: grid (ceil(N/64), ceil(M/64)), block 256.
 //
-// gemm_f16_wmma_{f32,f16}out — tensor cores through nvcuda::wmma, half in, float accumulate.
+// gemm_{f16,bf16}_wmma_{f32,f16,bf16}out — tensor cores through nvcuda::wmma, 16-bit in
+//   (fp16 or bf16, both exact in the f32 accumulators' products), float accumulate, out in
+//   f32 or the input type. bf16 fragments need sm_80: the compute_75 PTX build of the bf16
+//   entries traps, and the CUDA backend refuses a bf16 GEMM below compute capability 8.0.
 //   Block tile 64 x 64, K step 16, 4 warps as 2 x 2, each warp owning 32 x 32 = 2 x 2 16x16
 //   accumulator fragments. Tiles are staged in shared memory zero-padded past M, N and K, so
 //   any shape works; shared rows are padded (24 and 72 halves) to spread banks while keeping
@@ -116,17 +119,17 @@ extern "C" __global__ void __launch_bounds__(256)
 #define WMMA_LDB 72  // 64 + 8
 #define WMMA_LDC 68  // floats
 
-template <class TOut>
-__device__ __forceinline__ void gemm_f16_wmma(const __half* __restrict__ a, const __half* __restrict__ b,
+template <class TIn, class TOut>
+__device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* __restrict__ b,
                                               TOut* __restrict__ c, const float* __restrict__ bias, int m, int n, int k,
                                               int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha,
                                               float beta, int relu) {
     using namespace nvcuda;
-    // wmma::load/store_matrix_sync need 256-bit (32-byte) aligned tile pointers; __half and
+    // wmma::load/store_matrix_sync need 256-bit (32-byte) aligned tile pointers; 16-bit and
     // float arrays alone are only 2- and 4-byte aligned. Every tile offset used below is a
     // multiple of 32 bytes (16 rows of 48 or 272 bytes; 16 columns of 2 or 4 bytes).
-    __shared__ __align__(32) __half as[GEMM_BM * WMMA_LDA];
-    __shared__ __align__(32) __half bs[GEMM_BK * WMMA_LDB];
+    __shared__ __align__(32) TIn as[GEMM_BM * WMMA_LDA];
+    __shared__ __align__(32) TIn bs[GEMM_BK * WMMA_LDB];
     __shared__ __align__(32) float cs[GEMM_BM * WMMA_LDC];
     const int warp = threadIdx.x / 32;
     const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;  // this warp's 32 x 32 corner
@@ -143,7 +146,7 @@ __device__ __forceinline__ void gemm_f16_wmma(const __half* __restrict__ a, cons
             if (trans_a) { am = idx % GEMM_BM; ak = idx / GEMM_BM; }
             else { ak = idx % GEMM_BK; am = idx / GEMM_BK; }
             int gm = m0 + am, gk = k0 + ak;
-            __half av = __float2half_rn(0.0f);
+            TIn av = (TIn)0.0f;
             if (gm < m && gk < k) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
             as[am * WMMA_LDA + ak] = av;
             int bk, bn;
@@ -151,13 +154,13 @@ __device__ __forceinline__ void gemm_f16_wmma(const __half* __restrict__ a, cons
             else { bn = idx % GEMM_BN; bk = idx / GEMM_BN; }
             int gn = n0 + bn;
             gk = k0 + bk;
-            __half bv = __float2half_rn(0.0f);
+            TIn bv = (TIn)0.0f;
             if (gn < n && gk < k) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
             bs[bk * WMMA_LDB + bn] = bv;
         }
         __syncthreads();
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, TIn, wmma::row_major> fa[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, TIn, wmma::row_major> fb[2];
         for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &as[(wm + 16 * i) * WMMA_LDA], WMMA_LDA);
         for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &bs[wn + 16 * j], WMMA_LDB);
         for (int i = 0; i < 2; ++i)
@@ -182,16 +185,39 @@ __device__ __forceinline__ void gemm_f16_wmma(const __half* __restrict__ a, cons
     }
 }
 
+// The entries: (input, output) types. bf16 wmma exists from sm_80 on; an older target (the
+// compute_75 PTX, JIT-compiled on a Turing GPU) gets a body that traps instead.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define GEMM_BF16_BODY(TOut) __trap()
+#else
+#define GEMM_BF16_BODY(TOut) \
+    gemm_wmma<__nv_bfloat16, TOut>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu)
+#endif
+
 extern "C" __global__ void __launch_bounds__(128)
     gemm_f16_wmma_f32out(const __half* __restrict__ a, const __half* __restrict__ b, float* __restrict__ c,
                          const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
                          int trans_a, int trans_b, float alpha, float beta, int relu) {
-    gemm_f16_wmma<float>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu);
+    gemm_wmma<__half, float>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_f16_wmma_f16out(const __half* __restrict__ a, const __half* __restrict__ b, __half* __restrict__ c,
                          const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
                          int trans_a, int trans_b, float alpha, float beta, int relu) {
-    gemm_f16_wmma<__half>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu);
+    gemm_wmma<__half, __half>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemm_bf16_wmma_f32out(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
+                          float* __restrict__ c, const float* __restrict__ bias_or_null, int m, int n, int k, int lda,
+                          int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu) {
+    GEMM_BF16_BODY(float);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemm_bf16_wmma_bf16out(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
+                           __nv_bfloat16* __restrict__ c, const float* __restrict__ bias_or_null, int m, int n, int k,
+                           int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu) {
+    GEMM_BF16_BODY(__nv_bfloat16);
 }

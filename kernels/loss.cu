@@ -56,8 +56,8 @@ __device__ __forceinline__ void softmax_cross_entropy(const T* __restrict__ logi
     }
 }
 
-NANODDP_ENTRY_F32_F16(softmax_cross_entropy,
-                      (const T* __restrict__ logits, const unsigned char* __restrict__ labels,
-                       float* __restrict__ loss, T* __restrict__ grad_or_null, int* __restrict__ correct,
-                       int rows, int classes, float grad_scale),
-                      (logits, labels, loss, grad_or_null, correct, rows, classes, grad_scale))
+NANODDP_ENTRY_EACH_TYPE(softmax_cross_entropy, (256),
+    (const T* __restrict__ logits, const unsigned char* __restrict__ labels,
+     float* __restrict__ loss, T* __restrict__ grad_or_null, int* __restrict__ correct,
+     int rows, int classes, float grad_scale),
+    (logits, labels, loss, grad_or_null, correct, rows, classes, grad_scale))

@@ -14,7 +14,7 @@
 // Bytes: forward reads |x| once (plus window overlap, served by cache) and writes |y| (and
 // the argmax, 4 B per output); backward reads |dy| (and argmax) per covering window and
 // writes |dx|. No shared memory: pooling does ≤ KH·KW comparisons per output and is bound
-// by memory traffic. Each kernel exists for fp32 (_f32) and half storage (_f16).
+// by memory traffic. Each kernel exists per storage type (_f32, _f16, _bf16).
 #include "simt.cuh"
 
 template <class T>
@@ -107,22 +107,22 @@ __device__ __forceinline__ void avg_pool_backward(const T* __restrict__ dy, T* _
 
 // ---------------------------------------------------------------- entry points
 
-NANODDP_ENTRY_F32_F16(max_pool_forward,
-                      (const T* __restrict__ x, T* __restrict__ y, int* __restrict__ argmax, int planes, int in_h, int in_w,
-                       int k_h, int k_w, int stride, int out_h, int out_w),
-                      (x, y, argmax, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
+NANODDP_ENTRY_EACH_TYPE(max_pool_forward, (256),
+    (const T* __restrict__ x, T* __restrict__ y, int* __restrict__ argmax, int planes, int in_h, int in_w,
+     int k_h, int k_w, int stride, int out_h, int out_w),
+    (x, y, argmax, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
 
-NANODDP_ENTRY_F32_F16(max_pool_backward,
-                      (const T* __restrict__ dy, const int* __restrict__ argmax, T* __restrict__ dx, int planes, int in_h,
-                       int in_w, int k_h, int k_w, int stride, int out_h, int out_w),
-                      (dy, argmax, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
+NANODDP_ENTRY_EACH_TYPE(max_pool_backward, (256),
+    (const T* __restrict__ dy, const int* __restrict__ argmax, T* __restrict__ dx, int planes, int in_h,
+     int in_w, int k_h, int k_w, int stride, int out_h, int out_w),
+    (dy, argmax, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
 
-NANODDP_ENTRY_F32_F16(avg_pool_forward,
-                      (const T* __restrict__ x, T* __restrict__ y, int planes, int in_h, int in_w, int k_h, int k_w, int stride,
-                       int out_h, int out_w),
-                      (x, y, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
+NANODDP_ENTRY_EACH_TYPE(avg_pool_forward, (256),
+    (const T* __restrict__ x, T* __restrict__ y, int planes, int in_h, int in_w, int k_h, int k_w, int stride,
+     int out_h, int out_w),
+    (x, y, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
 
-NANODDP_ENTRY_F32_F16(avg_pool_backward,
-                      (const T* __restrict__ dy, T* __restrict__ dx, int planes, int in_h, int in_w, int k_h, int k_w, int stride,
-                       int out_h, int out_w),
-                      (dy, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
+NANODDP_ENTRY_EACH_TYPE(avg_pool_backward, (256),
+    (const T* __restrict__ dy, T* __restrict__ dx, int planes, int in_h, int in_w, int k_h, int k_w, int stride,
+     int out_h, int out_w),
+    (dy, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))

@@ -1,7 +1,7 @@
 // simt.cuh — the one header every kernels/*.cu includes.
 //
-// Under nvcc or NVRTC (__CUDACC__ defined) this is plain CUDA: the fp16 and wmma headers
-// and two small helpers, so kernels read exactly as CUDA C++.
+// Under nvcc or NVRTC (__CUDACC__ defined) this is plain CUDA: the fp16, bf16 and wmma
+// headers and two small helpers, so kernels read exactly as CUDA C++.
 //
 // Under a host C++20 compiler it is the SIMT emulator's device-side half: the same kernel
 // text compiles as ordinary C++ and runs on the CPU through kernels/simt_host.cpp, with
@@ -21,6 +21,7 @@
 
 #if defined(__CUDACC__)
 // ============================================================================ CUDA side
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -409,8 +410,6 @@ static_assert(sizeof(__half) == 2 && sizeof(__half2) == 4, "half layout matches 
 // by rounding to nearest even and NaN to the canonical quiet NaN 0x7fff, as cuda_bf16.h's
 // __float2bfloat16 and PTX's cvt.rn.bf16.f32 do. Arithmetic is float rounded back: for
 // + - * that is correctly rounded bf16 arithmetic (float has > 2*8+2 bits).
-// (The CUDA side of this header does not include cuda_bf16.h yet: no nanoddp kernel takes
-// bf16 so far, and user kernels that do include it themselves.)
 namespace simt {
 inline std::uint16_t f32_to_bf16_bits(float f) {
     std::uint32_t x;
@@ -519,7 +518,8 @@ inline __half2 __hadd2(__half2 a, __half2 b) { return {__hadd(a.x, b.x), __hadd(
 inline __half2 __hmul2(__half2 a, __half2 b) { return {__hmul(a.x, b.x), __hmul(a.y, b.y)}; }
 inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) { return {__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)}; }
 
-// ---- nvcuda::wmma, 16x16x16 with half inputs and float or half accumulators.
+// ---- nvcuda::wmma, 16x16x16 with __half or __nv_bfloat16 inputs and float or 16-bit
+// accumulators.
 // The element-to-lane mapping is unspecified in CUDA; here lane l holds the 8 elements
 // e = 8l..8l+7 of the fragment's logical 16x16 matrix in row-major order (row e/16,
 // column e%16). Each lane loads and stores its own elements, after a rendezvous of the
@@ -550,7 +550,7 @@ struct MmaPayload {
     const void* b;
     const void* c;
 };
-template <class TC, class TD>
+template <class TI, class TC, class TD>
 const char* complete_mma(void* const* payloads, unsigned mask) {
     if (mask != 0xffffffffu) return "wmma::mma_sync needs all 32 lanes of the warp";
     float A[16][16], B[16][16], C[16][16];
@@ -558,8 +558,8 @@ const char* complete_mma(void* const* payloads, unsigned mask) {
         auto* p = static_cast<MmaPayload*>(payloads[l]);
         for (int i = 0; i < 8; ++i) {
             int e = l * 8 + i;
-            A[e / 16][e % 16] = float(static_cast<const __half*>(p->a)[i]);
-            B[e / 16][e % 16] = float(static_cast<const __half*>(p->b)[i]);
+            A[e / 16][e % 16] = float(static_cast<const TI*>(p->a)[i]);
+            B[e / 16][e % 16] = float(static_cast<const TI*>(p->b)[i]);
             C[e / 16][e % 16] = float(static_cast<const TC*>(p->c)[i]);
         }
     }
@@ -568,7 +568,7 @@ const char* complete_mma(void* const* payloads, unsigned mask) {
         for (int i = 0; i < 8; ++i) {
             int e = l * 8 + i, m = e / 16, n = e % 16;
             float acc = C[m][n];
-            for (int k = 0; k < 16; ++k) acc += A[m][k] * B[k][n];  // half products are exact in float
+            for (int k = 0; k < 16; ++k) acc += A[m][k] * B[k][n];  // 11- or 8-bit products: exact in float
             static_cast<TD*>(p->d)[i] = TD(acc);
         }
     }
@@ -617,7 +617,7 @@ const char* complete_tile(void* const* payloads, unsigned mask) {
     constexpr unsigned multiple = 16 / sizeof(T);
     if (first->ldm % multiple != 0) {
         std::snprintf(message, sizeof message, "ldm %u is not a multiple of %u (16 bytes of %s)", first->ldm, multiple,
-                      sizeof(T) == 2 ? "__half" : "float");
+                      sizeof(T) == 2 ? "16-bit elements" : "float");
         return message;
     }
     return nullptr;
@@ -641,13 +641,13 @@ inline void load_tile(T* x, const T* p, unsigned ldm, bool row_major, const char
 }
 }  // namespace detail
 
-template <class Layout>
-inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, __half, Layout>& f, const __half* p, unsigned ldm,
+template <class TI, class Layout, class = std::enable_if_t<simt::is_float16<TI>>>
+inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, TI, Layout>& f, const TI* p, unsigned ldm,
                              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     detail::load_tile(f.x, p, ldm, detail::is_row<Layout>(), file, line);  // A is M x K
 }
-template <class Layout>
-inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, __half, Layout>& f, const __half* p, unsigned ldm,
+template <class TI, class Layout, class = std::enable_if_t<simt::is_float16<TI>>>
+inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, TI, Layout>& f, const TI* p, unsigned ldm,
                              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     detail::load_tile(f.x, p, ldm, detail::is_row<Layout>(), file, line);  // B is K x N
 }
@@ -665,13 +665,18 @@ inline void store_matrix_sync(T* p, const fragment<accumulator, 16, 16, 16, T>& 
         (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[i];
     }
 }
-template <class LA, class LB, class TC, class TD>
-inline void mma_sync(fragment<accumulator, 16, 16, 16, TD>& d, const fragment<matrix_a, 16, 16, 16, __half, LA>& a,
-                     const fragment<matrix_b, 16, 16, 16, __half, LB>& b,
+// A and B hold the same 16-bit type (__half, or __nv_bfloat16 with float accumulators
+// only, as CUDA allows).
+template <class TI, class LA, class LB, class TC, class TD>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, TD>& d, const fragment<matrix_a, 16, 16, 16, TI, LA>& a,
+                     const fragment<matrix_b, 16, 16, 16, TI, LB>& b,
                      const fragment<accumulator, 16, 16, 16, TC>& c) {
+    static_assert(simt::is_float16<TI>, "wmma inputs are __half or __nv_bfloat16");
+    static_assert(std::is_same_v<TI, __half> || (std::is_same_v<TC, float> && std::is_same_v<TD, float>),
+                  "bf16 wmma accumulates in float only");
     detail::MmaPayload p{d.x, a.x, b.x, c.x};
     // d may alias c: the completion reads every C before writing any D.
-    ::simt::warp_sync(0xffffffffu, &p, detail::complete_mma<TC, TD>, "wmma::mma_sync", __FILE__, __LINE__);
+    ::simt::warp_sync(0xffffffffu, &p, detail::complete_mma<TI, TC, TD>, "wmma::mma_sync", __FILE__, __LINE__);
 }
 }  // namespace wmma
 }  // namespace nvcuda
@@ -690,12 +695,13 @@ constexpr const char* scalar_code() {
     if constexpr (std::is_same_v<U, float>) return "f32";
     else if constexpr (std::is_same_v<U, double>) return "f64";
     else if constexpr (std::is_same_v<U, __half>) return "f16";
+    else if constexpr (std::is_same_v<U, __nv_bfloat16>) return "bf16";
     else if constexpr (std::is_same_v<U, int>) return "i32";
     else if constexpr (std::is_same_v<U, unsigned int>) return "u32";
     else if constexpr (std::is_same_v<U, long long> || std::is_same_v<U, long>) return "i64";
     else if constexpr (std::is_same_v<U, unsigned long long> || std::is_same_v<U, unsigned long>) return "u64";
     else if constexpr (std::is_same_v<U, unsigned char>) return "u8";
-    else static_assert(sizeof(T) == 0, "kernel parameters must be float, double, __half, int, unsigned, (unsigned) long long, unsigned char, or pointers to them");
+    else static_assert(sizeof(T) == 0, "kernel parameters must be float, double, __half, __nv_bfloat16, int, unsigned, (unsigned) long long, unsigned char, or pointers to them");
 }
 template <class T>
 std::string param_code() {
@@ -735,13 +741,16 @@ void invoke(void (*kernel)(A...), void* const* params) {
 // ============================================================================ both sides
 // A kernel's entry points, one per storage type, from its one template:
 //
-//   NANODDP_ENTRY_F32_F16(avg_pool_forward, (const T* __restrict__ x, T* __restrict__ y, int n), (x, y, n))
+//   NANODDP_ENTRY_EACH_TYPE(avg_pool_forward, (256), (const T* __restrict__ x, T* __restrict__ y, int n), (x, y, n))
 //
-// defines `extern "C" __global__ void avg_pool_forward_f32(const float* x, float* y, int n)`
-// calling `avg_pool_forward<float>(x, y, n)`, and `avg_pool_forward_f16` with `__half`. The
-// parameters name the storage type `T`. Each entry lives in a namespace of its own where
-// `T` is that type (extern "C" keeps its symbol the bare name) and is brought out by a
-// using-declaration. nanoddp's declaration parser (src/kernels/declarations.rs) reads an
-// invocation as the two declarations, so the launchers know both.
-#define NANODDP_ENTRY_(type, suffix, name, params, args) namespace nanoddp_entry_##name##_##suffix { using T = type; extern "C" __global__ void name##_##suffix params { name<T> args; } } using nanoddp_entry_##name##_##suffix::name##_##suffix;
-#define NANODDP_ENTRY_F32_F16(name, params, args) NANODDP_ENTRY_(float, f32, name, params, args) NANODDP_ENTRY_(__half, f16, name, params, args)
+// defines `extern "C" __global__ void __launch_bounds__(256) avg_pool_forward_f32(const
+// float* x, float* y, int n)` calling `avg_pool_forward<float>(x, y, n)`, and
+// `avg_pool_forward_f16` and `_bf16` with `__half` and `__nv_bfloat16`: the storage types of
+// nanoddp's DType (src/dtype.rs), in its order. The second argument is the launch bounds'
+// arguments (every nanoddp kernel launches 256 threads). The parameters name the storage type `T`.
+// Each entry lives in a namespace of its own where `T` is that type (extern "C" keeps its
+// symbol the bare name) and is brought out by a using-declaration. nanoddp's declaration
+// parser (src/kernels/declarations.rs) reads an invocation as the three declarations, so the
+// launchers know each.
+#define NANODDP_ENTRY_(type, suffix, name, bounds, params, args) namespace nanoddp_entry_##name##_##suffix { using T = type; extern "C" __global__ void __launch_bounds__ bounds name##_##suffix params { name<T> args; } } using nanoddp_entry_##name##_##suffix::name##_##suffix;
+#define NANODDP_ENTRY_EACH_TYPE(name, bounds, params, args) NANODDP_ENTRY_(float, f32, name, bounds, params, args) NANODDP_ENTRY_(__half, f16, name, bounds, params, args) NANODDP_ENTRY_(__nv_bfloat16, bf16, name, bounds, params, args)

@@ -9,7 +9,7 @@
 
 mod common;
 
-use half::f16;
+use half::{bf16, f16};
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::simt::{same_under_lane_orders, LaneOrder};
 use nanoddp::backend::{BackendError, DeviceBuffer, Precision};
@@ -105,6 +105,7 @@ fn reduce_all<D: CommDevice, T: Precision>(dev: &D, dtype: DType) -> Result<Vec<
 fn reduce_both<D: CommDevice>(dev: &D) -> Result<Vec<u8>, BackendError> {
     let mut out = reduce_all::<D, f32>(dev, DType::F32)?;
     out.extend(reduce_all::<D, f16>(dev, DType::F16)?);
+    out.extend(reduce_all::<D, bf16>(dev, DType::BF16)?);
     Ok(out)
 }
 

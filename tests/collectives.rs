@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use half::f16;
+use half::{bf16, f16};
 use nanoddp::backend::cpu::{CpuBuffer, CpuDevice};
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::backend::{BackendError, DeviceScalar, Memory};
@@ -198,6 +198,14 @@ fn cuda_all_reduce_over_peer_memory_for_every_algorithm_and_rank_count() {
         false,
         ReduceOp::Avg,
     );
+    all_reduce_exact::<nanoddp::backend::cuda::CudaDevice, bf16>(
+        common::cuda_device,
+        common::cuda_gpus().min(3),
+        1001,
+        Some(Algorithm::Tree),
+        true,
+        ReduceOp::Sum,
+    );
 }
 
 #[test]
@@ -206,6 +214,9 @@ fn averages_and_half_precision() {
         all_reduce_exact::<CpuDevice, f32>(cpu_device, 4, 1001, algo, true, ReduceOp::Avg);
         all_reduce_exact::<CpuDevice, f16>(cpu_device, 3, 1001, algo, false, ReduceOp::Sum);
         all_reduce_exact::<SimtDevice, f16>(SimtDevice::new, 3, 1001, algo, true, ReduceOp::Sum);
+        // Three ranks' sums stay within bf16's 8 significant bits: exact at every hop.
+        all_reduce_exact::<CpuDevice, bf16>(cpu_device, 3, 1001, algo, false, ReduceOp::Sum);
+        all_reduce_exact::<SimtDevice, bf16>(SimtDevice::new, 3, 1001, algo, true, ReduceOp::Avg);
     }
 }
 

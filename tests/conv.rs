@@ -8,9 +8,9 @@ mod common;
 use common::reference as r;
 use common::{
     assert_close, bytes, check_and_record, check_download, conv_shape as shape, per_backend,
-    random, rng, wide, Tol, F16, F32, F32_LONG,
+    random, rng, wide, Tol, BF16, F16, F32, F32_LONG,
 };
-use half::f16;
+use half::{bf16, f16};
 use nanoddp::backend::{Backend, Conv2dShape, Pool2dShape, Precision};
 
 fn shapes() -> Vec<Conv2dShape> {
@@ -98,6 +98,11 @@ fn conv_f32<B: Backend>(dev: &B) -> Vec<u8> {
 fn conv_f16<B: Backend>(dev: &B) -> Vec<u8> {
     // Weight and bias gradients are f32 sums of exact half products: f32 tolerance.
     conv_all::<B, f16>(dev, 11, F16, F32_LONG)
+}
+
+fn conv_bf16<B: Backend>(dev: &B) -> Vec<u8> {
+    // As for f16: the f32 gradients of exact bf16 products keep the f32 tolerance.
+    conv_all::<B, bf16>(dev, 14, BF16, F32_LONG)
 }
 
 fn bad_conv_shapes_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
@@ -311,10 +316,16 @@ fn fused_f16<B: Backend>(dev: &B) -> Vec<u8> {
     fused_all::<B, f16>(dev, 13, F16, F32_LONG)
 }
 
+fn fused_bf16<B: Backend>(dev: &B) -> Vec<u8> {
+    fused_all::<B, bf16>(dev, 15, BF16, F32_LONG)
+}
+
 per_backend!(
     conv_f32,
     conv_f16,
+    conv_bf16,
     bad_conv_shapes_are_errors,
     fused_f32,
-    fused_f16
+    fused_f16,
+    fused_bf16
 );

@@ -5,7 +5,7 @@
 
 mod common;
 
-use half::f16;
+use half::{bf16, f16};
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::{LaneOrder, SimtConfig, SimtDevice};
@@ -146,7 +146,7 @@ fn casts_round_to_nearest_even<D: Backend>(dev: &D) {
         }
     }
     let mut back = dev.upload(&vec![f16::NAN; all.len()]).unwrap();
-    dev.cast_to_f16(&wide, &mut back).unwrap();
+    dev.cast_from_f32(&wide, &mut back).unwrap();
     for (h, b) in all.iter().zip(dev.download(&back).unwrap()) {
         if !h.is_nan() {
             assert_eq!(
@@ -194,7 +194,7 @@ fn casts_round_to_nearest_even<D: Backend>(dev: &D) {
     ]);
     let dx = dev.upload(&xs).unwrap();
     let mut dh = dev.upload(&vec![f16::from_bits(0x7e00); xs.len()]).unwrap();
-    dev.cast_to_f16(&dx, &mut dh).unwrap();
+    dev.cast_from_f32(&dx, &mut dh).unwrap();
     let got = dev.download(&dh).unwrap();
     let bad: Vec<_> = xs
         .iter()
@@ -203,6 +203,93 @@ fn casts_round_to_nearest_even<D: Backend>(dev: &D) {
         .take(5)
         .collect();
     assert!(bad.is_empty(), "not round-to-nearest-even: {bad:?}");
+}
+
+/// The bf16 nearest to `x` (ties to even), found in float64 from its two neighbours, and
+/// NaN as 0x7fff (CUDA's `__float2bfloat16_rn`): independent of the code under test.
+fn nearest_even_bf16(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0x7fff;
+    }
+    let toward_zero = (x.to_bits() >> 16) as u16;
+    if x.to_bits() & 0xffff == 0 {
+        return toward_zero;
+    }
+    let away = toward_zero + 1;
+    // Past the largest finite bf16 lies infinity, at the distance 2^128 would be.
+    let value = |b: u16| match b & 0x7fff {
+        0x7f80 => 2f64.powi(128).copysign(x as f64),
+        _ => bf16::from_bits(b).to_f64(),
+    };
+    let (d0, d1) = (
+        (x as f64 - value(toward_zero)).abs(),
+        (value(away) - x as f64).abs(),
+    );
+    if d0 < d1 || (d0 == d1 && toward_zero & 1 == 0) {
+        toward_zero
+    } else {
+        away
+    }
+}
+
+/// bf16: every value widens exactly and survives the round trip; random floats over the whole
+/// exponent range, every tie of a sweep of binades, the overflow edge, subnormals and NaN
+/// narrow to the nearest even bf16.
+fn bf16_casts_round_to_nearest_even<D: Backend>(dev: &D) {
+    let all: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+    let dh = dev.upload(&all).unwrap();
+    let mut wide = dev.upload(&vec![f32::NAN; all.len()]).unwrap();
+    dev.cast_to_f32(&dh, &mut wide).unwrap();
+    let wide_host = dev.download(&wide).unwrap();
+    for (h, f) in all.iter().zip(&wide_host) {
+        assert_eq!(
+            f.to_bits(),
+            u32::from(h.to_bits()) << 16,
+            "bf16 {:#06x} widened inexactly",
+            h.to_bits()
+        );
+    }
+    let mut back = dev.upload(&vec![bf16::NAN; all.len()]).unwrap();
+    dev.cast_from_f32(&wide, &mut back).unwrap();
+    for (h, b) in all.iter().zip(dev.download(&back).unwrap()) {
+        let want = if h.is_nan() { 0x7fff } else { h.to_bits() };
+        assert_eq!(b.to_bits(), want, "round trip of {:#06x}", h.to_bits());
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let mut xs: Vec<f32> = (0..200_000).map(|_| f32::from_bits(rng.gen())).collect();
+    for hi in (0u32..0x7f80).step_by(97).chain([0x7f7f, 0x0000, 0x0080]) {
+        for low in [0x7fffu32, 0x8000, 0x8001] {
+            for sign in [0, 0x8000_0000] {
+                xs.push(f32::from_bits(sign | hi << 16 | low));
+            }
+        }
+    }
+    xs.extend([
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -0.0,
+        1e-45,
+    ]);
+    let dx = dev.upload(&xs).unwrap();
+    let mut dh = dev
+        .upload(&vec![bf16::from_bits(0x1234); xs.len()])
+        .unwrap();
+    dev.cast_from_f32(&dx, &mut dh).unwrap();
+    let got = dev.download(&dh).unwrap();
+    let bad: Vec<_> = xs
+        .iter()
+        .zip(&got)
+        .filter(|(x, h)| h.to_bits() != nearest_even_bf16(**x))
+        .map(|(x, h)| (x.to_bits(), h.to_bits(), nearest_even_bf16(*x)))
+        .take(5)
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "not round-to-nearest-even (f32 bits, got, want): {bad:x?}"
+    );
 }
 
 fn length_mismatch_is_an_error<D: Backend>(dev: &D) {
@@ -253,6 +340,7 @@ fn simt_reverse_elementwise_matches_float64() {
 #[test]
 fn simt_casts_round_to_nearest_even() {
     casts_round_to_nearest_even(&simt(LaneOrder::Random(3)));
+    bf16_casts_round_to_nearest_even(&simt(LaneOrder::Random(3)));
 }
 
 #[test]
@@ -265,6 +353,7 @@ fn cpu_elementwise_matches_float64() {
     let dev = CpuDevice::new();
     elementwise_matches_float64(&dev, &SIZES);
     casts_round_to_nearest_even(&dev);
+    bf16_casts_round_to_nearest_even(&dev);
     length_mismatch_is_an_error(&dev);
 }
 
@@ -273,6 +362,7 @@ fn cuda_elementwise_matches_float64() {
     let dev = gpu();
     elementwise_matches_float64(&dev, &SIZES);
     casts_round_to_nearest_even(&dev);
+    bf16_casts_round_to_nearest_even(&dev);
     length_mismatch_is_an_error(&dev);
 }
 
@@ -303,6 +393,11 @@ fn relu_backward_passes_gradient_where_the_output_is_positive<D: Backend>(dev: &
     let mut dxh = dev.upload(&vec![f16::NAN; n]).unwrap();
     dev.relu_backward(&dyh, &ddyh, &mut dxh).unwrap();
     assert_eq!(dev.download(&dxh).unwrap(), h(&want), "f16");
+    let b = |v: &[f32]| v.iter().map(|x| bf16::from_f32(*x)).collect::<Vec<bf16>>();
+    let (dyb, ddyb) = (dev.upload(&b(&y)).unwrap(), dev.upload(&b(&dy)).unwrap());
+    let mut dxb = dev.upload(&vec![bf16::NAN; n]).unwrap();
+    dev.relu_backward(&dyb, &ddyb, &mut dxb).unwrap();
+    assert_eq!(dev.download(&dxb).unwrap(), b(&want), "bf16");
 }
 
 #[test]

@@ -7,8 +7,10 @@
 mod common;
 
 use common::reference as r;
-use common::{bytes, check_and_record, per_backend, random, rng, wide, Tol, F16, F32, F32_LONG};
-use half::f16;
+use common::{
+    bytes, check_and_record, per_backend, random, rng, wide, Tol, BF16, F16, F32, F32_LONG,
+};
+use half::{bf16, f16};
 use nanoddp::backend::simt::{EmulatorError, EmulatorFault, SimtBuffer, SimtDevice};
 use nanoddp::backend::simt_module::SimtModule;
 use nanoddp::backend::{
@@ -140,6 +142,19 @@ fn gemm_f16_inputs_f16_output<B: Backend>(dev: &B) -> Vec<u8> {
     })
 }
 
+fn gemm_bf16_inputs_f32_output<B: Backend>(dev: &B) -> Vec<u8> {
+    // bf16 inputs (8-bit significands) and their products are exact in f32 too.
+    run_gemm::<B, bf16, f32>(dev, 4, F32_LONG, |dev, s, a, b, bias, c, ep| {
+        dev.gemm(s, a, b, bias, c, ep).unwrap()
+    })
+}
+
+fn gemm_bf16_inputs_bf16_output<B: Backend>(dev: &B) -> Vec<u8> {
+    run_gemm::<B, bf16, bf16>(dev, 5, BF16, |dev, s, a, b, bias, c, ep| {
+        dev.gemm(s, a, b, bias, c, ep).unwrap()
+    })
+}
+
 fn bad_gemm_arguments_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
     let a = dev.upload(&[1.0f32; 6]).unwrap();
     let b = dev.upload(&[1.0f32; 6]).unwrap();
@@ -175,6 +190,19 @@ fn bad_gemm_arguments_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
         "{e}"
     );
     assert_eq!(dev.download(&c_half).unwrap(), [f16::from_f32(7.0); 4]);
+    // bf16 inputs with an fp16 result: no kernel either.
+    let (a16, b16) = (
+        dev.upload(&[bf16::ONE; 6]).unwrap(),
+        dev.upload(&[bf16::ONE; 6]).unwrap(),
+    );
+    let e = dev
+        .gemm(&s, &a16, &b16, None, &mut c_half, Epilogue::default())
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("bf16 inputs with a fp16 result"),
+        "{e}"
+    );
+    assert_eq!(dev.download(&c_half).unwrap(), [f16::from_f32(7.0); 4]);
     bytes(&dev.download(&c).unwrap())
 }
 
@@ -182,6 +210,8 @@ per_backend!(
     gemm_f32,
     gemm_f16_inputs_f32_output,
     gemm_f16_inputs_f16_output,
+    gemm_bf16_inputs_f32_output,
+    gemm_bf16_inputs_bf16_output,
     bad_gemm_arguments_are_errors
 );
 
@@ -319,7 +349,7 @@ extern "C" __global__ void tile(const __half* a, int a_at, int lda, int skew, fl
             12,
             0,
             16,
-            "ldm 12 is not a multiple of 8 (16 bytes of __half)",
+            "ldm 12 is not a multiple of 8 (16 bytes of 16-bit elements)",
         ),
         (
             32,

@@ -109,6 +109,7 @@ fn c_type(kind: ParamKind) -> String {
         Scalar::F32 => "float",
         Scalar::F64 => "double",
         Scalar::F16 => "__half",
+        Scalar::BF16 => "__nv_bfloat16",
         Scalar::I32 => "int",
         Scalar::U32 => "unsigned int",
         Scalar::I64 => "long long",
@@ -143,18 +144,24 @@ fn normalize(text: &str) -> String {
 }
 
 /// The declaration `text` (from its first line on) writes for kernel `name`: itself, or for
-/// `simt.cuh`'s `NANODDP_ENTRY_F32_F16(base, (params), ...)`, the entry point it defines
-/// for `name` (`base_f32` or `base_f16`), the storage type `T` spelled out.
+/// `simt.cuh`'s `NANODDP_ENTRY_EACH_TYPE(base, (bounds), (params), ...)`, the entry
+/// point it defines for `name` (`base_f32`, `base_f16` or `base_bf16`), the storage type `T`
+/// spelled out (written here, independently of the parser's table).
 fn written_for(text: &str, name: &str) -> String {
-    let Some(rest) = text.trim_start().strip_prefix("NANODDP_ENTRY_F32_F16(") else {
+    let Some(rest) = text.trim_start().strip_prefix("NANODDP_ENTRY_EACH_TYPE(") else {
         return text.to_string();
     };
-    let (base, rest) = rest
-        .split_once(',')
-        .expect("NANODDP_ENTRY_F32_F16(name, ...");
+    let (base, rest) = rest.split_once(',').expect("name, (bounds), ...");
+    // Past the parenthesized launch bounds, to the comma before the parameters.
+    let bounds_end = rest.find(')').expect("(bounds)");
+    let rest = rest[bounds_end + 1..]
+        .trim_start()
+        .strip_prefix(',')
+        .expect(", (params)");
     let c_type = match name.strip_prefix(base.trim()) {
         Some("_f32") => "float",
         Some("_f16") => "__half",
+        Some("_bf16") => "__nv_bfloat16",
         other => panic!("{name} is not an entry of {base}: {other:?}"),
     };
     let params = rest.trim_start().strip_prefix('(').expect("(params)");

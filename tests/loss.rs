@@ -1,13 +1,13 @@
 //! Fused softmax cross-entropy (`kernels/loss.cu` and the CPU backend) against the float64
 //! reference: per-row loss, the logits' gradient (scaled), and the correct count; 10 classes
 //! (LeNet) and 37 (more than a warp's lanes), 1 and 257 rows, large logits (no overflow),
-//! fp32 and half, and an out-of-range label.
+//! fp32, fp16 and bf16, and an out-of-range label.
 
 mod common;
 
 use common::reference as r;
-use common::{assert_close, bytes, per_backend, rng, wide, F16, F32};
-use half::f16;
+use common::{assert_close, bytes, per_backend, rng, wide, Tol, BF16, F16, F32};
+use half::{bf16, f16};
 use nanoddp::backend::{Backend, Precision};
 use rand::Rng;
 
@@ -17,7 +17,7 @@ fn loss_case<B: Backend, T: Precision>(
     rows: usize,
     classes: usize,
     spread: f32,
-    half: bool,
+    grad_tol: Tol,
 ) -> Vec<u8> {
     let mut g = rng(seed);
     let logits: Vec<T> = (0..rows * classes)
@@ -65,7 +65,7 @@ fn loss_case<B: Backend, T: Precision>(
         &got_grad,
         &want_grad,
         &grad_mag,
-        if half { F16 } else { F32 },
+        grad_tol,
     );
     assert_eq!(
         dev.download(&correct).unwrap()[0],
@@ -92,15 +92,21 @@ fn loss_case<B: Backend, T: Precision>(
 }
 
 fn loss_f32<B: Backend>(dev: &B) -> Vec<u8> {
-    let mut out = loss_case::<B, f32>(dev, 30, 257, 10, 4.0, false);
-    out.extend(loss_case::<B, f32>(dev, 31, 1, 37, 4.0, false));
-    out.extend(loss_case::<B, f32>(dev, 32, 33, 10, 80.0, false)); // exp(80) overflows f32 unshifted
+    let mut out = loss_case::<B, f32>(dev, 30, 257, 10, 4.0, F32);
+    out.extend(loss_case::<B, f32>(dev, 31, 1, 37, 4.0, F32));
+    out.extend(loss_case::<B, f32>(dev, 32, 33, 10, 80.0, F32)); // exp(80) overflows f32 unshifted
     out
 }
 
 fn loss_f16<B: Backend>(dev: &B) -> Vec<u8> {
-    let mut out = loss_case::<B, f16>(dev, 33, 257, 10, 4.0, true);
-    out.extend(loss_case::<B, f16>(dev, 34, 3, 37, 8.0, true));
+    let mut out = loss_case::<B, f16>(dev, 33, 257, 10, 4.0, F16);
+    out.extend(loss_case::<B, f16>(dev, 34, 3, 37, 8.0, F16));
+    out
+}
+
+fn loss_bf16<B: Backend>(dev: &B) -> Vec<u8> {
+    let mut out = loss_case::<B, bf16>(dev, 35, 257, 10, 4.0, BF16);
+    out.extend(loss_case::<B, bf16>(dev, 36, 3, 37, 8.0, BF16));
     out
 }
 
@@ -121,4 +127,9 @@ fn out_of_range_label_gives_nan_loss<B: Backend>(dev: &B) -> Vec<u8> {
     bytes(&loss)
 }
 
-per_backend!(loss_f32, loss_f16, out_of_range_label_gives_nan_loss);
+per_backend!(
+    loss_f32,
+    loss_f16,
+    loss_bf16,
+    out_of_range_label_gives_nan_loss
+);

@@ -1,11 +1,11 @@
 //! The optimizer step (`kernels/optim.cu` and the CPU backend): SGD with and without
-//! momentum and weight decay, unscaling, the half copy of the weights, and the finite
+//! momentum and weight decay, unscaling, the fp16 and bf16 copies of the weights, and the finite
 //! check that flags inf and NaN and makes the step leave everything untouched.
 
 mod common;
 
 use common::{assert_close, bytes, per_backend, random, rng, wide, F32};
-use half::f16;
+use half::{bf16, f16};
 use nanoddp::backend::{Backend, Precision, SgdStep};
 
 const N: usize = 70_001; // not a multiple of any block or chunk size
@@ -23,15 +23,19 @@ fn reference(w: &[f64], g: &[f64], v: Option<&[f64]>, s: SgdStep) -> (Vec<f64>, 
     (w2, v2)
 }
 
-fn sgd_case<B: Backend, G: Precision>(
+/// One SGD step with a weight copy of type `T` (or none), against the float64 reference;
+/// `nearest` rounds an f32 to the nearest `T` (the `half` crate's rounding, not the code
+/// under test) for checking the copy bit for bit.
+fn sgd_case<B: Backend, T: Precision>(
     dev: &B,
     seed: u64,
     momentum: bool,
-    half_copy: bool,
+    copy: bool,
+    nearest: fn(f32) -> f64,
 ) -> Vec<u8> {
     let mut g = rng(seed);
     let w: Vec<f32> = random(&mut g, N);
-    let grad: Vec<G> = random(&mut g, N);
+    let grad: Vec<f32> = random(&mut g, N);
     let v: Vec<f32> = random(&mut g, N);
     let step = SgdStep {
         lr: 0.05,
@@ -42,13 +46,13 @@ fn sgd_case<B: Backend, G: Precision>(
     let mut dw = dev.upload(&w).unwrap();
     let dg = dev.upload(&grad).unwrap();
     let mut dv = dev.upload(&v).unwrap();
-    let mut dh = dev.upload(&vec![f16::NAN; N]).unwrap();
+    let mut dh = dev.upload(&[T::from_f32(f32::NAN); N]).unwrap();
     let found = dev.upload(&[0i32]).unwrap();
     dev.sgd_step(
         &mut dw,
         &dg,
         momentum.then_some(&mut dv),
-        half_copy.then_some(&mut dh),
+        copy.then_some(&mut dh),
         step,
         Some(&found),
     )
@@ -72,78 +76,96 @@ fn sgd_case<B: Backend, G: Precision>(
             "velocity untouched without momentum"
         );
     }
-    let got_h = dev.download(&dh).unwrap();
-    if half_copy {
-        let exact: Vec<u16> = got_w.iter().map(|w| f16::from_f32(*w).to_bits()).collect();
+    let got_h = wide(&dev.download(&dh).unwrap());
+    if copy {
+        let exact: Vec<f64> = got_w.iter().map(|w| nearest(*w)).collect();
         assert_eq!(
-            got_h.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
+            got_h,
             exact,
-            "half copy = f16(new weights)"
+            "{} copy = {}(new weights)",
+            T::DTYPE,
+            T::DTYPE
         );
     } else {
         assert!(
             got_h.iter().all(|h| h.is_nan()),
-            "half copy untouched when not asked for"
+            "the copy is untouched when not asked for"
         );
     }
     bytes(&got_w)
 }
 
 fn sgd_step<B: Backend>(dev: &B) -> Vec<u8> {
-    let mut out = sgd_case::<B, f32>(dev, 40, true, true);
-    out.extend(sgd_case::<B, f32>(dev, 41, false, false));
-    out.extend(sgd_case::<B, f16>(dev, 42, true, true));
-    out.extend(sgd_case::<B, f16>(dev, 43, false, true));
+    let as_f32: fn(f32) -> f64 = f64::from;
+    let as_f16: fn(f32) -> f64 = |w| f16::from_f32(w).to_f64();
+    let as_bf16: fn(f32) -> f64 = |w| bf16::from_f32(w).to_f64();
+    let mut out = sgd_case::<B, f32>(dev, 40, true, false, as_f32);
+    out.extend(sgd_case::<B, f32>(dev, 41, false, false, as_f32));
+    out.extend(sgd_case::<B, f16>(dev, 42, true, true, as_f16));
+    out.extend(sgd_case::<B, f16>(dev, 43, false, true, as_f16));
+    out.extend(sgd_case::<B, bf16>(dev, 44, true, true, as_bf16));
+    out.extend(sgd_case::<B, bf16>(dev, 45, false, false, as_bf16));
     out
 }
 
+/// `grad` stored as `T`, checked: the flag `grad_check` leaves.
+fn flag<B: Backend, T: Precision>(dev: &B, grad: &[f32]) -> i32 {
+    let g: Vec<T> = grad.iter().map(|v| T::from_f32(*v)).collect();
+    let dg = dev.upload(&g).unwrap();
+    let mut found = dev.upload(&[0i32]).unwrap();
+    dev.grad_check(&dg, &mut found).unwrap();
+    dev.download(&found).unwrap()[0]
+}
+
 fn finite_check_flags_overflow_and_skips_the_step<B: Backend>(dev: &B) -> Vec<u8> {
+    let step = SgdStep {
+        lr: 0.1,
+        inv_scale: 1.0,
+        momentum: 0.0,
+        weight_decay: 0.0,
+    };
     for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
         for at in [0, N / 2, N - 1] {
             let mut g32 = vec![0.5f32; N];
             g32[at] = bad;
-            let g16: Vec<f16> = g32.iter().map(|v| f16::from_f32(*v)).collect();
+            let flags = [
+                flag::<B, f32>(dev, &g32),
+                flag::<B, f16>(dev, &g32),
+                flag::<B, bf16>(dev, &g32),
+            ];
+            assert_eq!(
+                flags, [1; 3],
+                "{bad} at {at} must be flagged (f32, f16, bf16)"
+            );
             let w = vec![1.0f32; N];
-            for half in [false, true] {
-                let mut found = dev.upload(&[0i32]).unwrap();
-                let mut dw = dev.upload(&w).unwrap();
-                let step = SgdStep {
-                    lr: 0.1,
-                    inv_scale: 1.0,
-                    momentum: 0.0,
-                    weight_decay: 0.0,
-                };
-                if half {
-                    let dg = dev.upload(&g16).unwrap();
-                    dev.grad_check(&dg, &mut found).unwrap();
-                    dev.sgd_step(&mut dw, &dg, None, None, step, Some(&found))
-                        .unwrap();
-                } else {
-                    let dg = dev.upload(&g32).unwrap();
-                    dev.grad_check(&dg, &mut found).unwrap();
-                    dev.sgd_step(&mut dw, &dg, None, None, step, Some(&found))
-                        .unwrap();
-                }
-                assert_eq!(
-                    dev.download(&found).unwrap(),
-                    vec![1],
-                    "{bad} at {at} (half: {half}) must be flagged"
-                );
-                assert_eq!(
-                    dev.download(&dw).unwrap(),
-                    w,
-                    "weights must be untouched after {bad}"
-                );
-            }
+            let mut dw = dev.upload(&w).unwrap();
+            let mut copy = dev.upload(&vec![bf16::ONE; N]).unwrap();
+            let found = dev.upload(&[1i32]).unwrap();
+            let dg = dev.upload(&g32).unwrap();
+            dev.sgd_step(&mut dw, &dg, None, Some(&mut copy), step, Some(&found))
+                .unwrap();
+            assert_eq!(
+                dev.download(&dw).unwrap(),
+                w,
+                "weights untouched after {bad}"
+            );
+            assert!(
+                dev.download(&copy).unwrap().iter().all(|c| *c == bf16::ONE),
+                "copy untouched"
+            );
         }
     }
-    // Finite gradients, including the largest half, do not set the flag (and it is not reset).
-    let mut found = dev.upload(&[0i32]).unwrap();
-    let fine = dev.upload(&vec![f16::MAX; 1000]).unwrap();
-    dev.grad_check(&fine, &mut found).unwrap();
-    assert_eq!(dev.download(&found).unwrap(), vec![0]);
+    // Finite gradients, including the largest of each type, do not set the flag (and it is
+    // not reset).
+    let fine = [
+        flag::<B, f32>(dev, &[f32::MAX; 1000]),
+        flag::<B, f16>(dev, &[65504.0; 1000]),
+        flag::<B, bf16>(dev, &[bf16::MAX.to_f32(); 1000]),
+    ];
+    assert_eq!(fine, [0; 3]);
     let mut found = dev.upload(&[1i32]).unwrap();
-    dev.grad_check(&fine, &mut found).unwrap();
+    let half_max = dev.upload(&vec![f16::MAX; 1000]).unwrap();
+    dev.grad_check(&half_max, &mut found).unwrap();
     assert_eq!(
         dev.download(&found).unwrap(),
         vec![1],

@@ -6,10 +6,10 @@ mod common;
 
 use common::reference as r;
 use common::{
-    assert_close, bytes, check_and_record, per_backend, pool_shape, random, rng, wide, Tol, F16,
-    F32,
+    assert_close, bytes, check_and_record, per_backend, pool_shape, random, rng, wide, Tol, BF16,
+    F16, F32,
 };
-use half::f16;
+use half::{bf16, f16};
 use nanoddp::backend::{Backend, Pool2dShape, Precision};
 
 fn shapes() -> Vec<Pool2dShape> {
@@ -85,6 +85,10 @@ fn pool_f16<B: Backend>(dev: &B) -> Vec<u8> {
     pool_all::<B, f16>(dev, 21, F16)
 }
 
+fn pool_bf16<B: Backend>(dev: &B) -> Vec<u8> {
+    pool_all::<B, bf16>(dev, 22, BF16)
+}
+
 fn max_pool_propagates_nan<B: Backend>(dev: &B) -> Vec<u8> {
     let s = Pool2dShape {
         planes: 1,
@@ -109,4 +113,4 @@ fn max_pool_propagates_nan<B: Backend>(dev: &B) -> Vec<u8> {
     bytes(&y)
 }
 
-per_backend!(pool_f32, pool_f16, max_pool_propagates_nan);
+per_backend!(pool_f32, pool_f16, pool_bf16, max_pool_propagates_nan);

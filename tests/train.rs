@@ -321,7 +321,7 @@ fn the_command_line_reports_user_errors_with_exit_code_2() {
 
 #[test]
 fn a_resumed_run_ends_exactly_where_the_uninterrupted_one_does() {
-    for precision in [DType::F32, DType::F16] {
+    for precision in DType::ALL {
         resume_matches(TrainConfig {
             precision,
             ..config(100, 2, None)
@@ -425,6 +425,72 @@ fn mixed_precision_trains_and_the_loss_scale_backs_off_on_overflow() {
     assert_eq!(s.scale, 65536.0, "2000 clean steps double it");
     let off = LossScaler::new(false);
     assert_eq!((off.scale, off.enabled), (1.0, false));
+}
+
+/// bf16 trains without loss scaling (every step reports scale 1), its replicas stay
+/// identical, the emulator's bf16 kernels agree with the CPU backend's bf16 path, and a step
+/// whose gradients are not finite is skipped rather than poisoning the weights.
+#[test]
+fn bf16_trains_without_loss_scaling_and_skips_non_finite_steps() {
+    let data = subset();
+    let cfg = TrainConfig {
+        precision: DType::BF16,
+        ..config(64, 3, None)
+    };
+    let mut scales = Vec::new();
+    let start = from_weights(initial_weights(cfg.recipe, cfg.seed));
+    let (mut losses, mut accs) = (Vec::new(), Vec::new());
+    let finals = train(vec![CpuDevice::new(); 2], &data, start, &cfg, |e| {
+        match e {
+            Event::Step(s) => {
+                losses.push(s.loss);
+                scales.push(s.loss_scale);
+            }
+            Event::Epoch(r, _) => accs.push(r.test_acc),
+            _ => {}
+        }
+        Ok::<(), TrainError>(())
+    })
+    .expect("training runs");
+    assert!(
+        scales.iter().all(|s| *s == 1.0),
+        "bf16 never scales the loss: {scales:?}"
+    );
+    let last: f64 = losses[losses.len() - 10..].iter().sum::<f64>() / 10.0;
+    assert!(last < 0.9, "bf16: mean loss of the last 10 steps is {last}");
+    assert!(*accs.last().unwrap() > 0.65, "bf16 test accuracy {accs:?}");
+    assert_eq!(finals[0], finals[1], "bf16 replicas stay identical");
+
+    let short = TrainConfig {
+        precision: DType::BF16,
+        ..config(32, 1, Some(2))
+    };
+    let (_, l_simt, _) = run((0..2).map(SimtDevice::new).collect(), &data, &short);
+    let (_, l_cpu, _) = run(vec![CpuDevice::new(); 2], &data, &short);
+    for (a, b) in l_simt.iter().zip(&l_cpu) {
+        assert!(
+            (a - b).abs() < 1e-2,
+            "bf16 losses simt {l_simt:?} vs cpu {l_cpu:?}"
+        );
+    }
+
+    // A learning rate that blows the weights up: the loss turns non-finite, and from then on
+    // every step's gradients are, so every such step is skipped and the weights stay finite
+    // (an f32 run with no check would end in NaN).
+    let wild = TrainConfig {
+        precision: DType::BF16,
+        lr: 1e6,
+        ..config(64, 1, Some(8))
+    };
+    let (finals, losses, _) = run(vec![CpuDevice::new(); 2], &data, &wild);
+    assert!(
+        losses.iter().any(|l| !l.is_finite()),
+        "the test must overflow: {losses:?}"
+    );
+    assert!(
+        finals[0].iter().flatten().all(|w| w.is_finite()),
+        "skipped steps leave the weights finite"
+    );
 }
 
 /// The points of the SVG polylines drawn in `color` with exactly `n` points.

@@ -15,7 +15,6 @@ use super::op::{
 };
 use super::precision::Precision;
 use super::{BackendError, DeviceBuffer, Memory};
-use half::f16;
 
 /// What every backend operation returns.
 pub type OpResult = Result<(), BackendError>;
@@ -35,8 +34,8 @@ pub trait BackendImpl: Memory + Sized {
     fn scale(&self, op: Checked<Scale<'_, Self>>) -> OpResult;
     fn axpy(&self, op: Checked<Axpy<'_, Self>>) -> OpResult;
     fn add(&self, op: Checked<Add<'_, Self>>) -> OpResult;
-    fn cast_to_f16(&self, op: Checked<Cast<'_, Self, f32, f16>>) -> OpResult;
-    fn cast_to_f32(&self, op: Checked<Cast<'_, Self, f16, f32>>) -> OpResult;
+    fn cast_from_f32<T: Precision>(&self, op: Checked<Cast<'_, Self, f32, T>>) -> OpResult;
+    fn cast_to_f32<T: Precision>(&self, op: Checked<Cast<'_, Self, T, f32>>) -> OpResult;
     fn relu_backward<T: Precision>(&self, op: Checked<ReluBackward<'_, Self, T>>) -> OpResult;
     fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, Self, A, O>>) -> OpResult;
     fn conv2d_forward<T: Precision>(&self, op: Checked<Conv2dForward<'_, Self, T>>) -> OpResult;
@@ -67,7 +66,7 @@ pub trait BackendImpl: Memory + Sized {
         op: Checked<SoftmaxCrossEntropy<'_, Self, T>>,
     ) -> OpResult;
     fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, Self, G>>) -> OpResult;
-    fn sgd_step<G: Precision>(&self, op: Checked<Sgd<'_, Self, G>>) -> OpResult;
+    fn sgd_step<T: Precision>(&self, op: Checked<Sgd<'_, Self, T>>) -> OpResult;
 
     /// Default: the convolution with its ReLU, then the pool reading `y` back.
     fn conv2d_relu_avg_pool_forward<T: Precision>(

@@ -85,7 +85,7 @@ pub(crate) struct SgdLengths {
     pub(crate) weights: usize,
     pub(crate) grad: usize,
     pub(crate) velocity: Option<usize>,
-    pub(crate) w_half: Option<usize>,
+    pub(crate) w_copy: Option<usize>,
     pub(crate) found: Option<usize>,
 }
 
@@ -94,7 +94,7 @@ pub(crate) fn sgd(lengths: SgdLengths) -> Result<(), BackendError> {
     let n = lengths.weights;
     let optional = [
         lengths.velocity.map(|v| ("velocity", v, n)),
-        lengths.w_half.map(|h| ("w_half", h, n)),
+        lengths.w_copy.map(|h| ("w_copy", h, n)),
         lengths.found.map(|f| ("found", f, 1)),
     ];
     buffer_lengths(

@@ -18,7 +18,7 @@ macro_rules! device_scalar {
         $(impl DeviceScalar for $t { const SCALAR: Scalar = Scalar::$s; })*
     };
 }
-device_scalar!(f32 => F32, f64 => F64, half::f16 => F16, i32 => I32, u32 => U32, i64 => I64, u64 => U64, u8 => U8);
+device_scalar!(f32 => F32, f64 => F64, half::f16 => F16, half::bf16 => BF16, i32 => I32, u32 => U32, i64 => I64, u64 => U64, u8 => U8);
 
 /// A typed allocation in some backend's device memory.
 pub trait DeviceBuffer<T: DeviceScalar> {

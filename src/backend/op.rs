@@ -13,8 +13,6 @@
 
 use std::ops::Deref;
 
-use half::f16;
-
 use super::check::{self, ConvTensor::*};
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
@@ -147,8 +145,8 @@ impl<B: Memory> Args for Add<'_, B> {
     }
 }
 
-/// The arguments of [`Backend::cast_to_f16`](super::Backend::cast_to_f16) (`S` = f32,
-/// `D` = f16) and [`Backend::cast_to_f32`](super::Backend::cast_to_f32) (the reverse).
+/// The arguments of [`Backend::cast_from_f32`](super::Backend::cast_from_f32) (`S` = f32)
+/// and [`Backend::cast_to_f32`](super::Backend::cast_to_f32) (`D` = f32).
 pub struct Cast<'a, B: Memory, S: DeviceScalar, D: DeviceScalar> {
     pub x: &'a Buf<B, S>,
     pub out: &'a mut Buf<B, D>,
@@ -156,10 +154,10 @@ pub struct Cast<'a, B: Memory, S: DeviceScalar, D: DeviceScalar> {
 
 impl<B: Memory, S: DeviceScalar, D: DeviceScalar> Args for Cast<'_, B, S, D> {
     fn check(&self) -> Result<(), BackendError> {
-        let op = if D::SCALAR == Scalar::F16 {
-            "cast_f32_to_f16"
+        let op = if S::SCALAR == Scalar::F32 {
+            "cast_from_f32"
         } else {
-            "cast_f16_to_f32"
+            "cast_to_f32"
         };
         check::same_len(op, self.x.len(), self.out.len())
     }
@@ -464,22 +462,22 @@ impl<B: Memory, G: DeviceScalar> Args for GradCheck<'_, B, G> {
 
 /// [`Backend::sgd_step`](super::Backend::sgd_step)'s arguments (`step` holds the
 /// hyperparameters).
-pub struct Sgd<'a, B: Memory, G: DeviceScalar> {
+pub struct Sgd<'a, B: Memory, T: DeviceScalar> {
     pub w: &'a mut Buf<B, f32>,
-    pub grad: &'a Buf<B, G>,
+    pub grad: &'a Buf<B, f32>,
     pub velocity: Option<&'a mut Buf<B, f32>>,
-    pub w_half: Option<&'a mut Buf<B, f16>>,
+    pub w_copy: Option<&'a mut Buf<B, T>>,
     pub step: SgdStep,
     pub found: Option<&'a Buf<B, i32>>,
 }
 
-impl<B: Memory, G: DeviceScalar> Args for Sgd<'_, B, G> {
+impl<B: Memory, T: DeviceScalar> Args for Sgd<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
         check::sgd(check::SgdLengths {
             weights: self.w.len(),
             grad: self.grad.len(),
             velocity: self.velocity.as_deref().map(len::<B, _>),
-            w_half: self.w_half.as_deref().map(len::<B, _>),
+            w_copy: self.w_copy.as_deref().map(len::<B, _>),
             found: self.found.map(len::<B, _>),
         })
     }

@@ -6,10 +6,8 @@
 //! ([`super::cpu`]). Every [`BackendImpl`] is a [`Backend`] through the one implementation
 //! below, so no backend can skip a check, and a wrong call fails the same way on all of them.
 //!
-//! Activations may be stored in f32 or f16 ([`Precision`]); arithmetic is f32 either way,
-//! and weight gradients, biases and master weights are always f32.
-
-use half::f16;
+//! Activations may be stored in f32, f16 or bf16 ([`Precision`]); arithmetic is f32 either
+//! way, and weight gradients, biases and master weights are always f32.
 
 use super::backend_impl::{run, BackendImpl};
 use super::op::{
@@ -48,12 +46,18 @@ pub trait Backend: Memory {
         b: &Buf<Self, f32>,
         out: &mut Buf<Self, f32>,
     ) -> Result<(), BackendError>;
-    /// `out[i] = f16(x[i])`, round to nearest even.
-    fn cast_to_f16(&self, x: &Buf<Self, f32>, out: &mut Buf<Self, f16>)
-        -> Result<(), BackendError>;
-    /// `out[i] = f32(x[i])`.
-    fn cast_to_f32(&self, x: &Buf<Self, f16>, out: &mut Buf<Self, f32>)
-        -> Result<(), BackendError>;
+    /// `out[i] = T(x[i])`, rounded to nearest even (a copy for f32).
+    fn cast_from_f32<T: Precision>(
+        &self,
+        x: &Buf<Self, f32>,
+        out: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+    /// `out[i] = f32(x[i])` (exact).
+    fn cast_to_f32<T: Precision>(
+        &self,
+        x: &Buf<Self, T>,
+        out: &mut Buf<Self, f32>,
+    ) -> Result<(), BackendError>;
     /// `dx[i] = y[i] > 0 ? dy[i] : 0`, with `y` the ReLU's output.
     fn relu_backward<T: Precision>(
         &self,
@@ -224,13 +228,15 @@ pub trait Backend: Memory {
         grad: &Buf<Self, G>,
         found: &mut Buf<Self, i32>,
     ) -> Result<(), BackendError>;
-    /// One fused SGD step (see `kernels/optim.cu`); skipped entirely when `found[0] != 0`.
-    fn sgd_step<G: Precision>(
+    /// One fused SGD step (see `kernels/optim.cu`) on f32 master weights from f32
+    /// gradients, writing `w_copy = T(w)` too when given (the next forward's weights in the
+    /// run's storage type); skipped entirely when `found[0] != 0`.
+    fn sgd_step<T: Precision>(
         &self,
         w: &mut Buf<Self, f32>,
-        grad: &Buf<Self, G>,
+        grad: &Buf<Self, f32>,
         velocity: Option<&mut Buf<Self, f32>>,
-        w_half: Option<&mut Buf<Self, f16>>,
+        w_copy: Option<&mut Buf<Self, T>>,
         step: SgdStep,
         found: Option<&Buf<Self, i32>>,
     ) -> Result<(), BackendError>;
@@ -260,11 +266,19 @@ impl<B: BackendImpl> Backend for B {
         run(self, Add { a, b, out }, BackendImpl::add)
     }
 
-    fn cast_to_f16(&self, x: &Buf<B, f32>, out: &mut Buf<B, f16>) -> Result<(), BackendError> {
-        run(self, Cast { x, out }, BackendImpl::cast_to_f16)
+    fn cast_from_f32<T: Precision>(
+        &self,
+        x: &Buf<B, f32>,
+        out: &mut Buf<B, T>,
+    ) -> Result<(), BackendError> {
+        run(self, Cast { x, out }, BackendImpl::cast_from_f32)
     }
 
-    fn cast_to_f32(&self, x: &Buf<B, f16>, out: &mut Buf<B, f32>) -> Result<(), BackendError> {
+    fn cast_to_f32<T: Precision>(
+        &self,
+        x: &Buf<B, T>,
+        out: &mut Buf<B, f32>,
+    ) -> Result<(), BackendError> {
         run(self, Cast { x, out }, BackendImpl::cast_to_f32)
     }
 
@@ -545,12 +559,12 @@ impl<B: BackendImpl> Backend for B {
         run(self, GradCheck { grad, found }, BackendImpl::grad_check)
     }
 
-    fn sgd_step<G: Precision>(
+    fn sgd_step<T: Precision>(
         &self,
         w: &mut Buf<B, f32>,
-        grad: &Buf<B, G>,
+        grad: &Buf<B, f32>,
         velocity: Option<&mut Buf<B, f32>>,
-        w_half: Option<&mut Buf<B, f16>>,
+        w_copy: Option<&mut Buf<B, T>>,
         step: SgdStep,
         found: Option<&Buf<B, i32>>,
     ) -> Result<(), BackendError> {
@@ -558,7 +572,7 @@ impl<B: BackendImpl> Backend for B {
             w,
             grad,
             velocity,
-            w_half,
+            w_copy,
             step,
             found,
         };

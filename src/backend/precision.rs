@@ -1,12 +1,13 @@
-//! The Rust types of the storage [`DType`]s ([`Precision`]: f32, or f16 computed in f32)
+//! The Rust types of the storage [`DType`]s ([`Precision`]: f32, or f16 or bf16 computed in
+//! f32)
 //! and the kernel that implements each operation at each of them ([`PrecisionOp`],
 //! [`gemm_kernel`]).
 
-use half::f16;
+use half::{bf16, f16};
 
 use super::{BackendError, DeviceScalar};
 use crate::dtype::DType;
-use crate::kernels::{conv, elementwise, gemm, loss, optim, pool, KernelSignature};
+use crate::kernels::{collective, conv, elementwise, gemm, loss, optim, pool, KernelSignature};
 
 /// The kernels that exist per storage precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,78 +32,72 @@ pub enum PrecisionOp {
     SoftmaxCrossEntropy,
     /// `relu_backward_*`
     ReluBackward,
+    /// `cast_from_f32_*` (by the output's type)
+    CastFromF32,
+    /// `cast_to_f32_*` (by the input's type)
+    CastToF32,
     /// `grad_check_*`
     GradCheck,
-    /// `sgd_step_*` (by the gradient's type)
+    /// `sgd_step_*` (by the weight copy's type; gradients are f32)
     SgdStep,
+    /// `reduce_sum_*` (the collectives' data movement)
+    ReduceSum,
 }
 
 impl PrecisionOp {
     /// The kernel implementing this operation on `dtype` storage.
     pub fn kernel(self, dtype: DType) -> &'static KernelSignature {
-        // One row per operation, one column per DType in `DType::ALL` order.
-        let [f32_kernel, f16_kernel]: [&'static KernelSignature; 2] = match self {
-            Self::Conv2dForward => [&conv::CONV2D_FORWARD_F32, &conv::CONV2D_FORWARD_F16],
-            Self::Conv2dBackwardInput => [
-                &conv::CONV2D_BACKWARD_INPUT_F32,
-                &conv::CONV2D_BACKWARD_INPUT_F16,
-            ],
-            Self::Conv2dBackwardFilter => [
-                &conv::CONV2D_BACKWARD_FILTER_F32,
-                &conv::CONV2D_BACKWARD_FILTER_F16,
-            ],
-            Self::Conv2dBackwardBias => [
-                &conv::CONV2D_BACKWARD_BIAS_F32,
-                &conv::CONV2D_BACKWARD_BIAS_F16,
-            ],
-            Self::MaxPoolForward => [&pool::MAX_POOL_FORWARD_F32, &pool::MAX_POOL_FORWARD_F16],
-            Self::MaxPoolBackward => [&pool::MAX_POOL_BACKWARD_F32, &pool::MAX_POOL_BACKWARD_F16],
-            Self::AvgPoolForward => [&pool::AVG_POOL_FORWARD_F32, &pool::AVG_POOL_FORWARD_F16],
-            Self::AvgPoolBackward => [&pool::AVG_POOL_BACKWARD_F32, &pool::AVG_POOL_BACKWARD_F16],
-            Self::SoftmaxCrossEntropy => [
-                &loss::SOFTMAX_CROSS_ENTROPY_F32,
-                &loss::SOFTMAX_CROSS_ENTROPY_F16,
-            ],
-            Self::ReluBackward => [
-                &elementwise::RELU_BACKWARD_F32,
-                &elementwise::RELU_BACKWARD_F16,
-            ],
-            Self::GradCheck => [&optim::GRAD_CHECK_F32, &optim::GRAD_CHECK_F16],
-            Self::SgdStep => [&optim::SGD_STEP_F32, &optim::SGD_STEP_F16],
+        // Each is one `NANODDP_ENTRY_EACH_TYPE` template: its entries in `DType::ALL` order.
+        let per_type: &'static [&'static KernelSignature; DType::ALL.len()] = match self {
+            Self::Conv2dForward => &conv::CONV2D_FORWARD,
+            Self::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT,
+            Self::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER,
+            Self::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS,
+            Self::MaxPoolForward => &pool::MAX_POOL_FORWARD,
+            Self::MaxPoolBackward => &pool::MAX_POOL_BACKWARD,
+            Self::AvgPoolForward => &pool::AVG_POOL_FORWARD,
+            Self::AvgPoolBackward => &pool::AVG_POOL_BACKWARD,
+            Self::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY,
+            Self::ReluBackward => &elementwise::RELU_BACKWARD,
+            Self::CastFromF32 => &elementwise::CAST_FROM_F32,
+            Self::CastToF32 => &elementwise::CAST_TO_F32,
+            Self::GradCheck => &optim::GRAD_CHECK,
+            Self::SgdStep => &optim::SGD_STEP,
+            Self::ReduceSum => &collective::REDUCE_SUM,
         };
-        match dtype {
-            DType::F32 => f32_kernel,
-            DType::F16 => f16_kernel,
-        }
+        per_type[dtype.code() as usize]
     }
 }
 
 /// The GEMM kernel for inputs of type `a` and a result of type `c`: f32 CUDA cores for f32,
-/// tensor cores (wmma, f32 accumulation) for half inputs. `None` for a pair no kernel
-/// implements is [`BackendError::Unsupported`], which [`Backend::gemm`](super::Backend::gemm)
-/// returns on every backend.
+/// tensor cores (wmma, f32 accumulation) for 16-bit inputs, with an f32 result or one of the
+/// inputs' type. A pair no kernel implements is [`BackendError::Unsupported`], which
+/// [`Backend::gemm`](super::Backend::gemm) returns on every backend.
 pub fn gemm_kernel(a: DType, c: DType) -> Result<&'static KernelSignature, BackendError> {
     match (a, c) {
         (DType::F32, DType::F32) => Ok(&gemm::GEMM_F32),
         (DType::F16, DType::F32) => Ok(&gemm::GEMM_F16_WMMA_F32OUT),
         (DType::F16, DType::F16) => Ok(&gemm::GEMM_F16_WMMA_F16OUT),
-        (DType::F32, DType::F16) => Err(BackendError::Unsupported {
+        (DType::BF16, DType::F32) => Ok(&gemm::GEMM_BF16_WMMA_F32OUT),
+        (DType::BF16, DType::BF16) => Ok(&gemm::GEMM_BF16_WMMA_BF16OUT),
+        _ => Err(BackendError::Unsupported {
             op: "gemm",
             what: format!("{a} inputs with a {c} result"),
         }),
     }
 }
 
-/// Storage precision of activations and gradients: `f32`, or `f16` computed in f32.
+/// Storage precision of activations and gradients: `f32`, or `f16` or `bf16` computed in f32.
 pub trait Precision: DeviceScalar {
     /// The type's name at run time.
     const DTYPE: DType;
     /// Widens to f32 (exact).
     fn to_f32(self) -> f32;
-    /// Rounds from f32 (to nearest even for f16).
+    /// Rounds from f32 (to nearest even for the 16-bit types).
     fn from_f32(v: f32) -> Self;
     /// Widens a whole slice into `dst` (same length): the fast path for many elements
-    /// (F16C when the CPU has it, detected once per call rather than per element).
+    /// (vector conversions where the CPU has them, detected once per call rather than per
+    /// element).
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
         dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
     }
@@ -160,6 +155,22 @@ impl Precision for f16 {
     }
 }
 
+impl Precision for bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        super::cpu::half_convert::bf16_from_f32(v)
+    }
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        super::cpu::half_convert::widen_bf16(src, dst);
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        super::cpu::half_convert::narrow_bf16(src, dst);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +192,6 @@ mod tests {
     fn each_type_agrees_with_its_dtype() {
         consistent::<f32>();
         consistent::<f16>();
+        consistent::<bf16>();
     }
 }

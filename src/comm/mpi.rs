@@ -34,7 +34,8 @@ use crate::backend::Precision;
 pub enum MpiAlgorithm {
     /// One of nanoddp's schedules, as messages.
     Schedule(Algorithm),
-    /// The MPI library's `MPI_Iallreduce` (f16 is widened to f32 for it and rounded once).
+    /// The MPI library's `MPI_Iallreduce` (f16 and bf16 are widened to f32 for it and rounded
+    /// once).
     Native,
 }
 

@@ -3,10 +3,13 @@
 //! on a kernel device (SIMT, CUDA) the `collective.cu` kernel dereferences the peers'
 //! addresses (the emulator's devices share the host address space; GPUs need peer access).
 
-use half::f16;
+use half::{bf16, f16};
 
 use crate::backend::cpu::CpuDevice;
-use crate::backend::{BackendError, DeviceBuffer, KernelArg, KernelDevice, LaunchConfig, Memory};
+use crate::backend::{
+    BackendError, DeviceBuffer, KernelArg, KernelDevice, LaunchConfig, Memory, Precision,
+    PrecisionOp,
+};
 use crate::dtype::DType;
 use crate::kernels::collective;
 
@@ -118,6 +121,7 @@ impl CommDevice for CpuDevice {
             match r.dtype {
                 DType::F32 => cpu_reduce::<f32>(&r, |v| v, |v| v),
                 DType::F16 => cpu_reduce::<f16>(&r, f16::to_f32, f16::from_f32),
+                DType::BF16 => cpu_reduce::<bf16>(&r, bf16::to_f32, <bf16 as Precision>::from_f32),
             }
         }
         Ok(())
@@ -168,10 +172,7 @@ impl<D: KernelDevice + Send> CommDevice for D {
         table[..sources.len()].copy_from_slice(sources);
         table[sources.len()..sources.len() + dsts.len()].copy_from_slice(dsts);
         self.write(&table, &mut state.addresses)?;
-        let kernel = match r.dtype {
-            DType::F32 => &collective::REDUCE_SUM_F32,
-            DType::F16 => &collective::REDUCE_SUM_F16,
-        };
+        let kernel = PrecisionOp::ReduceSum.kernel(r.dtype);
         let args = [
             KernelArg::buffer(&state.addresses),
             KernelArg::I32(sources.len() as i32),

@@ -20,6 +20,8 @@ pub enum Scalar {
     F64,
     /// `__half` (IEEE binary16)
     F16,
+    /// `__nv_bfloat16` (bfloat16: the top half of an f32)
+    BF16,
     /// `int`
     I32,
     /// `unsigned int`
@@ -61,6 +63,12 @@ const SPELLINGS: &[Spelling] = &[
     spelling(Scalar::F32, &["float"], "f32", "f32"),
     spelling(Scalar::F64, &["double"], "f64", "f64"),
     spelling(Scalar::F16, &["__half", "half"], "half::f16", "f16"),
+    spelling(
+        Scalar::BF16,
+        &["__nv_bfloat16", "nv_bfloat16"],
+        "half::bf16",
+        "bf16",
+    ),
     spelling(Scalar::I32, &["int", "int32_t"], "i32", "i32"),
     spelling(
         Scalar::U32,
@@ -83,7 +91,7 @@ impl Scalar {
     pub const fn size(self) -> usize {
         match self {
             Scalar::U8 => 1,
-            Scalar::F16 => 2,
+            Scalar::F16 | Scalar::BF16 => 2,
             Scalar::F32 | Scalar::I32 | Scalar::U32 => 4,
             Scalar::F64 | Scalar::I64 | Scalar::U64 => 8,
         }
@@ -99,6 +107,12 @@ impl Scalar {
     /// The canonical C spelling, e.g. `unsigned long long`.
     pub fn c_name(self) -> &'static str {
         self.spelling().c[0]
+    }
+
+    /// The code `simt.cuh`'s signatures name it by, which is also the suffix of a per-type
+    /// kernel entry (`f32`, `f16`, `bf16`, `u64`, ...).
+    pub fn code(self) -> &'static str {
+        self.spelling().code
     }
 
     /// The Rust type, e.g. `half::f16`.
@@ -262,12 +276,21 @@ pub fn parse(source: &str) -> Result<Vec<Declaration>, DeclarationError> {
     Ok(declarations)
 }
 
-/// The entry points `simt.cuh`'s `NANODDP_ENTRY_F32_F16(name, (params), (args))` defines:
-/// `name_f32` and `name_f16`, `extern "C"`, their parameters `params` with the storage type
-/// `T` spelled `float` and `__half`.
+/// The storage types `simt.cuh`'s `NANODDP_ENTRY_EACH_TYPE` defines an entry for: the suffix
+/// of each entry's name and the C type `T` stands for, in [`crate::dtype::DType::ALL`]'s
+/// order (a test in `src/dtype.rs` checks the two agree).
+pub const ENTRY_TYPES: [(&str, Scalar); 3] = [
+    ("f32", Scalar::F32),
+    ("f16", Scalar::F16),
+    ("bf16", Scalar::BF16),
+];
+
+/// The entry points `simt.cuh`'s `NANODDP_ENTRY_EACH_TYPE(name, (bounds), (params), (args))`
+/// defines: one per [`ENTRY_TYPES`], named `name_<suffix>`, `extern "C"`, with
+/// `__launch_bounds__(bounds)` and the parameters `params` with the storage type `T` spelled
+/// as that type.
 fn per_type_entries(code: &str) -> Result<Vec<Declaration>, DeclarationError> {
-    const MACRO: &str = "NANODDP_ENTRY_F32_F16";
-    const TYPES: [(&str, &str); 2] = [("f32", "float"), ("f16", "__half")];
+    const MACRO: &str = "NANODDP_ENTRY_EACH_TYPE";
     let mut entries = Vec::new();
     for (at, _) in code.match_indices(MACRO) {
         let line_start = code[..at].rfind('\n').map_or(0, |p| p + 1);
@@ -276,30 +299,49 @@ fn per_type_entries(code: &str) -> Result<Vec<Declaration>, DeclarationError> {
         }
         let line = code[..at].matches('\n').count() as u32 + 1;
         let fail = |message: String| DeclarationError { line, message };
-        let rest = code[at + MACRO.len()..].trim_start();
-        let rest = rest
-            .strip_prefix('(')
-            .ok_or_else(|| fail(format!("expected `{MACRO}(`")))?;
-        let comma = rest.find(',').ok_or_else(|| {
+        let usage = || {
             fail(format!(
-                "{MACRO}: expected `name, (parameters), (arguments)`"
+                "expected `{MACRO}(name, (max_threads[, min_blocks]), (parameters), (arguments))`"
             ))
-        })?;
-        let name = rest[..comma].trim();
-        let params = rest[comma + 1..].trim_start();
+        };
+        let rest = code[at + MACRO.len()..]
+            .trim_start()
+            .strip_prefix('(')
+            .ok_or_else(usage)?;
+        let (name, rest) = rest.split_once(',').ok_or_else(usage)?;
+        let name = name.trim();
+        // `(max_threads[, min_blocks])`, read as `__launch_bounds__` would be.
+        if !rest.trim_start().starts_with('(') {
+            return Err(usage());
+        }
+        let mut launch_bounds = None;
+        let rest = launch_bounds_prefix(
+            &format!("__launch_bounds__{}", rest.trim_start()),
+            &mut launch_bounds,
+        )
+        .map(str::to_string)
+        .map_err(|e| fail(format!("{MACRO}({name}: {e}")))?;
+        if launch_bounds.is_none() {
+            return Err(usage());
+        }
+        let params = rest
+            .trim_start()
+            .strip_prefix(',')
+            .ok_or_else(usage)?
+            .trim_start();
         let close = params
             .find(')')
             .filter(|_| params.starts_with('('))
             .ok_or_else(|| fail(format!("{MACRO}({name}: expected `(parameters)`")))?;
-        for (suffix, c_type) in TYPES {
+        for (suffix, scalar) in ENTRY_TYPES {
             entries.push(Declaration {
                 name: format!("{name}_{suffix}"),
                 line,
                 extern_c: true,
-                launch_bounds: None,
+                launch_bounds,
                 params: params[1..close]
                     .split(',')
-                    .map(|p| spell_type(p.trim(), c_type))
+                    .map(|p| spell_type(p.trim(), scalar.c_name()))
                     .filter(|p| !p.is_empty())
                     .collect(),
             });
@@ -462,41 +504,57 @@ mod tests {
     }
 
     #[test]
-    fn per_type_entry_macros_read_as_their_two_declarations() {
-        let src = "#define NANODDP_ENTRY_F32_F16(name, params, args) ...\n\
+    fn per_type_entry_macros_read_as_one_declaration_per_type() {
+        let src = "#define NANODDP_ENTRY_EACH_TYPE(name, bounds, params, args) ...\n\
                    extern \"C\" __global__ void plain(int n) {}\n\
-                   NANODDP_ENTRY_F32_F16(scale,\n  (const T* __restrict__ x, Tx* y, int n),\n  (x, y, n))\n";
+                   NANODDP_ENTRY_EACH_TYPE(scale, (256),\n  (const T* __restrict__ x, Tx* y, int n),\n  (x, y, n))\n";
         let found = parse(src).expect("parses");
-        let summary: Vec<(&str, u32, bool, Vec<&str>)> = found
+        let summary: Vec<(&str, u32, Option<u32>, Vec<&str>)> = found
             .iter()
             .map(|d| {
+                assert!(d.extern_c, "{}", d.name);
                 let params = d.params.iter().map(String::as_str).collect();
-                (d.name.as_str(), d.line, d.extern_c, params)
+                let bounds = d.launch_bounds.map(|b| b.max_threads);
+                (d.name.as_str(), d.line, bounds, params)
             })
             .collect();
-        assert_eq!(
-            summary,
-            [
-                ("plain", 2, true, vec!["int n"]),
-                (
-                    "scale_f32",
-                    3,
-                    true,
-                    vec!["const float* __restrict__ x", "Tx* y", "int n"]
-                ),
-                (
-                    "scale_f16",
-                    3,
-                    true,
-                    vec!["const __half* __restrict__ x", "Tx* y", "int n"]
-                ),
-            ]
-        );
-        let e = parse("NANODDP_ENTRY_F32_F16(scale)").expect_err("no parameters");
-        assert!(
-            e.message.contains("scale") || e.message.contains("expected"),
-            "{e}"
-        );
+        let entry = |name, c_type: &str| {
+            let x = format!("const {c_type}* __restrict__ x");
+            (name, 3, Some(256), vec![x, "Tx* y".into(), "int n".into()])
+        };
+        let want = [
+            entry("scale_f32", "float"),
+            entry("scale_f16", "__half"),
+            entry("scale_bf16", "__nv_bfloat16"),
+        ];
+        assert_eq!(summary[0], ("plain", 2, None, vec!["int n"]));
+        assert_eq!(summary.len(), 4);
+        for (got, (name, line, bounds, params)) in summary[1..].iter().zip(&want) {
+            assert_eq!((got.0, got.1, got.2), (*name, *line, *bounds));
+            assert_eq!(got.3, params.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+        for (src, needle) in [
+            ("NANODDP_ENTRY_EACH_TYPE(scale)", "expected"),
+            (
+                "NANODDP_ENTRY_EACH_TYPE(scale, (N), (int n), (n))",
+                "integer literals, got `N`",
+            ),
+            (
+                "NANODDP_ENTRY_EACH_TYPE(scale, 256, (int n), (n))",
+                "expected",
+            ),
+        ] {
+            let e = parse(src).expect_err(src);
+            assert!(e.message.contains(needle), "{e}");
+        }
+        let both = parse("NANODDP_ENTRY_EACH_TYPE(scale, (256, 1), (int n), (n))").expect("parses");
+        assert_eq!(both.len(), 3);
+        assert!(both.iter().all(|d| d.launch_bounds
+            == Some(LaunchBounds {
+                max_threads: 256,
+                min_blocks: Some(1)
+            })
+            && d.params == ["int n"]));
     }
 
     #[test]

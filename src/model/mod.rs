@@ -15,8 +15,6 @@
 
 use std::any::Any;
 
-use half::f16;
-
 use crate::backend::{
     Backend, BackendError, Conv2dShape, Epilogue, Pool2dShape, Precision, SgdStep,
 };
@@ -485,15 +483,11 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             .zip(&mut self.velocity)
             .enumerate()
         {
-            // With half activations the fused kernel also writes the half copy the next
-            // forward reads.
-            let half = self.half.as_mut().map(|h| {
-                (&mut h[i] as &mut dyn Any)
-                    .downcast_mut::<B::Buffer<f16>>()
-                    .expect("half activations keep f16 weight copies")
-            });
+            // With 16-bit activations the fused kernel also writes the copy the next forward
+            // reads.
+            let copy = self.half.as_mut().map(|h| &mut h[i]);
             self.dev
-                .sgd_step::<f32>(w, g, with_velocity.then_some(v), half, step, found)?;
+                .sgd_step(w, g, with_velocity.then_some(v), copy, step, found)?;
         }
         Ok(())
     }

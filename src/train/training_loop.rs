@@ -6,7 +6,7 @@
 use std::sync::mpsc;
 use std::time::Instant;
 
-use half::f16;
+use half::{bf16, f16};
 
 use super::{
     checkpoint, gradient_buckets, learning_rate, EpochReport, Event, LossScaler, StepReport,
@@ -176,8 +176,8 @@ where
     // Its own queue, so that the gradients' reduction (on the rank's queue) overlaps backward.
     let mut replica = Replica::<C::Device, T>::new(rank.device().fork()?, &start.weights)?;
     let mut scaler = match start.loss_scale {
-        Some((scale, clean)) if T::DTYPE.is_half() => LossScaler::restored(scale, clean),
-        _ => LossScaler::new(T::DTYPE.is_half()),
+        Some((scale, clean)) if T::DTYPE.needs_loss_scaling() => LossScaler::restored(scale, clean),
+        _ => LossScaler::new(T::DTYPE.needs_loss_scaling()),
     };
     let mut found = replica.dev.alloc_zeros::<i32>(1)?;
     if let Some(velocity) = &start.velocity {
@@ -245,12 +245,17 @@ where
                 weight_decay: cfg.weight_decay,
             };
             let loss_scale = scaler.scale;
-            if scaler.enabled {
-                // Every replica holds the same reduced gradients, so every replica decides alike.
+            if T::DTYPE.is_half() {
+                // 16-bit activations can overflow: a step whose gradients are not all finite is
+                // skipped (and under fp16 the loss scale halves). Every replica holds the same
+                // reduced gradients, so every replica decides alike.
                 replica.dev.write(&[0], &mut found)?;
                 replica.check_gradients(&mut found)?;
                 replica.update(sgd, Some(&found))?;
-                scaler.update(replica.dev.download(&found)?[0] != 0);
+                let skipped = replica.dev.download(&found)?[0] != 0;
+                if scaler.enabled {
+                    scaler.update(skipped);
+                }
             } else {
                 replica.update(sgd, None)?;
             }
@@ -378,6 +383,7 @@ where
                     match cfg.precision {
                         DType::F32 => run_rank::<C, f32>(rank, start, data, cfg, &tx),
                         DType::F16 => run_rank::<C, f16>(rank, start, data, cfg, &tx),
+                        DType::BF16 => run_rank::<C, bf16>(rank, start, data, cfg, &tx),
                     }
                 })
             })

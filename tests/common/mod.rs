@@ -50,6 +50,12 @@ pub const F16: Tol = Tol {
     atol: 1e-4,
     rtol: 1.5e-3,
 };
+/// bfloat16 storage of the result (one rounding to 8 bits: at most 2^-9 = 1.95e-3 of its
+/// magnitude) after f32 accumulation.
+pub const BF16: Tol = Tol {
+    atol: 1e-4,
+    rtol: 4e-3,
+};
 
 pub fn assert_close<T: Precision>(what: &str, got: &[T], want: &[f64], mag: &[f64], tol: Tol) {
     assert_eq!(got.len(), want.len(), "{what}: length");

@@ -8,7 +8,7 @@
 //! (`microkernel`), with the ReLU, the average pool and the bias gradient fused in where
 //! the trainer asks for it (`Backend::conv2d_relu_avg_pool_forward` and friends); loops over
 //! images, planes and rows run on all cores with rayon. Arithmetic is
-//! f32 with f16 storage for mixed precision, as on the GPU. Every reduction has a fixed
+//! f32 with f16 or bf16 storage for mixed precision, as on the GPU. Every reduction has a fixed
 //! order that does not depend on the number of threads, so results are bitwise
 //! reproducible across machines.
 //!
@@ -51,7 +51,6 @@ mod product_check;
 mod summation;
 mod window_gemm;
 
-use half::f16;
 use rayon::prelude::*;
 
 use super::backend_impl::{BackendImpl, OpResult};
@@ -163,12 +162,6 @@ impl Memory for CpuDevice {
 /// Elements per rayon task for flat loops: big enough that scheduling is noise.
 const FLAT_CHUNK: usize = 1 << 14;
 
-fn map_into<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&A) -> B + Sync) {
-    dst.par_chunks_mut(FLAT_CHUNK)
-        .zip(src.par_chunks(FLAT_CHUNK))
-        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = f(s)));
-}
-
 impl BackendImpl for CpuDevice {
     fn fill(&self, op: Checked<Fill<'_, CpuDevice>>) -> OpResult {
         let op = op.into_inner();
@@ -212,15 +205,23 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn cast_to_f16(&self, op: Checked<Cast<'_, CpuDevice, f32, f16>>) -> OpResult {
+    fn cast_from_f32<T: Precision>(&self, op: Checked<Cast<'_, CpuDevice, f32, T>>) -> OpResult {
         let op = op.into_inner();
-        map_into(&op.x.0, &mut op.out.0, |v| f16::from_f32(*v));
+        op.out
+            .0
+            .par_chunks_mut(FLAT_CHUNK)
+            .zip(op.x.0.par_chunks(FLAT_CHUNK))
+            .for_each(|(o, x)| T::narrow_slice(x, o));
         Ok(())
     }
 
-    fn cast_to_f32(&self, op: Checked<Cast<'_, CpuDevice, f16, f32>>) -> OpResult {
+    fn cast_to_f32<T: Precision>(&self, op: Checked<Cast<'_, CpuDevice, T, f32>>) -> OpResult {
         let op = op.into_inner();
-        map_into(&op.x.0, &mut op.out.0, |v| v.to_f32());
+        op.out
+            .0
+            .par_chunks_mut(FLAT_CHUNK)
+            .zip(op.x.0.par_chunks(FLAT_CHUNK))
+            .for_each(|(o, x)| T::widen_slice(x, o));
         Ok(())
     }
 
@@ -436,7 +437,7 @@ impl BackendImpl for CpuDevice {
         Ok(())
     }
 
-    fn sgd_step<G: Precision>(&self, op: Checked<Sgd<'_, CpuDevice, G>>) -> OpResult {
+    fn sgd_step<T: Precision>(&self, op: Checked<Sgd<'_, CpuDevice, T>>) -> OpResult {
         let op = op.into_inner();
         if let Some(f) = op.found {
             if f.0[0] != 0 {
@@ -447,7 +448,7 @@ impl BackendImpl for CpuDevice {
             &mut op.w.0,
             &op.grad.0,
             op.velocity.map(|v| v.as_mut_slice()),
-            op.w_half.map(|h| h.as_mut_slice()),
+            op.w_copy.map(|h| h.as_mut_slice()),
             op.step,
         );
         Ok(())

@@ -1,6 +1,5 @@
 //! The SGD step and the finite check for mixed precision, over flat buffers.
 
-use half::f16;
 use rayon::prelude::*;
 
 use crate::backend::shapes::SgdStep;
@@ -14,29 +13,29 @@ pub(super) fn any_nonfinite<G: Precision>(grad: &[G]) -> bool {
 }
 
 /// Same arithmetic, in the same order, as `sgd_step` in `kernels/optim.cu`.
-pub(super) fn sgd_step<G: Precision>(
+pub(super) fn sgd_step<T: Precision>(
     w: &mut [f32],
-    grad: &[G],
+    grad: &[f32],
     velocity: Option<&mut [f32]>,
-    w_half: Option<&mut [f16]>,
+    w_copy: Option<&mut [T]>,
     s: SgdStep,
 ) {
     let n = w.len();
     w.par_chunks_mut(CHUNK)
         .zip(grad.par_chunks(CHUNK))
         .zip(split(velocity, n).into_par_iter())
-        .zip(split(w_half, n).into_par_iter())
+        .zip(split(w_copy, n).into_par_iter())
         .for_each(|(((w, g), v), h)| update(w, g, v, h, s));
 }
 
 /// One chunk of [`sgd_step`]. The fused multiply-adds must be single instructions (as
 /// `fmaf` is on the GPU): without the `fma` target feature, `f32::mul_add` is a call into
 /// the math library per element, so the loop is compiled twice and picked at run time.
-fn update<G: Precision>(
+fn update<T: Precision>(
     w: &mut [f32],
-    g: &[G],
+    g: &[f32],
     v: Option<&mut [f32]>,
-    h: Option<&mut [f16]>,
+    h: Option<&mut [T]>,
     s: SgdStep,
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -53,33 +52,33 @@ fn update<G: Precision>(
 /// The CPU must have FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-unsafe fn update_fma<G: Precision>(
+unsafe fn update_fma<T: Precision>(
     w: &mut [f32],
-    g: &[G],
+    g: &[f32],
     v: Option<&mut [f32]>,
-    h: Option<&mut [f16]>,
+    h: Option<&mut [T]>,
     s: SgdStep,
 ) {
     update_body(w, g, v, h, s);
 }
 
 #[inline(always)]
-fn update_body<G: Precision>(
+fn update_body<T: Precision>(
     w: &mut [f32],
-    g: &[G],
+    g: &[f32],
     mut v: Option<&mut [f32]>,
-    mut h: Option<&mut [f16]>,
+    mut h: Option<&mut [T]>,
     s: SgdStep,
 ) {
     for i in 0..w.len() {
-        let mut grad = s.weight_decay.mul_add(w[i], g[i].to_f32() * s.inv_scale);
+        let mut grad = s.weight_decay.mul_add(w[i], g[i] * s.inv_scale);
         if let Some(v) = v.as_deref_mut() {
             grad = s.momentum.mul_add(v[i], grad);
             v[i] = grad;
         }
         w[i] = (-s.lr).mul_add(grad, w[i]);
         if let Some(h) = h.as_deref_mut() {
-            h[i] = f16::from_f32(w[i]);
+            h[i] = T::from_f32(w[i]);
         }
     }
 }

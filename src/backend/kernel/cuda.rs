@@ -157,6 +157,12 @@ pub fn device_count() -> Result<usize, BackendError> {
     }
 }
 
+/// Kernels that exist only from compute capability 8.0 on (bf16 wmma fragments).
+const NEEDS_SM80: [&KernelSignature; 2] = [
+    &crate::kernels::gemm::GEMM_BF16_WMMA_F32OUT,
+    &crate::kernels::gemm::GEMM_BF16_WMMA_BF16OUT,
+];
+
 /// What a GPU is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -662,6 +668,20 @@ impl KernelDevice for CudaDevice {
         args: &[KernelArg],
     ) -> Result<(), BackendError> {
         check_launch(kernel, &cfg, args)?;
+        if self.gpu.info.compute_capability < (8, 0)
+            && NEEDS_SM80.iter().any(|k| std::ptr::eq(*k, kernel))
+        {
+            // Their compute_75 PTX traps (kernels/gemm.cu): refuse before the context is lost.
+            return Err(BackendError::Unsupported {
+                op: "gemm",
+                what: format!(
+                    "bf16 tensor cores on {} (compute capability {}.{}; bf16 wmma needs 8.0)",
+                    self.gpu.info.name,
+                    self.gpu.info.compute_capability.0,
+                    self.gpu.info.compute_capability.1
+                ),
+            });
+        }
         // Each rank drives its GPU from its own thread: make this device's context current.
         self.bind()?;
         let function = self.function(kernel)?;

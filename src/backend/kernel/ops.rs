@@ -6,8 +6,6 @@
 //! [`Checked`], so the shape is valid and every buffer's length is the one it implies, and
 //! the kernel's index ranges are exactly that shape.
 
-use half::f16;
-
 use super::{KernelArg, KernelDevice, LaunchConfig};
 use crate::backend::backend_impl::{run, OpResult};
 use crate::backend::op::{
@@ -19,7 +17,7 @@ use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Pool2dShape, Precision,
     PrecisionOp,
 };
-use crate::kernels::elementwise as ew;
+use crate::kernels::{elementwise as ew, KernelSignature};
 
 fn i32_arg(v: usize) -> KernelArg {
     // Shapes are validated to fit i32 before any launch.
@@ -92,6 +90,23 @@ unsafe fn launch_pool<D: KernelDevice, T: Precision>(
     unsafe { device.launch(op.kernel(T::DTYPE), LaunchConfig::flat(threads), &args) }
 }
 
+/// Launches an element-wise conversion `kernel` from `x` to `out` (equal lengths).
+fn launch_cast<D: KernelDevice, S: DeviceScalar, T: DeviceScalar>(
+    device: &D,
+    kernel: &'static KernelSignature,
+    x: &D::Buffer<S>,
+    out: &mut D::Buffer<T>,
+) -> OpResult {
+    let n = x.len();
+    let args = [
+        KernelArg::buffer(x),
+        KernelArg::buffer_mut(out),
+        KernelArg::U64(n as u64),
+    ];
+    // SAFETY: the lengths were checked equal; the kernel touches [0, n) of each.
+    unsafe { device.launch(kernel, LaunchConfig::flat(n), &args) }
+}
+
 fn pool_dims(s: &Pool2dShape) -> [KernelArg; 8] {
     [
         i32_arg(s.planes),
@@ -134,18 +149,19 @@ impl<D: KernelDevice> BackendImpl for D {
         unsafe { ew::add_f32(self, LaunchConfig::flat(n), op.a, op.b, op.out, n as u64) }
     }
 
-    fn cast_to_f16(&self, op: Checked<Cast<'_, D, f32, f16>>) -> OpResult {
+    fn cast_from_f32<T: Precision>(&self, op: Checked<Cast<'_, D, f32, T>>) -> OpResult {
         let op = op.into_inner();
-        let n = op.x.len();
-        // SAFETY: see the module docs.
-        unsafe { ew::cast_f32_to_f16(self, LaunchConfig::flat(n), op.x, op.out, n as u64) }
+        launch_cast(
+            self,
+            PrecisionOp::CastFromF32.kernel(T::DTYPE),
+            op.x,
+            op.out,
+        )
     }
 
-    fn cast_to_f32(&self, op: Checked<Cast<'_, D, f16, f32>>) -> OpResult {
+    fn cast_to_f32<T: Precision>(&self, op: Checked<Cast<'_, D, T, f32>>) -> OpResult {
         let op = op.into_inner();
-        let n = op.x.len();
-        // SAFETY: see the module docs.
-        unsafe { ew::cast_f16_to_f32(self, LaunchConfig::flat(n), op.x, op.out, n as u64) }
+        launch_cast(self, PrecisionOp::CastToF32.kernel(T::DTYPE), op.x, op.out)
     }
 
     fn relu_backward<T: Precision>(&self, op: Checked<ReluBackward<'_, D, T>>) -> OpResult {
@@ -383,14 +399,14 @@ impl<D: KernelDevice> BackendImpl for D {
         }
     }
 
-    fn sgd_step<G: Precision>(&self, op: Checked<Sgd<'_, D, G>>) -> OpResult {
+    fn sgd_step<T: Precision>(&self, op: Checked<Sgd<'_, D, T>>) -> OpResult {
         let op = op.into_inner();
         let n = op.w.len();
         let args = [
             KernelArg::buffer_mut(op.w),
             KernelArg::buffer(op.grad),
             KernelArg::optional_mut(op.velocity),
-            KernelArg::optional_mut(op.w_half),
+            KernelArg::optional_mut(op.w_copy),
             KernelArg::U64(n as u64),
             KernelArg::F32(op.step.lr),
             KernelArg::F32(op.step.inv_scale),
@@ -401,7 +417,7 @@ impl<D: KernelDevice> BackendImpl for D {
         // SAFETY: see the module docs.
         unsafe {
             self.launch(
-                PrecisionOp::SgdStep.kernel(G::DTYPE),
+                PrecisionOp::SgdStep.kernel(T::DTYPE),
                 LaunchConfig::flat(n),
                 &args,
             )
