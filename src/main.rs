@@ -82,6 +82,10 @@ enum BenchWhat {
         /// Timed repetitions per operation (the median is reported).
         #[arg(long, default_value_t = 20)]
         repeats: usize,
+        /// Storage type of the convolutions' and linear layers' operands (as `train
+        /// --precision`; weight gradients are f32 at every precision).
+        #[arg(long, value_enum, default_value_t = nanoddp::dtype::DType::F32)]
+        precision: nanoddp::dtype::DType,
     },
 }
 
@@ -155,8 +159,9 @@ fn main() -> ExitCode {
                     backend,
                     batch,
                     repeats,
+                    precision,
                 },
-        } => cli::bench_kernels::run(&mut stdout, backend, batch, repeats),
+        } => cli::bench_kernels::run(&mut stdout, backend, batch, repeats, precision),
         Command::Bench {
             what: BenchWhat::Allreduce(sweep),
         } => cli::bench_allreduce::run(&mut stdout, sweep),

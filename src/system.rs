@@ -43,6 +43,7 @@ fn simd_features() -> Vec<&'static str> {
         "avx512f",
         "avx512bw",
         "avx512vl",
+        "avx512bf16",
         "avx512fp16"
     );
     found

@@ -4,10 +4,12 @@
 use std::io::Write;
 use std::time::Instant;
 
+use half::{bf16, f16};
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
-use nanoddp::backend::{Backend, BackendError, Conv2dShape, Epilogue, GemmShape};
+use nanoddp::backend::{Backend, BackendError, Conv2dShape, Epilogue, GemmShape, Precision};
+use nanoddp::dtype::DType;
 use nanoddp::model::LENET;
 use nanoddp::system;
 
@@ -48,23 +50,24 @@ fn time<B: Backend>(
     Ok(median(samples))
 }
 
-fn filled<B: Backend>(dev: &B, n: usize) -> Result<B::Buffer<f32>, BackendError> {
+fn filled<B: Backend, T: Precision>(dev: &B, n: usize) -> Result<B::Buffer<T>, BackendError> {
     // Deterministic, non-trivial values (not zeros: some CPUs shortcut them).
-    let host: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+    let host: Vec<T> = (0..n)
+        .map(|i| T::from_f32(((i * 7919) % 1000) as f32 / 1000.0 - 0.5))
         .collect();
     dev.upload(&host)
 }
 
-fn gemm_row<B: Backend>(
+/// A product of `A`-typed operands into a `C`-typed result.
+fn gemm_row<B: Backend, A: Precision, C: Precision>(
     dev: &B,
     name: &str,
     s: GemmShape,
     repeats: usize,
 ) -> Result<Row, BackendError> {
-    let a = filled(dev, s.m * s.k)?;
-    let b = filled(dev, s.k * s.n)?;
-    let mut c = dev.alloc_zeros::<f32>(s.m * s.n)?;
+    let a = filled::<B, A>(dev, s.m * s.k)?;
+    let b = filled::<B, A>(dev, s.k * s.n)?;
+    let mut c = dev.alloc_zeros::<C>(s.m * s.n)?;
     let t = time(dev, repeats, || {
         dev.gemm(&s, &a, &b, None, &mut c, Epilogue::default())
     })?;
@@ -75,19 +78,19 @@ fn gemm_row<B: Backend>(
     })
 }
 
-fn conv_rows<B: Backend>(
+fn conv_rows<B: Backend, T: Precision>(
     dev: &B,
     name: &str,
     s: Conv2dShape,
     repeats: usize,
 ) -> Result<Vec<Row>, BackendError> {
     let (xs, ws, ys) = s.sizes();
-    let x = filled(dev, xs)?;
-    let w = filled(dev, ws)?;
-    let dy = filled(dev, ys)?;
-    let bias = filled(dev, s.out_c)?;
-    let mut y = dev.alloc_zeros::<f32>(ys)?;
-    let mut dx = dev.alloc_zeros::<f32>(xs)?;
+    let x = filled::<B, T>(dev, xs)?;
+    let w = filled::<B, T>(dev, ws)?;
+    let dy = filled::<B, T>(dev, ys)?;
+    let bias = filled::<B, f32>(dev, s.out_c)?;
+    let mut y = dev.alloc_zeros::<T>(ys)?;
+    let mut dx = dev.alloc_zeros::<T>(xs)?;
     let mut dw = dev.alloc_zeros::<f32>(ws)?;
     let label = format!("{} {}x{}x{} k{}", s.batch, s.in_c, s.in_h, s.in_w, s.k_h);
     let fwd = time(dev, repeats, || {
@@ -118,7 +121,8 @@ fn conv_rows<B: Backend>(
     ])
 }
 
-fn lenet_rows<B: Backend>(
+/// The model's operations at storage type `T` (and the 1024³ f32 GEMM when `big_gemm`).
+fn lenet_rows<B: Backend, T: Precision>(
     dev: &B,
     batch: usize,
     repeats: usize,
@@ -126,7 +130,7 @@ fn lenet_rows<B: Backend>(
 ) -> Result<Vec<Row>, BackendError> {
     let mut rows = Vec::new();
     if big_gemm {
-        rows.push(gemm_row(
+        rows.push(gemm_row::<B, f32, f32>(
             dev,
             "gemm",
             GemmShape::new(1024, 1024, 1024),
@@ -135,15 +139,32 @@ fn lenet_rows<B: Backend>(
     }
     // The shapes of the model `nanoddp train` trains.
     let (conv1, conv2) = (LENET.conv1(batch), LENET.conv2(batch));
-    rows.extend(conv_rows(dev, "conv1", conv1, repeats)?);
-    rows.extend(conv_rows(dev, "conv2", conv2, repeats)?);
+    rows.extend(conv_rows::<B, T>(dev, "conv1", conv1, repeats)?);
+    rows.extend(conv_rows::<B, T>(dev, "conv2", conv2, repeats)?);
     for (name, layer) in [("fc1", LENET.fc1(batch)), ("fc2", LENET.fc2(batch))] {
         let fwd = layer.forward();
-        rows.push(gemm_row(dev, &format!("{name} forward"), fwd, repeats)?);
+        let forward = format!("{name} forward");
+        rows.push(gemm_row::<B, T, T>(dev, &forward, fwd, repeats)?);
         let dw = layer.weight_gradient();
-        rows.push(gemm_row(dev, &format!("{name} weight grad"), dw, repeats)?);
+        let weight_grad = format!("{name} weight grad");
+        rows.push(gemm_row::<B, T, f32>(dev, &weight_grad, dw, repeats)?);
     }
     Ok(rows)
+}
+
+/// [`lenet_rows`] at the storage type `precision` names.
+fn lenet_rows_at<B: Backend>(
+    precision: DType,
+    dev: &B,
+    batch: usize,
+    repeats: usize,
+    big_gemm: bool,
+) -> Result<Vec<Row>, BackendError> {
+    match precision {
+        DType::F32 => lenet_rows::<B, f32>(dev, batch, repeats, big_gemm),
+        DType::F16 => lenet_rows::<B, f16>(dev, batch, repeats, big_gemm),
+        DType::BF16 => lenet_rows::<B, bf16>(dev, batch, repeats, big_gemm),
+    }
 }
 
 /// Prints the table for `target`.
@@ -152,6 +173,7 @@ pub fn run(
     target: BackendArg,
     batch: usize,
     repeats: usize,
+    precision: DType,
 ) -> Result<(), CliError> {
     if batch == 0 || repeats == 0 || batch > MAX_BATCH || repeats > 10_000 {
         return Err(CliError::Input(format!(
@@ -163,6 +185,10 @@ pub fn run(
         BackendArg::Cuda => Some(CudaDevice::new(0).map_err(CliError::Device)?),
         _ => None,
     };
+    writeln!(
+        out,
+        "operands: {precision} (accumulation and weight gradients f32)"
+    )?;
     let peak = system::measure_peak_flops();
     let cpu = system::cpu_info();
     writeln!(
@@ -187,16 +213,16 @@ pub fn run(
             if nanoddp::backend::cuda::is_standin() {
                 // The same shapes and checks, but no GPU: keep it short and say so.
                 writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under the SIMT emulator; timings mean nothing; no 1024³ GEMM)")?;
-                lenet_rows(dev, batch, repeats.min(3), false)?
+                lenet_rows_at(precision, dev, batch, repeats.min(3), false)?
             } else {
-                lenet_rows(dev, batch, repeats, true)?
+                lenet_rows_at(precision, dev, batch, repeats, true)?
             }
         }
         (None, BackendArg::Simt) => {
             writeln!(out, "(SIMT emulator: CPU time of running the CUDA kernels, not GPU speed; no 1024³ GEMM)")?;
-            lenet_rows(&SimtDevice::new(0), batch, repeats.min(3), false)?
+            lenet_rows_at(precision, &SimtDevice::new(0), batch, repeats.min(3), false)?
         }
-        (None, _) => lenet_rows(&CpuDevice::new(), batch, repeats, true)?,
+        (None, _) => lenet_rows_at(precision, &CpuDevice::new(), batch, repeats, true)?,
     };
     writeln!(
         out,

@@ -18,7 +18,9 @@ use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::summation::{pairwise_sum, Cascade};
 use super::window_gemm::{window_gemm, PackedW, Windows};
+use super::window_gemm_bf16::{self, pairs, window_gemm_bf16, PackedPairs, PairImage, PairWindows};
 use super::{widened, write_f32};
+use crate::dtype::DType;
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
@@ -128,18 +130,52 @@ fn group_images<'a, T: Precision>(
         T::widen_slice(x, &mut buf[..x.len()]);
         return &buf[..x.len()];
     }
+    padded_group(s, x, buf, T::widen_slice)
+}
+
+/// Images `first..first + imgs` of bf16 x as bit patterns, zero-padded into `buf` when the
+/// convolution pads: what [`PairImage`] pairs up for the bf16 window product.
+fn group_bits<'a>(
+    s: &Conv2dShape,
+    x: &'a [u16],
+    (first, imgs): (usize, usize),
+    buf: &'a mut Vec<u16>,
+) -> &'a [u16] {
+    let image_in = s.in_c * s.in_h * s.in_w;
+    let x = &x[first * image_in..(first + imgs) * image_in];
+    if s.pad == 0 {
+        return x;
+    }
+    padded_group(s, x, buf, |src, dst| dst.copy_from_slice(src))
+}
+
+/// A group of images `x` (planes of in_h x in_w) zero-padded into `buf` (planes of the
+/// padded dimensions), each row moved by `copy(src, dst)`.
+fn padded_group<'a, S, D: Copy + Default>(
+    s: &Conv2dShape,
+    x: &[S],
+    buf: &'a mut Vec<D>,
+    copy: impl Fn(&[S], &mut [D]),
+) -> &'a [D] {
     let (hp, wp) = padded_dims(s);
+    let planes = x.len().checked_div(s.in_h * s.in_w).unwrap_or(0);
     buf.clear();
-    buf.resize(imgs * s.in_c * hp * wp, 0.0);
+    buf.resize(planes * hp * wp, D::default());
     if s.in_h > 0 && s.in_w > 0 {
         for (plane, src) in x.chunks_exact(s.in_h * s.in_w).enumerate() {
             for (h, row) in src.chunks_exact(s.in_w).enumerate() {
                 let at = plane * hp * wp + (h + s.pad) * wp + s.pad;
-                T::widen_slice(row, &mut buf[at..at + s.in_w]);
+                copy(row, &mut buf[at..at + s.in_w]);
             }
         }
     }
     buf
+}
+
+/// T's values as bf16 bit patterns, when T is bf16 and this CPU has AVX512-BF16: the
+/// operands of [`window_gemm_bf16`]. None sends bf16 through the f32 tiles (widened).
+fn bf16_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
+    (T::DTYPE == DType::BF16 && window_gemm_bf16::available()).then(|| bytemuck::cast_slice(v))
 }
 
 /// Writes image `x`'s taps into `col` ((C·KH·KW) rows of stride `ld`), starting at column
@@ -312,11 +348,24 @@ pub(super) fn forward<T: Precision>(
     // (window tile) or written out (im2col, GEMM tile).
     let offsets = Offsets::for_shape(s);
     let (mut w_window, mut w_packed) = (PackedW::default(), PackedA::default());
-    if offsets.is_some() {
-        w_window.pack_transposed(&widen(w), s.out_c, k, k);
-    } else {
-        w_packed.pack(&widen(w), s.out_c, k, k, 1);
-    }
+    // bf16 on AVX512-BF16: the window product on the bf16 values themselves, by pairs of taps.
+    let bf16 = offsets.as_ref().zip(bf16_bits(x)).zip(bf16_bits(w));
+    let mut w_pairs = PackedPairs::default();
+    let tap_pairs = match bf16 {
+        Some(((o, _), w_bits)) => {
+            let grouped = pairs(&o.taps);
+            w_pairs.pack_transposed(w_bits, s.out_c, k, &grouped);
+            grouped
+        }
+        None if offsets.is_some() => {
+            w_window.pack_transposed(&widen(w), s.out_c, k, k);
+            Vec::new()
+        }
+        None => {
+            w_packed.pack(&widen(w), s.out_c, k, k, 1);
+            Vec::new()
+        }
+    };
     let groups = s.batch.div_ceil(GROUP);
     let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
     let (pool_shape, pooled_groups): (_, Vec<Option<&mut [T]>>) = match pool {
@@ -337,14 +386,25 @@ pub(super) fn forward<T: Precision>(
                 (
                     vec![0.0f32; s.out_c * pq * GROUP],
                     (Vec::new(), Vec::new()),
+                    (Vec::new(), PairImage::default()),
                     vec![0.0f32; pq],
                     vec![0.0f32; pooled_plane],
                 )
             },
-            |(out, (images, col), row, pooled_row), (g, (y_g, mut pooled_g))| {
+            |(out, (images, col), (bits, image_pairs), row, pooled_row),
+             (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let npq = imgs * pq;
-                if let Some(o) = &offsets {
+                if let Some(((o, x_bits), _)) = bf16 {
+                    let col = PairWindows {
+                        src: image_pairs.build(group_bits(s, x_bits, (g * GROUP, imgs), bits)),
+                        rows: &o.pixels[..npq],
+                        steps: &o.taps,
+                        pairs: &tap_pairs,
+                        block: FORWARD_BLOCK / 2,
+                    };
+                    window_gemm_bf16(&col, &w_pairs, out, npq, false);
+                } else if let Some(o) = &offsets {
                     let col = Windows {
                         src: group_images(s, x, (g * GROUP, imgs), images),
                         rows: &o.pixels[..npq],

@@ -4,7 +4,10 @@
 //! binary runs everywhere. Every path must give results the tests accept, and a machine with
 //! AVX-512 would otherwise never run the portable one that other machines take: set
 //! `NANODDP_CPU_ISA=portable` to force it (the tests do, to check both paths on any machine;
-//! so can anyone comparing the two). `NANODDP_CPU_ISA=native` (or unset) uses what the CPU has.
+//! so can anyone comparing the two). Likewise `NANODDP_CPU_ISA=avx512` keeps AVX-512 but not
+//! its BF16 extension, the bf16 path of AVX-512 CPUs without it (Zen 3's successors have it;
+//! Skylake and Ice Lake servers do not). `NANODDP_CPU_ISA=native` (or unset) uses what the
+//! CPU has.
 
 use std::sync::OnceLock;
 
@@ -18,6 +21,9 @@ pub struct Isa {
     pub avx512: bool,
     /// FMA (with AVX2's 256-bit registers): the optimizer step.
     pub fma: bool,
+    /// AVX512-BF16 (`vdpbf16ps`, with the AVX-512 set above): the bf16 convolutions' window
+    /// products (Zen 4, Sapphire Rapids and later).
+    pub avx512_bf16: bool,
 }
 
 impl Isa {
@@ -25,6 +31,7 @@ impl Isa {
     pub const PORTABLE: Isa = Isa {
         avx512: false,
         fma: false,
+        avx512_bf16: false,
     };
 
     /// What this CPU offers.
@@ -32,9 +39,12 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
+            let avx512 =
+                has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq");
             Isa {
-                avx512: has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq"),
+                avx512,
                 fma: has!("fma") && has!("avx2"),
+                avx512_bf16: avx512 && has!("avx512bf16"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -46,6 +56,7 @@ impl Isa {
     /// The paths in use, as `nanoddp info` names them.
     pub fn describe(&self) -> &'static str {
         match (self.avx512, self.fma) {
+            (true, _) if self.avx512_bf16 => "AVX-512 (F, VL, BW, DQ), AVX512-BF16 for bf16",
             (true, _) => "AVX-512 (F, VL, BW, DQ)",
             (false, true) => "portable, FMA for the optimizer",
             (false, false) => "portable",
@@ -58,13 +69,17 @@ impl Isa {
 pub fn requested() -> Result<Isa, String> {
     match std::env::var(ISA_ENV).as_deref() {
         Ok("portable") => Ok(Isa::PORTABLE),
+        Ok("avx512") => Ok(Isa {
+            avx512_bf16: false,
+            ..Isa::detect()
+        }),
         Ok("native") | Ok("") | Err(std::env::VarError::NotPresent) => Ok(Isa::detect()),
         Ok(other) => Err(format!(
-            "{ISA_ENV}={other}: expected `portable` or `native`"
+            "{ISA_ENV}={other}: expected `portable`, `avx512` or `native`"
         )),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(format!("{ISA_ENV}={v:?}: expected `portable` or `native`"))
-        }
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
+            "{ISA_ENV}={v:?}: expected `portable`, `avx512` or `native`"
+        )),
     }
 }
 

@@ -50,6 +50,7 @@ mod pool;
 mod product_check;
 mod summation;
 mod window_gemm;
+mod window_gemm_bf16;
 
 use rayon::prelude::*;
 

@@ -1,0 +1,425 @@
+//! [`window_gemm`](super::window_gemm)'s product on bf16 operands with AVX512-BF16's
+//! `vdpbf16ps`: two steps of k per instruction.
+//!
+//! `C[o][r] = Σ_k W[k][o] · x[rows[r] + steps[k]]` as in `window_gemm.rs`, where x and W hold
+//! bf16 values. `vdpbf16ps` multiplies 16 lanes of bf16 *pairs* and adds both products to
+//! each f32 lane, so the steps of k are taken two at a time:
+//! - a **pair** is two consecutive steps whose offsets are adjacent in memory
+//!   (`steps[k + 1] = steps[k] + 1`: neighbouring taps of a filter row, neighbouring pixels
+//!   of an output row), found by [`pairs`]. Both of its x values are one 32-bit load from the
+//!   [`PairImage`], where element i holds x[i] and x[i + 1];
+//! - a step with no partner (the fifth tap of a 5-wide filter row) is a **single**: its
+//!   broadcast keeps x's low half and zeroes the high half, and W's high half is zero, so the
+//!   missing product is exactly 0 · 0, whatever x[i + 1] holds (an inf there cannot leak in).
+//!
+//! W is packed as `[chunk of 64 columns][pair][64]` 32-bit words (the pair's two weights per
+//! column), so one 512-bit load gives 16 columns' pairs. The tile is the f32 one's: R values
+//! of r by V vectors of 16 columns, 24 accumulators, each pair step one load of W per vector
+//! and one broadcast per value of r into R·V `vdpbf16ps`: conv2's 5x5 filter is 15 pair steps
+//! per input channel instead of 25 FMA steps.
+//!
+//! Products of bf16 values are exact in f32, and `vdpbf16ps` adds the two products of a lane
+//! to it one after the other, rounding to nearest even, with bf16 and f32 subnormals read and
+//! written as zero (its fixed DAZ/FTZ). Sums run over k in order in blocks of
+//! [`PairWindows::block`] pairs, so the result is deterministic; it differs from the f32 tile's
+//! in the last bits. There is no portable version: a CPU without AVX512-BF16 runs the f32
+//! tile on the widened operands (`conv.rs` chooses).
+
+use super::isa::isa;
+
+/// Output channels per chunk of W: four 16-lane vectors.
+const CHUNK: usize = 64;
+
+/// How [`pairs`] groups the steps of k: `first` is the step's index, and `paired` says that
+/// step `first + 1` comes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Pair {
+    pub(super) first: usize,
+    pub(super) paired: bool,
+}
+
+/// Groups `steps` into pairs of consecutive steps at adjacent offsets, in order; a step
+/// whose successor is not adjacent stays single.
+pub(super) fn pairs(steps: &[usize]) -> Vec<Pair> {
+    let mut out = Vec::with_capacity(steps.len().div_ceil(2));
+    let mut k = 0;
+    while k < steps.len() {
+        let paired = k + 1 < steps.len() && steps[k + 1] == steps[k] + 1;
+        out.push(Pair { first: k, paired });
+        k += 1 + usize::from(paired);
+    }
+    out
+}
+
+/// x as overlapping pairs: element i is bf16 `x[i]` in its low half and `x[i + 1]` in its
+/// high half (zero past the end). The buffer is kept between calls.
+#[derive(Default)]
+pub(super) struct PairImage {
+    data: Vec<u32>,
+}
+
+impl PairImage {
+    /// Builds the pairs of `x` (bf16 bit patterns).
+    pub(super) fn build(&mut self, x: &[u16]) -> &[u32] {
+        self.data.clear();
+        self.data.extend(
+            x.iter()
+                .zip(x.iter().skip(1).chain(std::iter::once(&0)))
+                .map(|(lo, hi)| u32::from(*lo) | u32::from(*hi) << 16),
+        );
+        &self.data
+    }
+}
+
+/// W (`steps x cols`) packed by pairs of steps: `[chunk of 64 columns][pair][64]`, each word
+/// the pair's two bf16 weights of one column (the second zero for a single), zero-padded past
+/// `cols`. The buffer is kept between calls.
+#[derive(Default)]
+pub(super) struct PackedPairs {
+    data: Vec<u32>,
+    cols: usize,
+    pairs: usize,
+}
+
+impl PackedPairs {
+    /// Packs `W[k][o] = src[o·ld + k]` (bf16 bit patterns; the transpose of a row-major
+    /// `cols x depth` matrix) by `pairs`.
+    ///
+    /// # Panics
+    /// If an element lies outside `src`.
+    pub(super) fn pack_transposed(&mut self, src: &[u16], cols: usize, ld: usize, pairs: &[Pair]) {
+        let depth = pairs
+            .last()
+            .map_or(0, |p| p.first + 1 + usize::from(p.paired));
+        if cols > 0 && depth > 0 {
+            assert!(
+                depth <= ld && (cols - 1) * ld + depth <= src.len(),
+                "W outside its slice"
+            );
+        }
+        self.cols = cols;
+        self.pairs = pairs.len();
+        self.data.clear();
+        self.data
+            .resize(cols.div_ceil(CHUNK) * pairs.len() * CHUNK, 0);
+        for (chunk, packed) in self.data.chunks_exact_mut(pairs.len() * CHUNK).enumerate() {
+            for o in 0..CHUNK.min(cols - chunk * CHUNK) {
+                let row = &src[(chunk * CHUNK + o) * ld..];
+                for (p, pair) in pairs.iter().enumerate() {
+                    let hi = if pair.paired { row[pair.first + 1] } else { 0 };
+                    packed[p * CHUNK + o] = u32::from(row[pair.first]) | u32::from(hi) << 16;
+                }
+            }
+        }
+    }
+}
+
+/// The operand read from the pair image: step pair p of row r is
+/// `src[rows[r] + steps[pairs[p].first]]`.
+pub(super) struct PairWindows<'a> {
+    /// The images as pairs ([`PairImage`]).
+    pub(super) src: &'a [u32],
+    /// One offset per value of r.
+    pub(super) rows: &'a [usize],
+    /// One offset per step of k.
+    pub(super) steps: &'a [usize],
+    /// The steps grouped ([`pairs`] of `steps`, as W was packed).
+    pub(super) pairs: &'a [Pair],
+    /// Pairs summed in the registers from zero before they join the running total
+    /// (blocked summation, as the f32 tile's `Windows::block` counts steps).
+    pub(super) block: usize,
+}
+
+/// Whether this CPU runs [`window_gemm_bf16`].
+pub(super) fn available() -> bool {
+    isa().avx512_bf16
+}
+
+/// `C[o][r] = Σ_k W[k][o] · X[r][k]` (or `+=` when `accumulate`) for `o < w.cols` and
+/// `r < x.rows.len()`, C's rows at stride `ldc`.
+///
+/// # Panics
+/// If the CPU lacks AVX512-BF16 ([`available`]), the pairs do not match W, an offset lies
+/// outside `x.src`, or C is too short.
+pub(super) fn window_gemm_bf16(
+    x: &PairWindows,
+    w: &PackedPairs,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(available(), "window_gemm_bf16 needs AVX512-BF16");
+    let (n, cols) = (x.rows.len(), w.cols);
+    assert_eq!(x.pairs.len(), w.pairs, "pairs do not match W's");
+    if n == 0 || cols == 0 {
+        return;
+    }
+    assert!(n <= ldc && c.len() >= (cols - 1) * ldc + n, "C too short");
+    let starts: Vec<usize> = x.pairs.iter().map(|p| x.steps[p.first]).collect();
+    let masks: Vec<u32> = x
+        .pairs
+        .iter()
+        .map(|p| if p.paired { u32::MAX } else { 0xffff })
+        .collect();
+    if let (Some(r), Some(s)) = (x.rows.iter().max(), starts.iter().max()) {
+        assert!(r + s < x.src.len(), "a window lies outside the images");
+    }
+    if starts.is_empty() {
+        if !accumulate {
+            c.chunks_mut(ldc)
+                .take(cols)
+                .for_each(|row| row[..n].fill(0.0));
+        }
+        return;
+    }
+    for (chunk, packed) in w.data.chunks_exact(w.pairs * CHUNK).enumerate() {
+        let width = CHUNK.min(cols - chunk * CHUNK);
+        let c = &mut c[chunk * CHUNK * ldc..];
+        let op = (x, &starts[..], &masks[..], packed);
+        match width.div_ceil(16) {
+            1 => tiles::<1, 24>(op, width, c, ldc, accumulate),
+            2 => tiles::<2, 12>(op, width, c, ldc, accumulate),
+            3 => tiles::<3, 8>(op, width, c, ldc, accumulate),
+            _ => tiles::<4, 6>(op, width, c, ldc, accumulate),
+        }
+    }
+}
+
+/// One chunk of W against every value of r, R at a time: `(x, each pair's offset, each
+/// pair's mask, the chunk's packed W)`.
+fn tiles<const V: usize, const R: usize>(
+    (x, starts, masks, packed): (&PairWindows, &[usize], &[u32], &[u32]),
+    width: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let n = x.rows.len();
+    let mut out = [[0.0f32; CHUNK]; R];
+    let block = x.block.max(1);
+    for r0 in (0..n).step_by(R) {
+        let count = R.min(n - r0);
+        // Past the edge, repeat the last offset (always inside x); those sums are dropped.
+        let bases: [usize; R] = std::array::from_fn(|i| x.rows[(r0 + i).min(n - 1)]);
+        for (b, (starts, masks)) in starts.chunks(block).zip(masks.chunks(block)).enumerate() {
+            let w = &packed[b * block * CHUNK..];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: window_gemm_bf16 asserted AVX512-BF16 (with AVX-512 F, VL, BW, DQ) and
+            // every bases[i] + starts[p] inside src; W holds a row of 64 per pair.
+            unsafe {
+                avx512_bf16::tile::<V, R>(x.src, &bases, starts, masks, w, &mut out, b > 0)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("AVX512-BF16 is x86-64 only: {w:?} {starts:?} {masks:?}");
+        }
+        for (o, c_row) in c.chunks_mut(ldc).take(width).enumerate() {
+            let c_row = &mut c_row[r0..r0 + count];
+            for (dst, sums) in c_row.iter_mut().zip(&out) {
+                *dst = if accumulate { *dst + sums[o] } else { sums[o] };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512_bf16 {
+    use std::arch::x86_64::*;
+
+    use super::CHUNK;
+
+    /// `out[i][o] = Σ_p (w[p·64 + o] · src[bases[i] + starts[p]] & masks[p]) as bf16 pair
+    /// dot products`, for o < 16·V, from zero, then added to `out` when `accumulate`.
+    ///
+    /// # Safety
+    /// AVX-512 F, VL, BW, DQ and AVX512-BF16; every `bases[i] + starts[p]` inside `src`; `w`
+    /// at least `starts.len()·64` long; `masks` as long as `starts`.
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16")]
+    pub(super) unsafe fn tile<const V: usize, const R: usize>(
+        src: &[u32],
+        bases: &[usize; R],
+        starts: &[usize],
+        masks: &[u32],
+        w: &[u32],
+        out: &mut [[f32; CHUNK]; R],
+        accumulate: bool,
+    ) {
+        assert!(w.len() >= starts.len() * CHUNK && masks.len() == starts.len());
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
+        let x = src.as_ptr();
+        let wp = w.as_ptr();
+        // SAFETY: bases[i] + starts[p] lies inside src (caller), so every pointer formed
+        // below and every word read is inside it; W rows are in bounds (asserted). The
+        // transmutes reinterpret 512 bits of integers as 32 bf16 values (same size, and
+        // every bit pattern is a bf16).
+        unsafe {
+            let mut rows = [x; R];
+            for (p, &b) in rows.iter_mut().zip(bases) {
+                *p = x.add(b);
+            }
+            for (p, (&s, &mask)) in starts.iter().zip(masks).enumerate() {
+                let wk = wp.add(p * CHUNK);
+                let mut wv: [__m512bh; V] =
+                    [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); V];
+                for (v, wv) in wv.iter_mut().enumerate() {
+                    *wv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                        wk.add(v * 16).cast(),
+                    ));
+                }
+                // A pair's word is broadcast straight from memory; a single's goes through a
+                // register to clear its high half.
+                if mask == u32::MAX {
+                    for (acc, r) in acc.iter_mut().zip(rows) {
+                        let pair = *r.add(s) as i32;
+                        let b = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
+                        for (a, wv) in acc.iter_mut().zip(wv) {
+                            *a = _mm512_dpbf16_ps(*a, b, wv);
+                        }
+                    }
+                } else {
+                    for (acc, r) in acc.iter_mut().zip(rows) {
+                        let pair = (*r.add(s) & mask) as i32;
+                        let b = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
+                        for (a, wv) in acc.iter_mut().zip(wv) {
+                            *a = _mm512_dpbf16_ps(*a, b, wv);
+                        }
+                    }
+                }
+            }
+            for (out, acc) in out.iter_mut().zip(&acc) {
+                for (v, a) in acc.iter().enumerate() {
+                    let at = out.as_mut_ptr().add(v * 16);
+                    let sum = if accumulate {
+                        _mm512_add_ps(_mm512_loadu_ps(at), *a)
+                    } else {
+                        *a
+                    };
+                    _mm512_storeu_ps(at, sum);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+    use rand::Rng;
+
+    use super::super::product_check::{poisoned, seeded};
+    use super::*;
+
+    /// Steps at adjacent offsets pair up, in order; the rest stay single.
+    #[test]
+    fn steps_pair_where_their_offsets_are_adjacent() {
+        let single = |first| Pair {
+            first,
+            paired: false,
+        };
+        let pair = |first| Pair {
+            first,
+            paired: true,
+        };
+        // A 5-wide filter row, then the next row 13 further on.
+        let taps = [0, 1, 2, 3, 4, 13, 14, 15, 16, 17];
+        assert_eq!(
+            pairs(&taps),
+            [pair(0), pair(2), single(4), pair(5), pair(7), single(9)]
+        );
+        assert_eq!(pairs(&[7]), [single(0)]);
+        assert!(pairs(&[]).is_empty());
+        assert_eq!(pairs(&[3, 2, 3]), [single(0), pair(1)]);
+    }
+
+    /// Against a float64 product of the same bf16 values, for offsets shaped like conv2's
+    /// forward (5-wide filter rows: pairs and singles) and filter gradient (9-pixel output
+    /// rows), channel counts covering every tile shape and ragged chunks, R not a multiple
+    /// of the tile, overwrite and accumulate, blocks of 3 pairs and one block; C's padding
+    /// poisoned; infinities placed right after every single's element must not leak in.
+    /// Fails (not skips) only where the CPU has AVX512-BF16; elsewhere it says it did not run.
+    #[test]
+    fn window_gemm_bf16_matches_float64() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX512-BF16 (the f32 tile serves bf16 here)");
+            return;
+        }
+        let mut rng = seeded(12);
+        let taps: Vec<usize> = (0..50)
+            .map(|t| (t / 25) * 169 + (t / 5 % 5) * 13 + t % 5)
+            .collect();
+        let pixels: Vec<usize> = (0..97)
+            .map(|p| (p / 81) * 338 + (p % 81 / 9) * 13 + p % 9)
+            .collect();
+        let cases: Vec<(usize, &[usize], &[usize])> = vec![
+            (50, &pixels, &taps),
+            (20, &taps, &pixels),
+            (1, &pixels[..7], &taps[..3]),
+            (16, &taps[..1], &pixels),
+            (64, &pixels[..25], &taps),
+            (67, &pixels[..13], &taps[..9]),
+            (130, &taps[..31], &pixels[..40]),
+        ];
+        let bf = |v: f32| bf16::from_f32(v).to_bits();
+        for (cols, rows, steps) in cases {
+            let (n, depth) = (rows.len(), steps.len());
+            let len = rows.iter().max().unwrap() + steps.iter().max().unwrap() + 2;
+            let mut x: Vec<u16> = (0..len).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
+            let grouped = pairs(steps);
+            // Every element read only as a single's partner is inf: a product must not see it.
+            let read: std::collections::HashSet<usize> = rows
+                .iter()
+                .flat_map(|r| steps.iter().map(move |s| r + s))
+                .collect();
+            for (i, v) in x.iter_mut().enumerate() {
+                if !read.contains(&i) {
+                    *v = bf16::INFINITY.to_bits();
+                }
+            }
+            let ld = depth + 3;
+            let wsrc: Vec<u16> = (0..cols * ld)
+                .map(|_| bf(rng.gen_range(-1.0..1.0)))
+                .collect();
+            let mut w = PackedPairs::default();
+            w.pack_transposed(&wsrc, cols, ld, &grouped);
+            let mut image = PairImage::default();
+            let src = image.build(&x).to_vec();
+            let ldc = n + 2;
+            let c0: Vec<f32> = (0..cols * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            for (accumulate, block) in [(false, 3), (true, usize::MAX)] {
+                let windows = PairWindows {
+                    src: &src,
+                    rows,
+                    steps,
+                    pairs: &grouped,
+                    block,
+                };
+                let mut c = poisoned(&c0, n, ldc);
+                window_gemm_bf16(&windows, &w, &mut c, ldc, accumulate);
+                let value = |b: u16| f64::from(bf16::from_bits(b).to_f32());
+                for o in 0..cols {
+                    for r in 0..n {
+                        let mut want = if accumulate {
+                            f64::from(c0[o * ldc + r])
+                        } else {
+                            0.0
+                        };
+                        let mut mag = want.abs();
+                        for (k, s) in steps.iter().enumerate() {
+                            let t = value(wsrc[o * ld + k]) * value(x[rows[r] + s]);
+                            want += t;
+                            mag += t.abs();
+                        }
+                        let got = f64::from(c[o * ldc + r]);
+                        assert!(
+                            (got - want).abs() <= 1e-6 + 2e-6 * mag,
+                            "{cols} x {n} x {depth} block {block} accumulate {accumulate} at ({o}, {r}): {got} vs {want}"
+                        );
+                    }
+                    assert!(
+                        c[o * ldc + n..(o + 1) * ldc].iter().all(|v| v.is_nan()),
+                        "wrote past column {n}"
+                    );
+                }
+            }
+        }
+    }
+}
