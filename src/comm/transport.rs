@@ -64,15 +64,11 @@ const BLOCK: usize = 1024;
 /// The CPU's reduce over raw addresses, a block of elements at a time (the running sums
 /// stay in L1 while each source streams through once).
 ///
-/// `T` is `r.dtype`'s element type; `widen` and `narrow` convert it to and from the f32 sum.
+/// `T` is `r.dtype`'s element type, summed in f32 and rounded once per store.
 ///
 /// # Safety
 /// As [`CommDevice::reduce`].
-unsafe fn cpu_reduce<T: Copy>(
-    r: &Reduction<'_>,
-    widen: impl Fn(T) -> f32,
-    narrow: impl Fn(f32) -> T,
-) {
+unsafe fn cpu_reduce<T: Precision>(r: &Reduction<'_>) {
     let Reduction {
         dsts,
         sources,
@@ -88,12 +84,15 @@ unsafe fn cpu_reduce<T: Copy>(
             // SAFETY: the caller guarantees `len` readable elements at every source.
             let s = unsafe { std::slice::from_raw_parts((src as *const T).add(start), m) };
             if k == 0 {
-                acc[..m].iter_mut().zip(s).for_each(|(a, v)| *a = widen(*v));
+                acc[..m]
+                    .iter_mut()
+                    .zip(s)
+                    .for_each(|(a, v)| *a = v.to_f32());
             } else {
                 acc[..m]
                     .iter_mut()
                     .zip(s)
-                    .for_each(|(a, v)| *a += widen(*v));
+                    .for_each(|(a, v)| *a += v.to_f32());
             }
         }
         for &dst in dsts {
@@ -102,7 +101,7 @@ unsafe fn cpu_reduce<T: Copy>(
             let d = unsafe { std::slice::from_raw_parts_mut((dst as *mut T).add(start), m) };
             d.iter_mut()
                 .zip(&acc[..m])
-                .for_each(|(d, a)| *d = narrow(a * scale));
+                .for_each(|(d, a)| *d = T::from_f32(a * scale));
         }
         start += m;
     }
@@ -119,9 +118,9 @@ impl CommDevice for CpuDevice {
         // SAFETY: forwarded from the caller.
         unsafe {
             match r.dtype {
-                DType::F32 => cpu_reduce::<f32>(&r, |v| v, |v| v),
-                DType::F16 => cpu_reduce::<f16>(&r, f16::to_f32, f16::from_f32),
-                DType::BF16 => cpu_reduce::<bf16>(&r, bf16::to_f32, <bf16 as Precision>::from_f32),
+                DType::F32 => cpu_reduce::<f32>(&r),
+                DType::F16 => cpu_reduce::<f16>(&r),
+                DType::BF16 => cpu_reduce::<bf16>(&r),
             }
         }
         Ok(())

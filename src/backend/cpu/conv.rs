@@ -399,7 +399,6 @@ pub(super) fn forward<T: Precision>(
                     let col = PairWindows {
                         src: image_pairs.build(group_bits(s, x_bits, (g * GROUP, imgs), bits)),
                         rows: &o.pixels[..npq],
-                        steps: &o.taps,
                         pairs: &tap_pairs,
                         block: FORWARD_BLOCK / 2,
                     };

@@ -25,7 +25,7 @@
 use super::isa::isa;
 
 /// Output channels per chunk of W: four 16-lane vectors.
-const CHUNK: usize = 64;
+pub(super) const CHUNK: usize = 64;
 
 /// W (`depth x cols`) packed as `[chunk of 64 columns][k][64]`, zero-padded past `cols`.
 /// The buffer is kept between calls; [`PackedW::pack_transposed`] resizes it.
@@ -148,12 +148,9 @@ fn tiles<const V: usize, const R: usize>(
     ldc: usize,
     accumulate: bool,
 ) {
-    let n = x.rows.len();
     let mut out = [[0.0f32; CHUNK]; R];
-    for r0 in (0..n).step_by(R) {
-        let count = R.min(n - r0);
-        // Past the edge, repeat the last offset (always inside x); those sums are dropped.
-        let bases: [usize; R] = std::array::from_fn(|i| x.rows[(r0 + i).min(n - 1)]);
+    for r0 in (0..x.rows.len()).step_by(R) {
+        let bases = tile_bases::<R>(x.rows, r0);
         // Blocked summation: each block of steps is summed in the registers from zero, then
         // added to the running total in `out`.
         let block = x.block.max(1);
@@ -161,11 +158,31 @@ fn tiles<const V: usize, const R: usize>(
             let w = &packed[b * block * CHUNK..];
             tile::<V, R>(avx512, x.src, &bases, steps, w, &mut out, b > 0);
         }
-        for (o, c_row) in c.chunks_mut(ldc).take(width).enumerate() {
-            let c_row = &mut c_row[r0..r0 + count];
-            for (dst, sums) in c_row.iter_mut().zip(&out) {
-                *dst = if accumulate { *dst + sums[o] } else { sums[o] };
-            }
+        store_tile(&out, (r0, x.rows.len()), width, c, ldc, accumulate);
+    }
+}
+
+/// The offsets of the R values of r from `r0` on; past the edge the last offset repeats
+/// (always inside x), and [`store_tile`] drops those sums.
+pub(super) fn tile_bases<const R: usize>(rows: &[usize], r0: usize) -> [usize; R] {
+    std::array::from_fn(|i| rows[(r0 + i).min(rows.len() - 1)])
+}
+
+/// Writes (or with `accumulate` adds) a tile's sums `out[i][o]` into `C[o][r0 + i]` for the
+/// `width` columns of the chunk and the values of r below `n`.
+pub(super) fn store_tile<const R: usize>(
+    out: &[[f32; CHUNK]; R],
+    (r0, n): (usize, usize),
+    width: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let count = R.min(n - r0);
+    for (o, c_row) in c.chunks_mut(ldc).take(width).enumerate() {
+        let c_row = &mut c_row[r0..r0 + count];
+        for (dst, sums) in c_row.iter_mut().zip(out) {
+            *dst = if accumulate { *dst + sums[o] } else { sums[o] };
         }
     }
 }
@@ -206,7 +223,7 @@ fn tile<const V: usize, const R: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::CHUNK;
@@ -250,8 +267,27 @@ mod avx512 {
                     }
                 }
             }
-            for (out, acc) in out.iter_mut().zip(&acc) {
-                for (v, a) in acc.iter().enumerate() {
+            add_into(out, &acc, accumulate);
+        }
+    }
+
+    /// `out[i][16·v ..]` = `acc[i][v]`, or `+=` when `accumulate`: a tile's registers into
+    /// its running total.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(in super::super) unsafe fn add_into<const V: usize, const R: usize>(
+        out: &mut [[f32; CHUNK]; R],
+        acc: &[[__m512; V]; R],
+        accumulate: bool,
+    ) {
+        assert!(V * 16 <= CHUNK);
+        for (out, acc) in out.iter_mut().zip(acc) {
+            for (v, a) in acc.iter().enumerate() {
+                // SAFETY: v·16 + 16 ≤ CHUNK (asserted): inside the row.
+                unsafe {
                     let at = out.as_mut_ptr().add(v * 16);
                     let sum = if accumulate {
                         _mm512_add_ps(_mm512_loadu_ps(at), *a)

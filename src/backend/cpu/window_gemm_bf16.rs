@@ -26,26 +26,29 @@
 //! tile on the widened operands (`conv.rs` chooses).
 
 use super::isa::isa;
+use super::window_gemm::{store_tile, tile_bases, CHUNK};
 
-/// Output channels per chunk of W: four 16-lane vectors.
-const CHUNK: usize = 64;
-
-/// How [`pairs`] groups the steps of k: `first` is the step's index, and `paired` says that
-/// step `first + 1` comes with it.
+/// How [`pairs`] groups the steps of k: `first` is the step's index and `offset` its offset;
+/// `paired` says that step `first + 1`, at `offset + 1`, comes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Pair {
     pub(super) first: usize,
+    pub(super) offset: usize,
     pub(super) paired: bool,
 }
 
-/// Groups `steps` into pairs of consecutive steps at adjacent offsets, in order; a step
-/// whose successor is not adjacent stays single.
+/// Groups `steps` (offsets) into pairs of consecutive steps at adjacent offsets, in order; a
+/// step whose successor is not adjacent stays single.
 pub(super) fn pairs(steps: &[usize]) -> Vec<Pair> {
     let mut out = Vec::with_capacity(steps.len().div_ceil(2));
     let mut k = 0;
     while k < steps.len() {
         let paired = k + 1 < steps.len() && steps[k + 1] == steps[k] + 1;
-        out.push(Pair { first: k, paired });
+        out.push(Pair {
+            first: k,
+            offset: steps[k],
+            paired,
+        });
         k += 1 + usize::from(paired);
     }
     out
@@ -115,15 +118,13 @@ impl PackedPairs {
 }
 
 /// The operand read from the pair image: step pair p of row r is
-/// `src[rows[r] + steps[pairs[p].first]]`.
+/// `src[rows[r] + pairs[p].offset]`.
 pub(super) struct PairWindows<'a> {
     /// The images as pairs ([`PairImage`]).
     pub(super) src: &'a [u32],
     /// One offset per value of r.
     pub(super) rows: &'a [usize],
-    /// One offset per step of k.
-    pub(super) steps: &'a [usize],
-    /// The steps grouped ([`pairs`] of `steps`, as W was packed).
+    /// The steps of k grouped by [`pairs`], as W was packed.
     pub(super) pairs: &'a [Pair],
     /// Pairs summed in the registers from zero before they join the running total
     /// (blocked summation, as the f32 tile's `Windows::block` counts steps).
@@ -155,16 +156,11 @@ pub(super) fn window_gemm_bf16(
         return;
     }
     assert!(n <= ldc && c.len() >= (cols - 1) * ldc + n, "C too short");
-    let starts: Vec<usize> = x.pairs.iter().map(|p| x.steps[p.first]).collect();
-    let masks: Vec<u32> = x
-        .pairs
-        .iter()
-        .map(|p| if p.paired { u32::MAX } else { 0xffff })
-        .collect();
-    if let (Some(r), Some(s)) = (x.rows.iter().max(), starts.iter().max()) {
+    let farthest = x.pairs.iter().map(|p| p.offset).max();
+    if let (Some(r), Some(s)) = (x.rows.iter().max(), farthest) {
         assert!(r + s < x.src.len(), "a window lies outside the images");
     }
-    if starts.is_empty() {
+    if x.pairs.is_empty() {
         if !accumulate {
             c.chunks_mut(ldc)
                 .take(cols)
@@ -175,49 +171,40 @@ pub(super) fn window_gemm_bf16(
     for (chunk, packed) in w.data.chunks_exact(w.pairs * CHUNK).enumerate() {
         let width = CHUNK.min(cols - chunk * CHUNK);
         let c = &mut c[chunk * CHUNK * ldc..];
-        let op = (x, &starts[..], &masks[..], packed);
         match width.div_ceil(16) {
-            1 => tiles::<1, 24>(op, width, c, ldc, accumulate),
-            2 => tiles::<2, 12>(op, width, c, ldc, accumulate),
-            3 => tiles::<3, 8>(op, width, c, ldc, accumulate),
-            _ => tiles::<4, 6>(op, width, c, ldc, accumulate),
+            1 => tiles::<1, 24>(x, packed, width, c, ldc, accumulate),
+            2 => tiles::<2, 12>(x, packed, width, c, ldc, accumulate),
+            3 => tiles::<3, 8>(x, packed, width, c, ldc, accumulate),
+            _ => tiles::<4, 6>(x, packed, width, c, ldc, accumulate),
         }
     }
 }
 
-/// One chunk of W against every value of r, R at a time: `(x, each pair's offset, each
-/// pair's mask, the chunk's packed W)`.
+/// One chunk of W (`width` ≤ 64 columns, V vectors) against every value of r, R at a time.
 fn tiles<const V: usize, const R: usize>(
-    (x, starts, masks, packed): (&PairWindows, &[usize], &[u32], &[u32]),
+    x: &PairWindows,
+    packed: &[u32],
     width: usize,
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
 ) {
-    let n = x.rows.len();
     let mut out = [[0.0f32; CHUNK]; R];
     let block = x.block.max(1);
-    for r0 in (0..n).step_by(R) {
-        let count = R.min(n - r0);
-        // Past the edge, repeat the last offset (always inside x); those sums are dropped.
-        let bases: [usize; R] = std::array::from_fn(|i| x.rows[(r0 + i).min(n - 1)]);
-        for (b, (starts, masks)) in starts.chunks(block).zip(masks.chunks(block)).enumerate() {
+    for r0 in (0..x.rows.len()).step_by(R) {
+        let bases = tile_bases::<R>(x.rows, r0);
+        for (b, pairs) in x.pairs.chunks(block).enumerate() {
             let w = &packed[b * block * CHUNK..];
             #[cfg(target_arch = "x86_64")]
             // SAFETY: window_gemm_bf16 asserted AVX512-BF16 (with AVX-512 F, VL, BW, DQ) and
-            // every bases[i] + starts[p] inside src; W holds a row of 64 per pair.
+            // every bases[i] + pairs[p].offset inside src; W holds a row of 64 per pair.
             unsafe {
-                avx512_bf16::tile::<V, R>(x.src, &bases, starts, masks, w, &mut out, b > 0)
+                avx512_bf16::tile::<V, R>(x.src, &bases, pairs, w, &mut out, b > 0)
             };
             #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("AVX512-BF16 is x86-64 only: {w:?} {starts:?} {masks:?}");
+            unreachable!("AVX512-BF16 is x86-64 only: {w:?} {pairs:?}");
         }
-        for (o, c_row) in c.chunks_mut(ldc).take(width).enumerate() {
-            let c_row = &mut c_row[r0..r0 + count];
-            for (dst, sums) in c_row.iter_mut().zip(&out) {
-                *dst = if accumulate { *dst + sums[o] } else { sums[o] };
-            }
-        }
+        store_tile(&out, (r0, x.rows.len()), width, c, ldc, accumulate);
     }
 }
 
@@ -225,77 +212,69 @@ fn tiles<const V: usize, const R: usize>(
 mod avx512_bf16 {
     use std::arch::x86_64::*;
 
-    use super::CHUNK;
+    use super::super::window_gemm::avx512::add_into;
+    use super::{Pair, CHUNK};
 
-    /// `out[i][o] = Σ_p (w[p·64 + o] · src[bases[i] + starts[p]] & masks[p]) as bf16 pair
-    /// dot products`, for o < 16·V, from zero, then added to `out` when `accumulate`.
+    /// `out[i][o] = Σ_p` the bf16 pair dot product of `w[p·64 + o]` and
+    /// `src[bases[i] + pairs[p].offset]` (its high half zeroed for a single), for o < 16·V,
+    /// from zero, then added to `out` when `accumulate`.
     ///
     /// # Safety
-    /// AVX-512 F, VL, BW, DQ and AVX512-BF16; every `bases[i] + starts[p]` inside `src`; `w`
-    /// at least `starts.len()·64` long; `masks` as long as `starts`.
+    /// AVX-512 F, VL, BW, DQ and AVX512-BF16; every `bases[i] + pairs[p].offset` inside
+    /// `src`; `w` at least `pairs.len()·64` long.
     #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16")]
     pub(super) unsafe fn tile<const V: usize, const R: usize>(
         src: &[u32],
         bases: &[usize; R],
-        starts: &[usize],
-        masks: &[u32],
+        pairs: &[Pair],
         w: &[u32],
         out: &mut [[f32; CHUNK]; R],
         accumulate: bool,
     ) {
-        assert!(w.len() >= starts.len() * CHUNK && masks.len() == starts.len());
+        assert!(w.len() >= pairs.len() * CHUNK);
         let mut acc = [[_mm512_setzero_ps(); V]; R];
         let x = src.as_ptr();
         let wp = w.as_ptr();
-        // SAFETY: bases[i] + starts[p] lies inside src (caller), so every pointer formed
-        // below and every word read is inside it; W rows are in bounds (asserted). The
-        // transmutes reinterpret 512 bits of integers as 32 bf16 values (same size, and
+        // SAFETY: bases[i] + pairs[p].offset lies inside src (caller), so every pointer
+        // formed below and every word read is inside it; W rows are in bounds (asserted).
+        // The transmutes reinterpret 512 bits of integers as 32 bf16 values (same size, and
         // every bit pattern is a bf16).
         unsafe {
             let mut rows = [x; R];
             for (p, &b) in rows.iter_mut().zip(bases) {
                 *p = x.add(b);
             }
-            for (p, (&s, &mask)) in starts.iter().zip(masks).enumerate() {
+            for (p, pair) in pairs.iter().enumerate() {
                 let wk = wp.add(p * CHUNK);
-                let mut wv: [__m512bh; V] =
-                    [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); V];
+                let mut wv = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); V];
                 for (v, wv) in wv.iter_mut().enumerate() {
                     *wv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
                         wk.add(v * 16).cast(),
                     ));
                 }
-                // A pair's word is broadcast straight from memory; a single's goes through a
-                // register to clear its high half.
-                if mask == u32::MAX {
-                    for (acc, r) in acc.iter_mut().zip(rows) {
-                        let pair = *r.add(s) as i32;
-                        let b = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
-                        for (a, wv) in acc.iter_mut().zip(wv) {
-                            *a = _mm512_dpbf16_ps(*a, b, wv);
+                // One step of R broadcasts into R·V dot products, the broadcast word read
+                // by `load` (a macro, so each branch below is straight-line code).
+                macro_rules! step {
+                    ($load:expr) => {
+                        for (acc, r) in acc.iter_mut().zip(rows) {
+                            let word = $load(r) as i32;
+                            let b =
+                                std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(word));
+                            for (a, wv) in acc.iter_mut().zip(wv) {
+                                *a = _mm512_dpbf16_ps(*a, b, wv);
+                            }
                         }
-                    }
-                } else {
-                    for (acc, r) in acc.iter_mut().zip(rows) {
-                        let pair = (*r.add(s) & mask) as i32;
-                        let b = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
-                        for (a, wv) in acc.iter_mut().zip(wv) {
-                            *a = _mm512_dpbf16_ps(*a, b, wv);
-                        }
-                    }
-                }
-            }
-            for (out, acc) in out.iter_mut().zip(&acc) {
-                for (v, a) in acc.iter().enumerate() {
-                    let at = out.as_mut_ptr().add(v * 16);
-                    let sum = if accumulate {
-                        _mm512_add_ps(_mm512_loadu_ps(at), *a)
-                    } else {
-                        *a
                     };
-                    _mm512_storeu_ps(at, sum);
+                }
+                // A pair's word is broadcast straight from memory; a single's goes through
+                // a register to clear its high half.
+                if pair.paired {
+                    step!(|r: *const u32| *r.add(pair.offset));
+                } else {
+                    step!(|r: *const u32| *r.add(pair.offset) & 0xffff);
                 }
             }
+            add_into(out, &acc, accumulate);
         }
     }
 }
@@ -311,23 +290,28 @@ mod tests {
     /// Steps at adjacent offsets pair up, in order; the rest stay single.
     #[test]
     fn steps_pair_where_their_offsets_are_adjacent() {
-        let single = |first| Pair {
-            first,
-            paired: false,
-        };
-        let pair = |first| Pair {
-            first,
-            paired: true,
+        let group = |steps: &[usize]| -> Vec<(usize, usize, bool)> {
+            pairs(steps)
+                .iter()
+                .map(|p| (p.first, p.offset, p.paired))
+                .collect()
         };
         // A 5-wide filter row, then the next row 13 further on.
         let taps = [0, 1, 2, 3, 4, 13, 14, 15, 16, 17];
         assert_eq!(
-            pairs(&taps),
-            [pair(0), pair(2), single(4), pair(5), pair(7), single(9)]
+            group(&taps),
+            [
+                (0, 0, true),
+                (2, 2, true),
+                (4, 4, false),
+                (5, 13, true),
+                (7, 15, true),
+                (9, 17, false)
+            ]
         );
-        assert_eq!(pairs(&[7]), [single(0)]);
+        assert_eq!(group(&[7]), [(0, 7, false)]);
         assert!(pairs(&[]).is_empty());
-        assert_eq!(pairs(&[3, 2, 3]), [single(0), pair(1)]);
+        assert_eq!(group(&[3, 2, 3]), [(0, 3, false), (1, 2, true)]);
     }
 
     /// Against a float64 product of the same bf16 values, for offsets shaped like conv2's
@@ -388,7 +372,6 @@ mod tests {
                 let windows = PairWindows {
                     src: &src,
                     rows,
-                    steps,
                     pairs: &grouped,
                     block,
                 };
