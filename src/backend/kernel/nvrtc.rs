@@ -43,11 +43,13 @@ pub fn version() -> Option<(i32, i32)> {
 }
 
 /// CUDA's headers the kernels need from outside NVRTC, with the PyPI package that ships
-/// each: `simt.cuh` includes `cuda_fp16.h` and `mma.h` (both from nvidia-cuda-runtime), and
-/// `mma.h` includes `crt/mma.h`, which comes from another package, nvidia-cuda-crt. A
-/// folder with only the first passes a search for it and then fails the compile.
-pub const REQUIRED_HEADERS: [(&str, &str); 2] = [
+/// each: `simt.cuh` includes `cuda_fp16.h`, `cuda_bf16.h` and `mma.h` (all from
+/// nvidia-cuda-runtime), and `mma.h` includes `crt/mma.h`, which comes from another package,
+/// nvidia-cuda-crt. A folder with only the first passes a search for it and then fails the
+/// compile.
+pub const REQUIRED_HEADERS: [(&str, &str); 3] = [
     ("cuda_fp16.h", "nvidia-cuda-runtime"),
+    ("cuda_bf16.h", "nvidia-cuda-runtime"),
     ("crt/mma.h", "nvidia-cuda-crt"),
 ];
 
@@ -111,7 +113,8 @@ pub fn missing_headers(dirs: &[PathBuf]) -> Vec<&'static str> {
 /// search found nowhere, and how to provide them (the variable and both packages).
 fn header_hint(dirs: &[PathBuf]) -> String {
     let headers: Vec<&str> = REQUIRED_HEADERS.iter().map(|(h, _)| *h).collect();
-    let packages: Vec<&str> = REQUIRED_HEADERS.iter().map(|(_, p)| *p).collect();
+    let mut packages: Vec<&str> = REQUIRED_HEADERS.iter().map(|(_, p)| *p).collect();
+    packages.dedup();
     let listed = || {
         dirs.iter()
             .map(|d| d.display().to_string())
@@ -267,9 +270,12 @@ mod tests {
 
     #[test]
     fn the_search_wants_cuda_fp16_h_and_crt_mma_h() {
-        let runtime_only = folder("runtime", &["cuda_fp16.h", "mma.h"]);
+        let runtime_only = folder("runtime", &["cuda_fp16.h", "cuda_bf16.h", "mma.h"]);
         let crt_only = folder("crt", &["crt/mma.h"]);
-        let both = folder("both", &["cuda_fp16.h", "mma.h", "crt/mma.h"]);
+        let both = folder(
+            "both",
+            &["cuda_fp16.h", "cuda_bf16.h", "mma.h", "crt/mma.h"],
+        );
         let neither = folder("neither", &["cuda.h"]);
 
         // A folder without crt/mma.h is no longer enough on its own...
@@ -296,14 +302,16 @@ mod tests {
 
     #[test]
     fn the_hint_names_both_packages_the_variable_and_what_is_missing() {
-        let runtime_only = folder("hint", &["cuda_fp16.h"]);
+        let runtime_only = folder("hint", &["cuda_fp16.h", "cuda_bf16.h"]);
         for (dirs, says) in [
             (vec![runtime_only.clone()], "crt/mma.h not in"),
             (vec![], "no include folder holds any"),
         ] {
             let hint = header_hint(&dirs);
+            assert_eq!(hint.matches("nvidia-cuda-runtime").count(), 1, "{hint}");
             for needed in [
                 "cuda_fp16.h",
+                "cuda_bf16.h",
                 "crt/mma.h",
                 "NANODDP_CUDA_INCLUDE",
                 "nvidia-cuda-runtime",
