@@ -15,6 +15,7 @@
 //! * [`report`]: what a run reports ([`StepReport`], [`EpochReport`], [`Event`]).
 //! * [`error`]: what can stop training ([`TrainError`]).
 //! * [`checkpoint`]: saving and loading a run's state.
+//! * `rank_cores`: which cores each local rank's threads are pinned to.
 //!
 //! Across MPI processes the ranks are `comm::hierarchical::Hierarchical` (feature
 //! `mpi`), handed to [`train_ranks`].
@@ -26,6 +27,7 @@ pub mod error;
 pub mod init;
 pub mod loss_scaler;
 pub mod lr_schedule;
+mod rank_cores;
 pub mod recipe;
 pub mod report;
 pub mod training_loop;

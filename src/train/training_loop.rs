@@ -9,8 +9,8 @@ use std::time::Instant;
 use half::{bf16, f16};
 
 use super::{
-    checkpoint, gradient_buckets, learning_rate, EpochReport, Event, LossScaler, StepReport,
-    TrainConfig, TrainError,
+    checkpoint, gradient_buckets, learning_rate, rank_cores, EpochReport, Event, LossScaler,
+    StepReport, TrainConfig, TrainError,
 };
 use crate::backend::SgdStep;
 use crate::backend::{Backend, BackendError, Fence, Memory, Precision};
@@ -372,14 +372,23 @@ where
     cfg.check_resume(&start, total, data.train_labels.len())?;
     let (tx, rx) = mpsc::channel();
     let local = ranks.len();
+    // Pinned only where every rank is in this process (see rank_cores).
+    let allowed = if local > 1 && local == total {
+        rank_cores::allowed_cpus()
+    } else {
+        Vec::new()
+    };
     std::thread::scope(|scope| {
         let handles: Vec<_> = ranks
             .into_iter()
-            .map(|rank| {
+            .enumerate()
+            .map(|(i, rank)| {
                 let tx = tx.clone();
                 let start = &start;
+                let cores = rank_cores::cores_of(i, local, &allowed);
                 scope.spawn(move || {
-                    let _pool = rank_thread_pool(local);
+                    rank_cores::pin_current_thread(cores);
+                    let _pool = rank_thread_pool(local, cores.len());
                     match cfg.precision {
                         DType::F32 => run_rank::<C, f32>(rank, start, data, cfg, &tx),
                         DType::F16 => run_rank::<C, f16>(rank, start, data, cfg, &tx),
@@ -419,14 +428,19 @@ where
 /// The CPU backend's parallel loops then run on the rank's own thread(s) instead of all
 /// ranks queueing every operation on the one global pool and sleeping until a worker
 /// finishes it: with 4 ranks on 2 cores each rank computes inline and the OS shares the
-/// cores. One rank keeps the global pool (all cores). The pool lives as long as the value.
-fn rank_thread_pool(local_ranks: usize) -> Option<rayon::ThreadPool> {
+/// cores. One rank keeps the global pool (all cores). `pinned` is the number of CPUs the
+/// rank was pinned to ([`rank_cores`]; 0 if it was not). The pool lives as long as the value.
+fn rank_thread_pool(local_ranks: usize, pinned: usize) -> Option<rayon::ThreadPool> {
     if local_ranks < 2 {
         return None;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = match pinned {
+        0 => (cores / local_ranks).max(1),
+        share => share,
+    };
     rayon::ThreadPoolBuilder::new()
-        .num_threads((cores / local_ranks).max(1))
+        .num_threads(threads)
         .use_current_thread()
         .build()
         .ok()
