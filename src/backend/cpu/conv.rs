@@ -8,12 +8,18 @@
 //! is `images[tap offset + pixel offset]`) instead of writing col out. The filter gradient
 //! sums images in fixed chunks and then the chunks as a binary tree (`summation`), so the
 //! result does not depend on the thread count and its rounding error grows like log(batch).
+//!
+//! bf16 operands on a CPU with AVX512-BF16 take the forward and filter-gradient window
+//! products through [`window_gemm_bf16`] (`vdpbf16ps`, two bf16 products per f32 lane and
+//! instruction), by pairs of adjacent taps or pixels of the images. Elsewhere bf16 is widened
+//! and takes the f32 tiles.
 
 use rayon::prelude::*;
 
 use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 use crate::backend::Precision;
 
+use super::half_convert::narrow_bf16;
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::summation::{pairwise_sum, Cascade};
@@ -515,6 +521,11 @@ pub(super) fn backward_filter<T: Precision>(
     };
     let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
     let offsets = Offsets::for_shape(s);
+    // bf16 on AVX512-BF16: the window product on x's bf16 values and dy rounded to bf16, by
+    // pairs of adjacent pixels. dy is bf16 already, or formed here from the pool's bf16
+    // gradient (a multiply by 1/4 under LeNet's 2x2 pool: exact); any other pool's rounding is
+    // the one the unfused ops make when they store the convolution's output gradient.
+    let bf16 = offsets.as_ref().zip(bf16_bits(x));
     let chunks: Vec<(Vec<f32>, Vec<f32>)> = dx_chunks
         .into_par_iter()
         .enumerate()
@@ -527,9 +538,23 @@ pub(super) fn backward_filter<T: Precision>(
                     vec![0.0f32; image_in],
                     vec![0.0f32; scratch_dcol],
                     vec![0.0f32; 2 * pq],
+                    (
+                        Vec::new(),
+                        PackedPairs::default(),
+                        Vec::new(),
+                        PairImage::default(),
+                    ),
                 )
             },
-            |((dy_t, images, col), dyg, image, dcol, tmp), (chunk, mut dx_chunk)| {
+            |(
+                (dy_t, images, col),
+                dyg,
+                image,
+                dcol,
+                tmp,
+                (dy_bits, dy_pairs, bits, image_pairs),
+            ),
+             (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let start = chunk * FILTER_CHUNK;
@@ -538,7 +563,20 @@ pub(super) fn backward_filter<T: Precision>(
                     let imgs = GROUP.min(end - first);
                     let npq = imgs * pq;
                     gather_dy(&dy, (first, imgs), (s.out_c, pq), dyg, tmp);
-                    if let Some(o) = &offsets {
+                    if let Some((o, x_bits)) = bf16 {
+                        let pixel_pairs = pairs(&o.pixels[..npq]);
+                        dy_bits.resize(s.out_c * npq, 0);
+                        narrow_bf16(&dyg[..s.out_c * npq], bytemuck::cast_slice_mut(dy_bits));
+                        dy_pairs.pack_transposed(dy_bits, s.out_c, npq, &pixel_pairs);
+                        // One block per group, as below.
+                        let col_t = PairWindows {
+                            src: image_pairs.build(group_bits(s, x_bits, (first, imgs), bits)),
+                            rows: &o.taps,
+                            pairs: &pixel_pairs,
+                            block: pixel_pairs.len(),
+                        };
+                        window_gemm_bf16(&col_t, dy_pairs, &mut partial, k, nth > 0);
+                    } else if let Some(o) = &offsets {
                         dy_t.pack_transposed(dyg, s.out_c, npq, npq);
                         // One block per group: the groups' sums join `partial` one by one.
                         let col_t = Windows {
