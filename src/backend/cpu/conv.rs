@@ -9,10 +9,11 @@
 //! sums images in fixed chunks and then the chunks as a binary tree (`summation`), so the
 //! result does not depend on the thread count and its rounding error grows like log(batch).
 //!
-//! bf16 operands on a CPU with AVX512-BF16 take the forward and filter-gradient window
-//! products through [`window_gemm_bf16`] (`vdpbf16ps`, two bf16 products per f32 lane and
-//! instruction), by pairs of adjacent taps or pixels of the images. Elsewhere bf16 is widened
-//! and takes the f32 tiles.
+//! bf16 operands on a CPU with AVX512-BF16 take all three products through `vdpbf16ps`
+//! (two bf16 products per f32 lane and instruction): the forward and filter-gradient window
+//! products through [`window_gemm_bf16`], by pairs of adjacent taps or pixels of the images,
+//! and the input gradient's through [`gemm_bf16`], by pairs of output channels. Elsewhere
+//! bf16 is widened and takes the f32 tiles.
 
 use rayon::prelude::*;
 
@@ -21,6 +22,7 @@ use crate::backend::Precision;
 
 use super::half_convert::narrow_bf16;
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
+use super::microkernel_bf16::{gemm_bf16, PairPanels, PairRows};
 use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::summation::{pairwise_sum, Cascade};
 use super::window_gemm::{window_gemm, PackedW, Windows};
@@ -445,8 +447,7 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
         return;
     }
     // dcol (K x imgs·PQ) = wᵀ (K x O) · dy_group (O x imgs·PQ), then col2im.
-    let mut w_t = PackedA::default();
-    w_t.pack(&widen(w), k, s.out_c, 1, k);
+    let w_t = FilterT::new(s, w);
     dx.par_chunks_mut(image_in * GROUP)
         .enumerate()
         .for_each_init(
@@ -455,31 +456,64 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
                     vec![0.0f32; k * pq * GROUP],
                     vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
+                    PairRows::default(),
                 )
             },
-            |(dcol, dyg, acc), (g, dx_g)| {
+            |(dcol, dyg, acc, dy_pairs), (g, dx_g)| {
                 let imgs = dx_g.len() / image_in;
                 let source = OutputGrad::Tensor(dy);
                 gather_dy(&source, (g * GROUP, imgs), (s.out_c, pq), dyg, &mut []);
-                input_grad_group(s, &w_t, dyg, dcol, dx_g, acc);
+                input_grad_group(s, &w_t, dyg, (dcol, dy_pairs), dx_g, acc);
             },
         );
 }
 
+/// The filter transposed, as the input gradient's product `dcol = wᵀ · dy` takes it.
+enum FilterT {
+    /// Packed for the f32 GEMM tile.
+    F32(PackedA),
+    /// bf16 on AVX512-BF16: packed by pairs of output channels for [`gemm_bf16`], dy then
+    /// rounded to bf16 (it is bf16 already, or formed from bf16 values as `backward_filter`
+    /// describes) and packed alike.
+    Bf16(PairPanels),
+}
+
+impl FilterT {
+    fn new<T: Precision>(s: &Conv2dShape, w: &[T]) -> Self {
+        let k = s.in_c * s.k_h * s.k_w;
+        // Packing dy is one pass per group, paid back over the taps: conv2's 500 (input
+        // gradient 6.4 -> 4.6 ms per batch of 256), not conv1's 9 (0.73 -> 2.1 ms).
+        if let Some(bits) = bf16_bits(w).filter(|_| k >= WINDOW_TAPS) {
+            let mut packed = PairPanels::default();
+            packed.pack(k, s.out_c, |tap, o| bits[o * k + tap]);
+            return FilterT::Bf16(packed);
+        }
+        let mut packed = PackedA::default();
+        packed.pack(&widen(w), k, s.out_c, 1, k);
+        FilterT::F32(packed)
+    }
+}
+
 /// One group's input gradient from its gathered output gradient `dyg` (O x imgs·PQ):
-/// `dcol = wᵀ · dyg` (w_t packed), then col2im into each image of `dx_group`
-/// (imgs x C x H x W); `scratch` holds one image in f32.
+/// `dcol = wᵀ · dyg`, then col2im into each image of `dx_group` (imgs x C x H x W);
+/// `dy_pairs` holds dyg packed for the bf16 product, `scratch` one image in f32.
 fn input_grad_group<T: Precision>(
     s: &Conv2dShape,
-    w_t: &PackedA,
+    w_t: &FilterT,
     dyg: &[f32],
-    dcol: &mut [f32],
+    (dcol, dy_pairs): (&mut [f32], &mut PairRows),
     dx_group: &mut [T],
     scratch: &mut [f32],
 ) {
     let (pq, image_in) = (s.out_h() * s.out_w(), s.in_c * s.in_h * s.in_w);
     let npq = dx_group.len() / image_in * pq;
-    gemm(w_t, dyg, npq, npq, dcol, npq, false);
+    match w_t {
+        FilterT::F32(w_t) => gemm(w_t, dyg, npq, npq, dcol, npq, false),
+        FilterT::Bf16(w_t) => {
+            dy_pairs.pack_f32(dyg, s.out_c, npq, npq);
+            gemm_bf16(w_t, dy_pairs, dcol, npq, false);
+        }
+    }
     for (m, dx_n) in dx_group.chunks_mut(image_in).enumerate() {
         write_f32(dx_n, scratch, |acc| {
             acc.fill(0.0);
@@ -512,10 +546,8 @@ pub(super) fn backward_filter<T: Precision>(
     let with_bias = db.is_some();
     let (w_t, dx_chunks): (_, Vec<Option<&mut [T]>>) = match input {
         Some((w, dx)) if image_in > 0 => {
-            let mut w_t = PackedA::default();
-            w_t.pack(&widen(w), k, s.out_c, 1, k);
             let chunks = dx.chunks_mut(image_in * FILTER_CHUNK).map(Some).collect();
-            (Some(w_t), chunks)
+            (Some(FilterT::new(s, w)), chunks)
         }
         _ => (None, (0..chunk_count).map(|_| None).collect()),
     };
@@ -544,6 +576,7 @@ pub(super) fn backward_filter<T: Precision>(
                         Vec::new(),
                         PairImage::default(),
                     ),
+                    PairRows::default(),
                 )
             },
             |(
@@ -553,6 +586,7 @@ pub(super) fn backward_filter<T: Precision>(
                 dcol,
                 tmp,
                 (dy_bits, dy_pairs, bits, image_pairs),
+                dy_rows,
             ),
              (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
@@ -609,7 +643,7 @@ pub(super) fn backward_filter<T: Precision>(
                     if let (Some(w_t), Some(dx_chunk)) = (&w_t, dx_chunk.as_deref_mut()) {
                         let at = (first - start) * image_in;
                         let dx_group = &mut dx_chunk[at..at + imgs * image_in];
-                        input_grad_group(s, w_t, dyg, dcol, dx_group, image);
+                        input_grad_group(s, w_t, dyg, (dcol, dy_rows), dx_group, image);
                     }
                 }
                 (partial, partial_bias)

@@ -44,6 +44,7 @@ pub(crate) mod half_convert;
 pub mod isa;
 mod loss;
 mod microkernel;
+mod microkernel_bf16;
 mod optim;
 mod pool;
 #[cfg(test)]
