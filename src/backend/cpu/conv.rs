@@ -26,9 +26,8 @@ use super::microkernel_bf16::{gemm_bf16, PairPanels, PairRows};
 use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::summation::{pairwise_sum, Cascade};
 use super::window_gemm::{window_gemm, PackedW, Windows};
-use super::window_gemm_bf16::{self, pairs, window_gemm_bf16, PackedPairs, PairImage, PairWindows};
-use super::{widened, write_f32};
-use crate::dtype::DType;
+use super::window_gemm_bf16::{pairs, window_gemm_bf16, PackedPairs, PairImage, PairWindows};
+use super::{bf16_bits, widened, write_f32};
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
@@ -178,12 +177,6 @@ fn padded_group<'a, S, D: Copy + Default>(
         }
     }
     buf
-}
-
-/// T's values as bf16 bit patterns, when T is bf16 and this CPU has AVX512-BF16: the
-/// operands of [`window_gemm_bf16`]. None sends bf16 through the f32 tiles (widened).
-fn bf16_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
-    (T::DTYPE == DType::BF16 && window_gemm_bf16::available()).then(|| bytemuck::cast_slice(v))
 }
 
 /// Writes image `x`'s taps into `col` ((C·KH·KW) rows of stride `ld`), starting at column

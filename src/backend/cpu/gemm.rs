@@ -1,10 +1,14 @@
-//! f32 GEMM through `matrixmultiply` (packed panels, SIMD micro-kernels, threads), with the
-//! transposes expressed as strides and the epilogue applied after.
+//! The linear layers' GEMM, with the transposes expressed as strides and the epilogue
+//! applied after: f32 through `matrixmultiply` (packed panels, SIMD micro-kernels), bf16 on
+//! a CPU with AVX512-BF16 through [`gemm_bf16`](super::microkernel_bf16::gemm_bf16)
+//! (`vdpbf16ps` on the bf16 values themselves). Both split C's rows over rayon's threads and
+//! sum long products in blocks ([`K_BLOCK`]).
 
 use rayon::prelude::*;
 
 use crate::backend::shapes::{Epilogue, GemmShape};
 
+use super::microkernel_bf16::{self, PairPanels, PairRows};
 use super::summation::Cascade;
 
 /// Products longer than this many terms are summed in blocks of this length (each block a
@@ -17,6 +21,7 @@ use super::summation::Cascade;
 /// blocks of 64, PyTorch float32 2.2e-7.
 const K_BLOCK: usize = 64;
 
+/// `C = α·op(A)·op(B) + β·C`, then the bias and the ReLU, on f32 operands.
 pub(super) fn gemm_f32(
     shape: &GemmShape,
     a: &[f32],
@@ -25,9 +30,112 @@ pub(super) fn gemm_f32(
     c: &mut [f32],
     ep: Epilogue,
 ) {
-    let (lda, ldb, ldc) = shape.leading_dims();
-    let (rsa, csa) = if shape.trans_a { (1, lda) } else { (lda, 1) };
-    let (rsb, csb) = if shape.trans_b { (1, ldb) } else { (ldb, 1) };
+    let ((rsa, csa), (rsb, csb)) = strides(shape);
+    let ldc = shape.n;
+    gemm_rows(shape, bias, c, ep, |row0, (k0, len), beta, c_panel| {
+        let m = c_panel.len() / ldc;
+        // SAFETY: a holds M·K elements, b K·N, c's panel m·N (checked by the caller); the
+        // panel's rows of op(A) start at row0 and its columns at k0 < K, which the strides
+        // (rsa, csa) reach inside a; op(B)'s rows start at k0 (rsb) inside b; k0 + len ≤ K,
+        // so every (row stride, column stride) pair addresses inside its slice.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                len,
+                shape.n,
+                ep.alpha,
+                a.as_ptr().add(row0 * rsa + k0 * csa),
+                rsa as isize,
+                csa as isize,
+                b.as_ptr().add(k0 * rsb),
+                rsb as isize,
+                csb as isize,
+                beta,
+                c_panel.as_mut_ptr(),
+                ldc as isize,
+                1,
+            );
+        }
+    });
+}
+
+/// [`gemm_f32`] on bf16 operands (bit patterns) with `vdpbf16ps`: each task packs its rows
+/// of op(A) and op(B) by pairs of k, a block of [`K_BLOCK`] at a time.
+///
+/// # Panics
+/// If the CPU lacks AVX512-BF16 ([`microkernel_bf16::available`]).
+pub(super) fn gemm_bf16(
+    shape: &GemmShape,
+    a: &[u16],
+    b: &[u16],
+    bias: Option<&[f32]>,
+    c: &mut [f32],
+    ep: Epilogue,
+) {
+    let ((rsa, csa), (rsb, csb)) = strides(shape);
+    let n = shape.n;
+    // op(B) packed once per block of k, shared by every task's rows.
+    let blocks = if shape.k <= K_BLOCK {
+        shape.k.max(1)
+    } else {
+        K_BLOCK
+    };
+    let packed_b: Vec<PairRows> = (0..shape.k.max(1))
+        .step_by(blocks)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|k0| {
+            let mut pb = PairRows::default();
+            let len = blocks.min(shape.k - k0.min(shape.k));
+            pb.pack_bits(&b[(k0 * rsb).min(b.len())..], len, n, (rsb, csb));
+            pb
+        })
+        .collect();
+    gemm_rows(shape, bias, c, ep, |row0, (k0, len), beta, c_panel| {
+        let m = c_panel.len() / n;
+        let mut pa = PairPanels::default();
+        let at = (row0 * rsa + k0 * csa).min(a.len());
+        pa.pack_bits(&a[at..], m, len, (rsa, csa));
+        let pb = &packed_b[k0 / blocks];
+        if ep.alpha == 1.0 && (beta == 0.0 || beta == 1.0) {
+            return microkernel_bf16::gemm_bf16(&pa, pb, c_panel, n, beta == 1.0);
+        }
+        let mut product = vec![0.0f32; c_panel.len()];
+        microkernel_bf16::gemm_bf16(&pa, pb, &mut product, n, false);
+        for (c, p) in c_panel.iter_mut().zip(&product) {
+            // β = 0 ignores C's old contents, NaN included (BLAS semantics).
+            *c = if beta == 0.0 {
+                ep.alpha * p
+            } else {
+                ep.alpha.mul_add(*p, beta * *c)
+            };
+        }
+    });
+}
+
+/// The (row, column) strides of op(A) and op(B) in A and B as stored.
+type Strides = ((usize, usize), (usize, usize));
+
+fn strides(shape: &GemmShape) -> Strides {
+    let (lda, ldb, _) = shape.leading_dims();
+    (
+        if shape.trans_a { (1, lda) } else { (lda, 1) },
+        if shape.trans_b { (1, ldb) } else { (ldb, 1) },
+    )
+}
+
+/// The driver both element types share: C's rows split over rayon's tasks, each task's
+/// product `product(row0, (k0, len), beta, c_panel)` (`c_panel = α·op(A)[row0.., k0..k0 +
+/// len]·op(B)[k0..k0 + len, :] + β·c_panel`) over the whole K or, past [`K_BLOCK`], in
+/// blocks summed as a tree; then the bias and the ReLU.
+fn gemm_rows(
+    shape: &GemmShape,
+    bias: Option<&[f32]>,
+    c: &mut [f32],
+    ep: Epilogue,
+    product: impl Fn(usize, (usize, usize), f32, &mut [f32]) + Sync,
+) {
+    let ldc = shape.n;
     // Big products are split by rows of C over rayon's threads, each a single-threaded
     // matrixmultiply call on its panel (matrixmultiply's own threads would fight rayon's when
     // the callers are already parallel, as the convolutions are).
@@ -40,40 +148,13 @@ pub(super) fn gemm_f32(
         .enumerate()
         .for_each(|(t, c_rows)| {
             let row0 = t * rows_per_task;
-            let m = c_rows.len() / ldc;
-            // `c_panel = α·op(A)[panel rows, k0..k0 + len]·op(B)[k0..k0 + len, :] + β·c_panel`
-            let product = |(k0, len): (usize, usize), beta: f32, c_panel: &mut [f32]| {
-                // SAFETY: a holds M·K elements, b K·N, c's panel m·N (checked by the caller);
-                // the panel's rows of op(A) start at row0 and its columns at k0 < K, which
-                // the strides (rsa, csa) reach inside a; op(B)'s rows start at k0 (rsb)
-                // inside b; k0 + len ≤ K, so every (row stride, column stride) pair
-                // addresses inside its slice.
-                unsafe {
-                    matrixmultiply::sgemm(
-                        m,
-                        len,
-                        shape.n,
-                        ep.alpha,
-                        a.as_ptr().add(row0 * rsa + k0 * csa),
-                        rsa as isize,
-                        csa as isize,
-                        b.as_ptr().add(k0 * rsb),
-                        rsb as isize,
-                        csb as isize,
-                        beta,
-                        c_panel.as_mut_ptr(),
-                        ldc as isize,
-                        1,
-                    );
-                }
-            };
             if shape.k <= K_BLOCK {
-                return product((0, shape.k), ep.beta, c_rows);
+                return product(row0, (0, shape.k), ep.beta, c_rows);
             }
             let mut blocks = Cascade::default();
             for k0 in (0..shape.k).step_by(K_BLOCK) {
                 let mut part = blocks.spare(c_rows.len());
-                product((k0, K_BLOCK.min(shape.k - k0)), 0.0, &mut part);
+                product(row0, (k0, K_BLOCK.min(shape.k - k0)), 0.0, &mut part);
                 blocks.push(part);
             }
             let total = blocks.total().expect("K > K_BLOCK: at least two blocks");

@@ -67,6 +67,45 @@ impl PairPanels {
             }
         }
     }
+
+    /// Packs the `rows x depth` bf16 matrix (bit patterns) whose element (i, k) is
+    /// `src[i·rs + k·cs]`; rows with contiguous k (`cs == 1`) are read a pair at a time.
+    ///
+    /// # Panics
+    /// If an element lies outside `src`.
+    pub(super) fn pack_bits(
+        &mut self,
+        src: &[u16],
+        rows: usize,
+        depth: usize,
+        (rs, cs): (usize, usize),
+    ) {
+        if rows > 0 && depth > 0 {
+            assert!(
+                (rows - 1) * rs + (depth - 1) * cs < src.len(),
+                "A outside its slice"
+            );
+        }
+        if cs != 1 {
+            return self.pack(rows, depth, |i, k| src[i * rs + k * cs]);
+        }
+        let pairs = depth.div_ceil(2);
+        self.rows = rows;
+        self.pairs = pairs;
+        self.data.clear();
+        self.data.resize(rows.div_ceil(MR) * pairs * MR, 0);
+        if pairs == 0 {
+            return;
+        }
+        for (panel, packed) in self.data.chunks_exact_mut(pairs * MR).enumerate() {
+            for i in 0..MR.min(rows - panel * MR) {
+                let row = &src[(panel * MR + i) * rs..][..depth];
+                for (p, two) in row.chunks(2).enumerate() {
+                    packed[p * MR + i] = word(two[0], two.get(1).copied().unwrap_or(0));
+                }
+            }
+        }
+    }
 }
 
 /// B (`depth x cols` bf16) packed as rows of pairs of k, each row padded to whole vectors.
@@ -81,8 +120,7 @@ pub(super) struct PairRows {
 
 impl PairRows {
     /// Packs the `depth x cols` matrix whose element (k, j) is `at(k, j)` (a bf16 bit
-    /// pattern): the reference [`PairRows::pack_f32`] is tested against.
-    #[cfg(test)]
+    /// pattern).
     pub(super) fn pack(&mut self, depth: usize, cols: usize, at: impl Fn(usize, usize) -> u16) {
         let pairs = depth.div_ceil(2);
         let ld = cols.div_ceil(16) * 16;
@@ -101,6 +139,53 @@ impl PairRows {
                 };
                 *w = word(at(2 * p, j), hi);
             }
+        }
+    }
+
+    /// Packs the `depth x cols` bf16 matrix (bit patterns) whose element (k, j) is
+    /// `src[k·rs + j·cs]`; with contiguous rows (`cs == 1`) two rows are interleaved sixteen
+    /// columns per step.
+    ///
+    /// # Panics
+    /// If the CPU lacks AVX512-BF16 ([`available`]) or an element lies outside `src`.
+    pub(super) fn pack_bits(
+        &mut self,
+        src: &[u16],
+        depth: usize,
+        cols: usize,
+        (rs, cs): (usize, usize),
+    ) {
+        assert!(available(), "PairRows::pack_bits needs AVX512-BF16");
+        if depth > 0 && cols > 0 {
+            assert!(
+                (depth - 1) * rs + (cols - 1) * cs < src.len(),
+                "B outside its slice"
+            );
+        }
+        if cs != 1 {
+            return self.pack(depth, cols, |k, j| src[k * rs + j * cs]);
+        }
+        let pairs = depth.div_ceil(2);
+        self.cols = cols;
+        self.ld = cols.div_ceil(16) * 16;
+        self.pairs = pairs;
+        self.data.clear();
+        self.data.resize(pairs * self.ld, 0);
+        if cols == 0 {
+            return;
+        }
+        for p in 0..pairs {
+            let lo = &src[2 * p * rs..][..cols];
+            let hi = (2 * p + 1 < depth).then(|| &src[(2 * p + 1) * rs..][..cols]);
+            let row = &mut self.data[p * self.ld..(p + 1) * self.ld];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX512-BF16 (with AVX-512 BW and VL) asserted above; lo and hi hold
+            // `cols` values and `row` ⌈cols/16⌉·16 words.
+            unsafe {
+                avx512_bf16::pair_row_bits(lo, hi, row)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("AVX512-BF16 is x86-64 only: {lo:?} {hi:?} {row:?}");
         }
     }
 
@@ -229,6 +314,38 @@ mod avx512_bf16 {
                     Some(h) => {
                         _mm512_slli_epi32(half(_mm512_maskz_loadu_ps(mask, h.as_ptr().add(j))), 16)
                     }
+                    None => _mm512_setzero_si512(),
+                };
+                _mm512_storeu_si512(row.as_mut_ptr().add(j).cast(), _mm512_or_si512(low, high));
+            }
+        }
+    }
+
+    /// `row[j]` = the pair (`lo[j]`, `hi[j]`) of bf16 bit patterns; zero past `lo.len()`,
+    /// and a zero high half without `hi`.
+    ///
+    /// # Safety
+    /// AVX-512 F, VL and BW; `hi` as long as `lo`; `row` holds ⌈lo.len()/16⌉·16 words.
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw")]
+    pub(super) unsafe fn pair_row_bits(lo: &[u16], hi: Option<&[u16]>, row: &mut [u32]) {
+        let n = lo.len();
+        assert!(hi.is_none_or(|h| h.len() == n) && row.len() >= n.div_ceil(16) * 16);
+        for j in (0..n).step_by(16) {
+            let mask = lanes((n - j).min(16));
+            // SAFETY: masked lanes stay below n in lo and hi; row holds 16 words from j.
+            unsafe {
+                let low = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                    mask,
+                    lo.as_ptr().add(j).cast(),
+                ));
+                let high = match hi {
+                    Some(h) => _mm512_slli_epi32(
+                        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                            mask,
+                            h.as_ptr().add(j).cast(),
+                        )),
+                        16,
+                    ),
                     None => _mm512_setzero_si512(),
                 };
                 _mm512_storeu_si512(row.as_mut_ptr().add(j).cast(), _mm512_or_si512(low, high));

@@ -64,6 +64,14 @@ use super::op::{
 };
 use super::precision::Precision;
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
+use crate::dtype::DType;
+
+/// T's values as bf16 bit patterns, when T is bf16 and this CPU has AVX512-BF16: the
+/// operands of the `vdpbf16ps` products (`window_gemm_bf16`, `microkernel_bf16`). None
+/// sends bf16 through the f32 tiles (widened).
+fn bf16_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
+    (T::DTYPE == DType::BF16 && window_gemm_bf16::available()).then(|| bytemuck::cast_slice(v))
+}
 
 /// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`.
 fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut [f32]) -> &'a [f32] {
@@ -247,24 +255,27 @@ impl BackendImpl for CpuDevice {
 
     fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, CpuDevice, A, O>>) -> OpResult {
         let op = op.into_inner();
-        // Half operands are widened once (F16C), then the f32 product runs on them.
-        let scratch = |n| {
-            if A::DTYPE.is_half() {
-                vec![0.0f32; n]
-            } else {
-                Vec::new()
+        let bias = op.bias.map(|b| b.as_slice());
+        let (shape, ep) = (op.shape, op.epilogue);
+        let (a, b) = (&op.a.0, &op.b.0);
+        // bf16 on AVX512-BF16 multiplies the bf16 values themselves; other half operands
+        // are widened once (F16C), then the f32 product runs on them.
+        let product = |c32: &mut [f32]| match bf16_bits(a).zip(bf16_bits(b)) {
+            Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c32, ep),
+            None => {
+                let scratch = |n| vec![0.0f32; if A::DTYPE.is_half() { n } else { 0 }];
+                let (mut wide_a, mut wide_b) = (scratch(a.len()), scratch(b.len()));
+                let (a32, b32) = (widened(a, &mut wide_a), widened(b, &mut wide_b));
+                gemm::gemm_f32(shape, a32, b32, bias, c32, ep);
             }
         };
-        let (mut wide_a, mut wide_b) = (scratch(op.a.len()), scratch(op.b.len()));
-        let (a32, b32) = (widened(&op.a.0, &mut wide_a), widened(&op.b.0, &mut wide_b));
-        let bias = op.bias.map(|b| b.as_slice());
         match O::as_f32_mut(&mut op.c.0) {
-            Some(c32) => gemm::gemm_f32(op.shape, a32, b32, bias, c32, op.epilogue),
+            Some(c32) => product(c32),
             None => {
                 // C is read when beta != 0: widened, computed on, rounded back.
                 let mut c32 = vec![0.0f32; op.c.0.len()];
                 O::widen_slice(&op.c.0, &mut c32);
-                gemm::gemm_f32(op.shape, a32, b32, bias, &mut c32, op.epilogue);
+                product(&mut c32);
                 O::narrow_slice(&c32, &mut op.c.0);
             }
         }
