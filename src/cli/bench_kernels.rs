@@ -201,6 +201,13 @@ pub fn run(
         peak.all_threads,
         peak.threads
     )?;
+    if precision == DType::BF16
+        && target == BackendArg::Cpu
+        && nanoddp::backend::cpu::isa::isa().avx512_bf16
+    {
+        // vdpbf16ps: two products per f32 lane and instruction.
+        writeln!(out, "(bf16 on AVX512-BF16: \"of peak\" is against the f32 FMA peak, which vdpbf16ps can double)")?;
+    }
     let rows = match (&cuda, target) {
         (Some(dev), _) => {
             writeln!(

@@ -21,8 +21,9 @@ pub struct Isa {
     pub avx512: bool,
     /// FMA (with AVX2's 256-bit registers): the optimizer step.
     pub fma: bool,
-    /// AVX512-BF16 (`vdpbf16ps`, with the AVX-512 set above): the bf16 convolutions' window
-    /// products (Zen 4, Sapphire Rapids and later).
+    /// AVX512-BF16 (`vdpbf16ps`, with the AVX-512 set above): the bf16 products, the
+    /// convolutions' from 64 taps on (forward, input and filter gradients) and the linear
+    /// layers' (Zen 4, Sapphire Rapids and later).
     pub avx512_bf16: bool,
 }
 
