@@ -122,13 +122,8 @@ impl PairRows {
     /// Packs the `depth x cols` matrix whose element (k, j) is `at(k, j)` (a bf16 bit
     /// pattern).
     pub(super) fn pack(&mut self, depth: usize, cols: usize, at: impl Fn(usize, usize) -> u16) {
-        let pairs = depth.div_ceil(2);
-        let ld = cols.div_ceil(16) * 16;
-        self.cols = cols;
-        self.ld = ld;
-        self.pairs = pairs;
-        self.data.clear();
-        self.data.resize(pairs * ld, 0);
+        self.reset(depth, cols);
+        let (pairs, ld) = (self.pairs, self.ld);
         for p in 0..pairs {
             let row = &mut self.data[p * ld..p * ld + cols];
             for (j, w) in row.iter_mut().enumerate() {
@@ -165,28 +160,8 @@ impl PairRows {
         if cs != 1 {
             return self.pack(depth, cols, |k, j| src[k * rs + j * cs]);
         }
-        let pairs = depth.div_ceil(2);
-        self.cols = cols;
-        self.ld = cols.div_ceil(16) * 16;
-        self.pairs = pairs;
-        self.data.clear();
-        self.data.resize(pairs * self.ld, 0);
-        if cols == 0 {
-            return;
-        }
-        for p in 0..pairs {
-            let lo = &src[2 * p * rs..][..cols];
-            let hi = (2 * p + 1 < depth).then(|| &src[(2 * p + 1) * rs..][..cols]);
-            let row = &mut self.data[p * self.ld..(p + 1) * self.ld];
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX512-BF16 (with AVX-512 BW and VL) asserted above; lo and hi hold
-            // `cols` values and `row` ⌈cols/16⌉·16 words.
-            unsafe {
-                avx512_bf16::pair_row_bits(lo, hi, row)
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("AVX512-BF16 is x86-64 only: {lo:?} {hi:?} {row:?}");
-        }
+        #[cfg(target_arch = "x86_64")]
+        self.interleave(src, depth, cols, rs, avx512_bf16::pair_row_bits);
     }
 
     /// Packs the `depth x cols` f32 matrix `src` (rows at stride `ld`) rounded to bf16 (to
@@ -203,27 +178,42 @@ impl PairRows {
                 "B outside its slice"
             );
         }
-        let pairs = depth.div_ceil(2);
+        #[cfg(target_arch = "x86_64")]
+        self.interleave(src, depth, cols, ld, avx512_bf16::pair_row);
+    }
+
+    /// Sizes the buffer for `depth x cols` (zeroed) and records the shape.
+    fn reset(&mut self, depth: usize, cols: usize) {
         self.cols = cols;
         self.ld = cols.div_ceil(16) * 16;
-        self.pairs = pairs;
+        self.pairs = depth.div_ceil(2);
         self.data.clear();
-        self.data.resize(pairs * self.ld, 0);
+        self.data.resize(self.pairs * self.ld, 0);
+    }
+
+    /// Packs `depth` contiguous rows of `cols` values at stride `rs`, each pair of rows
+    /// interleaved into words by `pair_row` (one of `avx512_bf16`'s; the callers asserted
+    /// AVX512-BF16 and the rows' bounds).
+    #[cfg(target_arch = "x86_64")]
+    fn interleave<S>(
+        &mut self,
+        src: &[S],
+        depth: usize,
+        cols: usize,
+        rs: usize,
+        pair_row: unsafe fn(&[S], Option<&[S]>, &mut [u32]),
+    ) {
+        self.reset(depth, cols);
         if cols == 0 {
             return;
         }
-        for p in 0..pairs {
-            let lo = &src[2 * p * ld..][..cols];
-            let hi = (2 * p + 1 < depth).then(|| &src[(2 * p + 1) * ld..][..cols]);
+        for p in 0..self.pairs {
+            let lo = &src[2 * p * rs..][..cols];
+            let hi = (2 * p + 1 < depth).then(|| &src[(2 * p + 1) * rs..][..cols]);
             let row = &mut self.data[p * self.ld..(p + 1) * self.ld];
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX512-BF16 asserted above; lo and hi hold `cols` values and `row`
-            // ⌈cols/16⌉·16 words.
-            unsafe {
-                avx512_bf16::pair_row(lo, hi, row)
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("AVX512-BF16 is x86-64 only: {lo:?} {hi:?} {row:?}");
+            // SAFETY: the caller asserted AVX512-BF16 (with AVX-512 F, VL, BW, DQ); lo and
+            // hi hold `cols` values and `row` ⌈cols/16⌉·16 words.
+            unsafe { pair_row(lo, hi, row) };
         }
     }
 }
