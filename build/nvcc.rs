@@ -6,11 +6,22 @@ use std::process::Command;
 
 use crate::kernel_files::Module;
 
-/// Real GPU architectures we ship SASS for, and the virtual one we ship PTX for (JIT for
-/// anything else, e.g. sm_75 or sm_100+).
+/// Real GPU architectures we ship SASS for, and the virtual ones we ship PTX for: the driver
+/// JIT-compiles the newest PTX a GPU without matching SASS can take (compute_75 for Turing;
+/// compute_90 for sm_100+, whose bf16 kernels compute_75 could not hold). compute_90's PTX is
+/// also what the CUDA stand-in's PTX executor runs.
 pub(crate) const SASS_ARCHS: &[&str] = &["sm_80", "sm_90"];
-pub(crate) const PTX_ARCH: &str = "compute_75";
-pub(crate) const NVCC_FLAGS: &[&str] = &["-O3", "-lineinfo", "-std=c++17", "-Xptxas", "-v"];
+pub(crate) const PTX_ARCHS: &[&str] = &["compute_75", "compute_90"];
+/// `--no-compress`: fatbin entries stay readable, so the stand-in's PTX executor can run the
+/// PTX of the very fatbin a GPU would get.
+pub(crate) const NVCC_FLAGS: &[&str] = &[
+    "-O3",
+    "-lineinfo",
+    "-std=c++17",
+    "-Xptxas",
+    "-v",
+    "--no-compress",
+];
 
 pub(crate) fn find_nvcc() -> Option<PathBuf> {
     if env::var("NANODDP_NO_NVCC").is_ok_and(|v| v == "1") {
@@ -66,8 +77,9 @@ pub(crate) fn compile_fatbin(
         let compute = sm.replace("sm_", "compute_");
         cmd.arg("-gencode").arg(format!("arch={compute},code={sm}"));
     }
-    cmd.arg("-gencode")
-        .arg(format!("arch={PTX_ARCH},code={PTX_ARCH}"));
+    for ptx in PTX_ARCHS {
+        cmd.arg("-gencode").arg(format!("arch={ptx},code={ptx}"));
+    }
     if let Some(ccbin) = env::var_os("NVCC_CCBIN") {
         cmd.arg("-ccbin").arg(ccbin);
     }

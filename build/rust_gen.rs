@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::declarations::{ParamKind, ENTRY_TYPES};
 use crate::emulator::simt_entry_symbol;
 use crate::kernel_files::{Kernel, Module};
-use crate::nvcc::{PTX_ARCH, SASS_ARCHS};
+use crate::nvcc::{PTX_ARCHS, SASS_ARCHS};
 
 pub(crate) fn generate_rust(
     modules: &[Module],
@@ -31,7 +31,7 @@ pub(crate) fn generate_rust(
                 g,
                 "/// How the kernels were prebuilt; `None` when the build found no nvcc.\n\
                  pub const PREBUILT: Option<Prebuilt> = Some(Prebuilt {{ nvcc_version: {version:?}, \
-                 sass_archs: &[{}], ptx_arch: {PTX_ARCH:?}, cuda_include_dir: {:?} }});\n",
+                 sass_archs: &[{}], ptx_archs: &{PTX_ARCHS:?}, cuda_include_dir: {:?} }});\n",
                 archs.join(", "),
                 include.map(|p| p.display().to_string()),
             );

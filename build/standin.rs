@@ -70,6 +70,8 @@ pub(crate) fn standin_build(modules: &[Module], root: &Path, out: &Path) {
         root.join("kernels").join("simt_host.cpp"),
         standin_dir.join("standin.cpp"),
         standin_dir.join("simt_executor.cpp"),
+        standin_dir.join("ptx_parse.cpp"),
+        standin_dir.join("ptx_executor.cpp"),
         registry_path,
     ];
     sources.extend(

@@ -1,12 +1,13 @@
 // executor.h — how the CUDA stand-in runs a kernel: the one interface between the driver
 // model (streams, memory, access rules: standin.cpp) and whatever executes device code.
 //
-// Today one executor exists, the SIMT emulator (simt_executor.cpp): it runs the kernels'
-// CUDA C++ source compiled for the host, looked up by name in the registry the build script
-// generates. A second executor that runs a module's PTX itself plugs in here.
+// Two executors exist: the SIMT emulator (simt_executor.cpp) runs the kernels' CUDA C++
+// source compiled for the host, looked up by name in the registry the build script generates;
+// the PTX executor (ptx_executor.cpp) runs the PTX the module was loaded with.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct LaunchShape {
     unsigned grid[3];
     unsigned block[3];
     unsigned shared_bytes;
+    // Run each block's threads last to first (the PTX executor only): a kernel whose result
+    // depends on the order (a missing barrier) shows it as a difference between two runs.
+    bool reverse_lanes = false;
 };
 
 struct LaunchOutcome {
@@ -54,8 +58,28 @@ public:
                                  double timeout_s) = 0;
 };
 
-// The executor kernels run on.
+// The executor kernels run on: the SIMT emulator unless NANODDP_STANDIN_EXEC=ptx
+// (standin.cpp reads the choice once).
 Executor& executor();
+Executor& simt_executor();
+Executor& ptx_executor();
+
+// The distinct instruction spellings (opcode with its modifiers, `ld.global.nc.f32`) of every
+// PTX text in `image` (PTX, or a fatbin's uncompressed PTX entries), sorted, each once. False,
+// with `error` saying why, when an instruction or directive is one the PTX executor does not
+// implement or the image holds no PTX it can read.
+bool ptx_spellings(const unsigned char* image, std::size_t size, std::vector<std::string>& spellings,
+                   std::string& error);
+
+// A device allocation as the kernel running now may use it: [lo, hi) with its access right
+// (0 none, 1 read, 3 read-write) after peer access, pool access and cross-stream restrictions.
+// Sorted by lo. Implemented by standin.cpp; called by executors that check accesses
+// themselves instead of through the MMU.
+struct DeviceRange {
+    std::uintptr_t lo, hi;
+    int prot;
+};
+std::vector<DeviceRange> device_view();
 
 // Called from a SIGSEGV handler while a kernel runs: explains a fault at `addr` (the
 // driver model knows whose memory it is and what access rule was broken). Returns false

@@ -115,7 +115,7 @@ int explainer(std::uintptr_t addr, int is_write, char* message, std::size_t capa
 
 }  // namespace
 
-Executor& executor() {
+Executor& simt_executor() {
     static SimtExecutor* simt = [] {
         simt_set_fault_explainer(explainer);
         return new SimtExecutor;  // never freed: stream threads may outlive static destructors

@@ -41,12 +41,17 @@
 // nanoddp-specific extensions (absent from the real driver, looked up with dlsym):
 // nanoddpStandinLastError() returns the diagnostic behind the last error,
 // nanoddpStandinCounters() what the stand-in counted (module loads, launches, hazards), and
-// nanoddpStandinSetKernelTimeout() sets one GPU's watchdog limit.
+// nanoddpStandinSetKernelTimeout() sets one GPU's watchdog limit, nanoddpStandinExecutor() names
+// the executor kernels run on, nanoddpStandinUseExecutor() picks another for one GPU (and the
+// PTX executor's lane order), and nanoddpStandinPtxSpellings() lists the instructions of a
+// module's PTX as the PTX executor reads them (its coverage, for tests and docs).
 //
 // Environment: NANODDP_STANDIN_GPUS, CUDA_VISIBLE_DEVICES, NANODDP_STANDIN_DRIVER_VERSION (what cuDriverGetVersion
 // reports, default 13000), NANODDP_STANDIN_JIT_MS (time each module load takes, modelling a
 // driver JIT; default 0), NANODDP_KERNEL_TIMEOUT_S, CUDA_LAUNCH_BLOCKING=1 (every operation
-// completes before its call returns, as on the real driver).
+// completes before its call returns, as on the real driver), NANODDP_STANDIN_EXEC (`simt`, the
+// default: kernels run as their CUDA C++ source under the SIMT emulator; `ptx`: the module's
+// PTX runs under the PTX executor).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -133,12 +138,15 @@ struct Device {
     std::uint64_t module_loads = 0;
     std::uint64_t launches = 0;
     double kernel_timeout_s = 300.0;  // the watchdog's limit for this GPU's launches
+    Executor* exec = nullptr;         // nanoddpStandinUseExecutor's choice; null: executor()
+    bool reverse_lanes = false;       // run blocks' threads last to first (PTX executor)
 };
 
 struct Module;
 
 struct Function {
     Module* module = nullptr;
+    Executor* exec = nullptr;  // the one that found it in the image, and runs it
     KernelInfo info;
     unsigned max_dynamic_shared = STATIC_SHARED_LIMIT;
 };
@@ -694,6 +702,13 @@ void init() {
     c.launch_blocking = blocking && std::strcmp(blocking, "1") == 0;
     c.kernel_timeout_s = env_double("NANODDP_KERNEL_TIMEOUT_S", 300.0);
     c.jit_ms = env_double("NANODDP_STANDIN_JIT_MS", 0.0);
+    if (const char* exec = std::getenv("NANODDP_STANDIN_EXEC")) {
+        if (*exec && std::strcmp(exec, "simt") != 0 && std::strcmp(exec, "ptx") != 0) {
+            report(std::string("NANODDP_STANDIN_EXEC=") + exec + ": expected `simt` (the default) or `ptx`");
+            init_result = CUDA_ERROR_INVALID_VALUE;
+            return;
+        }
+    }
     for (int i = 0; i < c.gpus; ++i) {
         Device& d = g->devices[i];
         d.ordinal = i;
@@ -724,6 +739,27 @@ void init() {
 }
 
 bool ready() { return g && init_result == CUDA_SUCCESS; }
+
+// The executor every launch uses, chosen once: NANODDP_STANDIN_EXEC=ptx runs the module's
+// PTX, anything else (validated by init) the SIMT emulator.
+Executor& executor() {
+    static Executor* chosen = [] {
+        const char* exec = std::getenv("NANODDP_STANDIN_EXEC");
+        return exec && std::strcmp(exec, "ptx") == 0 ? &ptx_executor() : &simt_executor();
+    }();
+    return *chosen;
+}
+
+std::vector<DeviceRange> device_view() {
+    std::vector<DeviceRange> view;
+    std::lock_guard<std::mutex> table(g->table);
+    for (auto& [lo, a] : g->allocations) {
+        if (a->freed || a->bytes == 0) continue;
+        view.push_back({a->data_lo, a->data_hi(), a->prot});
+    }
+    std::sort(view.begin(), view.end(), [](const DeviceRange& x, const DeviceRange& y) { return x.lo < y.lo; });
+    return view;
+}
 
 Device* device_of(CUdevice d) {
     if (!ready() || d < 0 || d >= g->config.gpus) return nullptr;
@@ -1453,9 +1489,15 @@ STANDIN_API CUresult cuModuleLoadData(CUmodule* out, const void* image) {
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g->config.jit_ms));
     auto* m = new Module;
     m->ctx = ctx;
-    for (KernelInfo& k : executor().kernels_in(p, size)) {
+    Executor* exec;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        exec = ctx->dev->exec ? ctx->dev->exec : &executor();
+    }
+    for (KernelInfo& k : exec->kernels_in(p, size)) {
         auto f = std::make_unique<Function>();
         f->module = m;
+        f->exec = exec;
         f->info = std::move(k);
         m->names.push_back(f->info.name);
         m->functions.push_back(std::move(f));
@@ -1495,7 +1537,8 @@ STANDIN_API CUresult cuModuleGetFunction(CUfunction* out, CUmodule h, const char
             return CUDA_SUCCESS;
         }
     }
-    report(std::string("cuModuleGetFunction: the module has no kernel `") + name + "` the " + executor().name() +
+    Executor* exec = m->ctx->dev->exec ? m->ctx->dev->exec : &executor();
+    report(std::string("cuModuleGetFunction: the module has no kernel `") + name + "` the " + exec->name() +
            " can run");
     return CUDA_ERROR_NOT_FOUND;
 }
@@ -1606,11 +1649,13 @@ STANDIN_API CUresult cuLaunchKernel(CUfunction h, unsigned gx, unsigned gy, unsi
         executing.kernel = fn->info.name.c_str();
         executing.hazard = false;
         double timeout_s;
+        LaunchShape run_shape = shape;
         {
             std::lock_guard<std::mutex> lock(g->api);
             timeout_s = g->devices[device].kernel_timeout_s;
+            run_shape.reverse_lanes = g->devices[device].reverse_lanes;
         }
-        LaunchOutcome out = executor().launch(fn->info, shape, ptrs.data(), timeout_s);
+        LaunchOutcome out = fn->exec->launch(fn->info, run_shape, ptrs.data(), timeout_s);
         if (out.code != CUDA_SUCCESS) {
             std::lock_guard<std::mutex> lock(g->api);
             ++g->faults;
@@ -1733,6 +1778,27 @@ STANDIN_API int nanoddpStandinCounters(int device, unsigned long long* out, int 
 
 // Sets the watchdog's limit for `device`'s later launches (seconds; 0: none). For tests that
 // want one GPU's endless kernel stopped quickly while the others keep the generous default.
+// Chooses the executor for modules loaded on GPU `device` from now on: "simt" or "ptx", and
+// for "ptx" whether blocks run their threads last to first. Lets one process compare the two
+// executors (or two lane orders) on the same inputs. Returns CUDA_ERROR_INVALID_VALUE for an
+// unknown GPU or name, or reverse lanes under "simt" (its order is not varied here), and
+// CUDA_ERROR_ILLEGAL_STATE for a change once the GPU has loaded a module (which would keep
+// its executor).
+STANDIN_API int nanoddpStandinUseExecutor(int device, const char* name, int reverse_lanes) {
+    if (!ready() || !device_of(device) || !name) return CUDA_ERROR_INVALID_VALUE;
+    Executor* exec;
+    if (std::strcmp(name, "simt") == 0 && !reverse_lanes) exec = &simt_executor();
+    else if (std::strcmp(name, "ptx") == 0) exec = &ptx_executor();
+    else return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lock(g->api);
+    Device& d = g->devices[device];
+    if (d.exec == exec && d.reverse_lanes == (reverse_lanes != 0)) return CUDA_SUCCESS;
+    if (d.module_loads) return CUDA_ERROR_ILLEGAL_STATE;
+    g->devices[device].exec = exec;
+    g->devices[device].reverse_lanes = reverse_lanes != 0;
+    return CUDA_SUCCESS;
+}
+
 STANDIN_API int nanoddpStandinSetKernelTimeout(int device, double seconds) {
     if (!ready() || !device_of(device) || seconds < 0) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard<std::mutex> lock(g->api);
@@ -1812,3 +1878,28 @@ NOT_SUPPORTED(cuMemsetD16Async)
 NOT_SUPPORTED(cuMemcpyAsync)
 NOT_SUPPORTED(cuMemcpy)
 #undef NOT_SUPPORTED
+
+// The executor kernels run on: "SIMT emulator" or "PTX executor".
+STANDIN_API const char* nanoddpStandinExecutor() { return executor().name(); }
+
+// Reads `image` (PTX text, or a fatbin with uncompressed PTX entries; `size` bytes) as the PTX
+// executor would and writes the distinct instruction spellings of all its PTX (opcode with
+// modifiers, e.g. `ld.global.nc.f32`), one per line, into `out`. Returns the bytes needed
+// (call again with a larger buffer when it exceeds `capacity`), or -1 when some instruction or
+// directive is one the executor does not implement: then `out` holds why.
+STANDIN_API long nanoddpStandinPtxSpellings(const void* image, std::size_t size, char* out, std::size_t capacity) {
+    if (!image || (!out && capacity)) return -1;
+    std::vector<std::string> spellings;
+    std::string error, text;
+    bool ok = ptx_spellings(static_cast<const unsigned char*>(image), size, spellings, error);
+    if (ok)
+        for (const std::string& s : spellings) text += s + "\n";
+    else
+        text = error;
+    if (capacity) {
+        std::size_t n = std::min(capacity - 1, text.size());
+        std::memcpy(out, text.data(), n);
+        out[n] = '\0';
+    }
+    return ok ? static_cast<long>(text.size() + 1) : -1;
+}

@@ -8,6 +8,8 @@
 //     barrier, divergent or skipped barriers, an off-by-one write, a warp mask naming an
 //     exited lane, lanes disagreeing on a mask, a deadlock, a shared-memory overflow, a
 //     thread that never finishes. The tests demand that the emulator reports each one.
+//     One more, broken_class_of_label, leans on undefined behaviour that g++ and nvcc treat
+//     differently: only the stand-in's PTX executor (tests/ptx_executor.rs) shows it.
 //     Never call them for results (and never launch broken_endless on a GPU).
 //
 // Launch shapes are given per kernel. None is performance-critical; each moves O(n) bytes.
@@ -265,4 +267,18 @@ extern "C" __global__ void broken_endless(float* out, int spin_thread) {
     }
     __syncthreads();
     out[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f;
+}
+
+// BUG, one only the compiled code shows: meant to map each label to its class, -1 for a label
+// that is not one (NaN, negative, >= classes), but it relies on what a float-to-int cast does
+// with NaN, which C++ leaves undefined. Compiled by g++ for x86 (the SIMT emulator), the cast
+// of NaN is INT_MIN, caught as negative; on a GPU, cvt.rzi.s32.f32 turns NaN into 0, so a NaN
+// label silently becomes class 0. Only the PTX executor, running what nvcc emitted, shows it.
+// The fix: test the float (`!(x >= 0.0f && x < classes)`) before converting. Any 1-D grid.
+extern "C" __global__ void broken_class_of_label(const float* __restrict__ labels, int* __restrict__ out,
+                                                 unsigned int n, int classes) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int c = (int)labels[i];
+    out[i] = (c < 0 || c >= classes) ? -1 : c;
 }

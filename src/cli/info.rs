@@ -43,7 +43,7 @@ fn kernels(out: &mut impl Write) -> io::Result<()> {
         "  prebuilt by nvcc {}: SASS for {}, PTX for {} (JIT on other GPUs)",
         pre.nvcc_version,
         pre.sass_archs.join(", "),
-        pre.ptx_arch
+        pre.ptx_archs.join(", ")
     )?;
     for module in MODULES {
         let images = match module.fatbin.map(fatbin::images) {

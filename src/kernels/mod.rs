@@ -9,7 +9,7 @@
 //!
 //! [`MODULES`] lists every kernel file with
 //! * `source`: the file with its local includes flattened, ready for NVRTC;
-//! * `fatbin`: SASS for sm_80 and sm_90 plus compute_75 PTX, when nvcc was found at build time;
+//! * `fatbin`: SASS for sm_80 and sm_90 plus compute_75 and compute_90 PTX, when nvcc was found at build time;
 //! * `ptxas_report`: ptxas's resource report for that fatbin, parsed by [`resources`].
 
 pub mod declarations;
@@ -28,8 +28,9 @@ pub struct Prebuilt {
     pub nvcc_version: &'static str,
     /// Real architectures the fatbins hold SASS for.
     pub sass_archs: &'static [&'static str],
-    /// Virtual architecture of the PTX the fatbins carry for every other GPU.
-    pub ptx_arch: &'static str,
+    /// Virtual architectures of the PTX the fatbins carry: the driver JIT-compiles the newest
+    /// one a GPU without matching SASS can take.
+    pub ptx_archs: &'static [&'static str],
     /// The CUDA headers next to that nvcc, if any (a hint for NVRTC at run time).
     pub cuda_include_dir: Option<&'static str>,
 }

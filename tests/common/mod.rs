@@ -253,13 +253,75 @@ macro_rules! per_backend {
                 #[test]
                 fn cuda() {
                     crate::common::small_flat_grids();
-                    super::$body(&crate::common::cuda_device(0));
+                    let got = super::$body(&crate::common::cuda_device(0));
+                    crate::common::same_bits_as_the_simt_executor(stringify!($body), &got, super::$body);
                 }
             }
         )*
     };
 }
 pub(crate) use per_backend;
+
+/// The stand-in's GPU that [`same_bits_as_the_simt_executor`] runs the SIMT executor on, when
+/// the others run the PTX executor: the last one the tests are shown.
+pub const SIMT_TWIN_GPU: usize = 7;
+
+/// On the stand-in under `NANODDP_STANDIN_EXEC=ptx`, runs `body` again on a GPU that the
+/// SIMT executor serves ([`SIMT_TWIN_GPU`]) and asserts that the bytes it recorded equal
+/// `got`, the PTX executor's: the code nvcc emitted computes bit for bit what the kernels'
+/// source computes under the emulator. Every recorded result qualifies: the kernels round
+/// exactly and their transcendental functions (loss.cu's expf and logf) agree to the bit
+/// between libdevice, whose code the PTX executor runs, and the host's libm on the inputs
+/// the tests use — a difference there fails this too and would show which. Elsewhere (the
+/// SIMT executor, a real GPU) there is nothing to compare, and it returns.
+pub fn same_bits_as_the_simt_executor(
+    what: &str,
+    got: &[u8],
+    body: impl FnOnce(&nanoddp::backend::cuda::CudaDevice) -> Vec<u8>,
+) {
+    let ptx = std::env::var("NANODDP_STANDIN_EXEC").is_ok_and(|v| v == "ptx");
+    if !ptx || !nanoddp::backend::cuda::is_standin() {
+        return;
+    }
+    static TWIN: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    TWIN.get_or_init(|| standin_use_executor(SIMT_TWIN_GPU, "simt", false));
+    let want = body(&cuda_device(SIMT_TWIN_GPU));
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: result sizes differ between executors"
+    );
+    if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: the PTX executor's result differs from the SIMT executor's first at byte {i} \
+             of {} ({:#04x} vs {:#04x})",
+            got.len(),
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// Makes the stand-in run modules loaded on `gpu` from now on with `executor` ("simt" or
+/// "ptx"; `reverse_lanes`: each block's threads last to first, PTX executor only).
+pub fn standin_use_executor(gpu: usize, executor: &str, reverse_lanes: bool) {
+    let name = std::ffi::CString::new(executor).expect("no NUL");
+    cudarc::driver::result::init().expect("cuInit on the stand-in");
+    // SAFETY: the stand-in is loaded (the caller checked is_standin); plain values and a
+    // NUL-terminated string that outlives the call.
+    let code = unsafe {
+        let f = cudarc::driver::sys::culib()
+            .get::<unsafe extern "C" fn(i32, *const std::ffi::c_char, i32) -> i32>(
+                b"nanoddpStandinUseExecutor\0",
+            )
+            .expect("the stand-in exports nanoddpStandinUseExecutor");
+        f(gpu as i32, name.as_ptr(), i32::from(reverse_lanes))
+    };
+    assert_eq!(
+        code, 0,
+        "nanoddpStandinUseExecutor({gpu}, {executor}, {reverse_lanes})"
+    );
+}
 
 /// `selftest::bounded_iota` is compiled with `__launch_bounds__(64, 2)`: on `dev`, a block of
 /// 128 threads must be refused before the kernel runs, with an error naming the kernel and

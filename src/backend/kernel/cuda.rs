@@ -6,7 +6,7 @@
 //! must support CUDA 13.0 (R580 or newer): that is what the kernels are built with.
 //!
 //! Kernel modules load once per GPU, shared by every handle on it, in this order:
-//! 1. the fatbin nvcc built into the crate (SASS for sm_80/sm_90, compute_75 PTX otherwise);
+//! 1. the fatbin nvcc built into the crate (SASS for sm_80/sm_90, compute_75 and compute_90 PTX otherwise);
 //! 2. NVRTC → cubin for the device's exact `sm_XY` (no driver PTX-version check);
 //! 3. NVRTC → PTX for `compute_XY`, JIT-compiled by the driver.
 //!
