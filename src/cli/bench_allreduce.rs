@@ -212,8 +212,8 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
             algo.algorithm(),
         )?,
         BackendArg::Cuda => {
-            if nanoddp::backend::cuda::is_standin() {
-                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under the SIMT emulator); timings mean nothing")?;
+            if let Some(executor) = nanoddp::backend::cuda::standin_executor() {
+                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under its {executor}); timings mean nothing")?;
             }
             let devices = (0..ranks)
                 .map(CudaDevice::new)

@@ -217,9 +217,9 @@ pub fn run(
                 dev.info().compute_capability.0,
                 dev.info().compute_capability.1
             )?;
-            if nanoddp::backend::cuda::is_standin() {
+            if let Some(executor) = nanoddp::backend::cuda::standin_executor() {
                 // The same shapes and checks, but no GPU: keep it short and say so.
-                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under the SIMT emulator; timings mean nothing; no 1024³ GEMM)")?;
+                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under its {executor}; timings mean nothing; no 1024³ GEMM)")?;
                 lenet_rows_at(precision, dev, batch, repeats.min(3), false)?
             } else {
                 lenet_rows_at(precision, dev, batch, repeats, true)?

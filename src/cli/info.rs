@@ -114,11 +114,11 @@ fn gpus(out: &mut impl Write) -> io::Result<()> {
             Ok((major, minor)) => writeln!(out, "driver supports CUDA {major}.{minor}")?,
             Err(e) => writeln!(out, "driver present but unusable: {e}")?,
         }
-        if cuda::is_standin() {
+        if let Some(executor) = cuda::standin_executor() {
             writeln!(
                 out,
                 "  this driver is nanoddp's CPU stand-in (cuda-standin/): the GPUs below are \
-                 emulated, kernels run under the SIMT emulator, timings mean nothing"
+                 emulated, kernels run under its {executor}, timings mean nothing"
             )?;
         }
         match cuda::CudaDevice::all_infos() {

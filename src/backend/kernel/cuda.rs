@@ -112,6 +112,22 @@ pub fn is_standin() -> bool {
         }
 }
 
+/// What runs kernels on the CPU stand-in: "SIMT emulator" (the kernels' C++ source) or "PTX
+/// executor" (the PTX nvcc or NVRTC emitted; `NANODDP_STANDIN_EXEC=ptx`). `None` on a real
+/// driver.
+pub fn standin_executor() -> Option<String> {
+    if !is_standin() {
+        return None;
+    }
+    // SAFETY: the stand-in is loaded; its export returns a static NUL-terminated string.
+    unsafe {
+        let f = sys::culib()
+            .get::<unsafe extern "C" fn() -> *const c_char>(b"nanoddpStandinExecutor\0")
+            .ok()?;
+        Some(CStr::from_ptr(f()).to_string_lossy().into_owned())
+    }
+}
+
 fn driver_err(during: impl Into<String>) -> impl FnOnce(DriverError) -> BackendError {
     driver_err_on(None, during)
 }
@@ -649,7 +665,7 @@ impl KernelDevice for CudaDevice {
     }
 
     fn slowdown(&self) -> u32 {
-        // The CPU stand-in runs kernels under the SIMT emulator.
+        // The CPU stand-in runs kernels under the SIMT emulator or, slower, its PTX executor.
         if is_standin() {
             super::simt::SLOWDOWN
         } else {
