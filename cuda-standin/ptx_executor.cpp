@@ -363,6 +363,12 @@ private:
     bool resolve_barrier();
     [[noreturn]] void deadlock();
     void exec_warp(unsigned w, unsigned mask);
+    struct WmmaMatrix {
+        std::uint64_t p, ldm;  // address and leading dimension (elements)
+        Space sp;
+        unsigned eb;  // bytes per element
+    };
+    WmmaMatrix wmma_matrix(std::vector<Thread*>& lanes, const Instr& in, const Operand& at);
     void wmma_load(std::vector<Thread*>& lanes, const Instr& in);
     void wmma_store(std::vector<Thread*>& lanes, const Instr& in);
     void wmma_mma(std::vector<Thread*>& lanes, const Instr& in);
@@ -1230,36 +1236,44 @@ std::uint64_t get_elem(const Thread& t, const Operand& frag, Ty ty, unsigned i) 
 }
 }  // namespace
 
-void BlockRun::wmma_load(std::vector<Thread*>& lanes, const Instr& in) {
+// The matrix a wmma load or store reaches, from its address operand `at` and its optional
+// ldm: every lane must pass the same ones (the SIMT emulator's rule), 32-byte aligned, with
+// rows a multiple of 16 bytes.
+BlockRun::WmmaMatrix BlockRun::wmma_matrix(std::vector<Thread*>& lanes, const Instr& in, const Operand& at) {
     Thread& first = *lanes[0];
-    std::uint64_t p = effective(first, in.ops[1]);
-    std::uint64_t ldm = in.nops > 2 ? zext(value(first, in.ops[2], Ty::U32), 32) : 16;
-    unsigned eb = in.type == Ty::F32 ? 4 : 2;
+    auto ldm_of = [&](Thread& t) { return in.nops > 2 ? zext(value(t, in.ops[2], Ty::U32), 32) : 16; };
+    WmmaMatrix m{effective(first, at), ldm_of(first), space_of(at, in.space), in.type == Ty::F32 ? 4u : 2u};
     for (unsigned l = 1; l < 32; ++l) {
-        std::uint64_t pl = effective(*lanes[l], in.ops[1]);
-        std::uint64_t ll = in.nops > 2 ? zext(value(*lanes[l], in.ops[2], Ty::U32), 32) : 16;
-        if (pl != p || ll != ldm) {
-            char m[200];
-            std::snprintf(m, sizeof m, "lanes disagree: lane 0 passes (0x%llx, ldm %llu) and lane %u (0x%llx, ldm %llu); every lane must pass the same pointer, ldm and layout",
-                          (unsigned long long)p, (unsigned long long)ldm, l, (unsigned long long)pl, (unsigned long long)ll);
-            fail(first, CUDA_ERROR_LAUNCH_FAILED, m);
+        std::uint64_t pl = effective(*lanes[l], at), ll = ldm_of(*lanes[l]);
+        if (pl != m.p || ll != m.ldm) {
+            char msg[200];
+            std::snprintf(msg, sizeof msg, "lanes disagree: lane 0 passes (0x%llx, ldm %llu) and lane %u (0x%llx, ldm %llu); every lane must pass the same pointer, ldm and layout",
+                          (unsigned long long)m.p, (unsigned long long)m.ldm, l, (unsigned long long)pl, (unsigned long long)ll);
+            fail(first, CUDA_ERROR_LAUNCH_FAILED, msg);
         }
     }
-    Space sp = space_of(in.ops[1], in.space);
-    std::uint64_t shown = sp == Space::Shared ? p + SHARED_WINDOW : p;
+    std::uint64_t shown = m.sp == Space::Shared ? m.p + SHARED_WINDOW : m.p;
     if (shown % 32 != 0) fail(first, CUDA_ERROR_LAUNCH_FAILED, "wmma pointer is not 256-bit (32-byte) aligned");
-    if ((ldm * eb) % 16 != 0) fail(first, CUDA_ERROR_LAUNCH_FAILED, "wmma ldm is not a multiple of 16 bytes");
+    if ((m.ldm * m.eb) % 16 != 0) fail(first, CUDA_ERROR_LAUNCH_FAILED, "wmma ldm is not a multiple of 16 bytes");
+    return m;
+}
+
+// Lane l's element i of the fragment lies at this element offset of the matrix.
+inline std::uint64_t wmma_offset(const Instr& in, std::uint64_t ldm, unsigned l, unsigned i) {
+    unsigned e = l * 8 + i, row = e / 16, col = e % 16;
+    return in.wmma_a_row ? row * ldm + col : col * ldm + row;
+}
+
+void BlockRun::wmma_load(std::vector<Thread*>& lanes, const Instr& in) {
+    const WmmaMatrix m = wmma_matrix(lanes, in, in.ops[1]);
     unsigned nregs = fragment_regs(in.op, in.type);
     for (unsigned l = 0; l < 32; ++l) {
         Thread& t = *lanes[l];
-        if (t.r != lanes[l]->r) {}
         const Operand& frag = k_.code[t.pc].ops[0];
         if (frag.count != nregs) fail(t, CUDA_ERROR_LAUNCH_FAILED, "wmma fragment with an unexpected register count");
         for (unsigned i = 0; i < 8; ++i) {
-            unsigned e = l * 8 + i, row = e / 16, col = e % 16;
-            std::uint64_t off = in.wmma_a_row ? row * ldm + col : col * ldm + row;
-            const std::uint8_t* src = resolve(t, sp, p + off * eb, eb, false);
-            put_elem(t, frag, in.type, i, load_bits(src, eb));
+            const std::uint8_t* src = resolve(t, m.sp, m.p + wmma_offset(in, m.ldm, l, i) * m.eb, m.eb, false);
+            put_elem(t, frag, in.type, i, load_bits(src, m.eb));
         }
         if (nregs == 8 && in.type != Ty::F32)
             for (unsigned i = 0; i < 4; ++i) t.r[frag.vec[4 + i]] = t.r[frag.vec[i]];
@@ -1267,28 +1281,14 @@ void BlockRun::wmma_load(std::vector<Thread*>& lanes, const Instr& in) {
 }
 
 void BlockRun::wmma_store(std::vector<Thread*>& lanes, const Instr& in) {
-    Thread& first = *lanes[0];
-    std::uint64_t p = effective(first, in.ops[0]);
-    std::uint64_t ldm = in.nops > 2 ? zext(value(first, in.ops[2], Ty::U32), 32) : 16;
-    unsigned eb = in.type == Ty::F32 ? 4 : 2;
-    for (unsigned l = 1; l < 32; ++l) {
-        std::uint64_t pl = effective(*lanes[l], in.ops[0]);
-        std::uint64_t ll = in.nops > 2 ? zext(value(*lanes[l], in.ops[2], Ty::U32), 32) : 16;
-        if (pl != p || ll != ldm) fail(first, CUDA_ERROR_LAUNCH_FAILED, "lanes disagree on the wmma store's pointer or ldm");
-    }
-    Space sp = space_of(in.ops[0], in.space);
-    std::uint64_t shown = sp == Space::Shared ? p + SHARED_WINDOW : p;
-    if (shown % 32 != 0) fail(first, CUDA_ERROR_LAUNCH_FAILED, "wmma pointer is not 256-bit (32-byte) aligned");
-    if ((ldm * eb) % 16 != 0) fail(first, CUDA_ERROR_LAUNCH_FAILED, "wmma ldm is not a multiple of 16 bytes");
+    const WmmaMatrix m = wmma_matrix(lanes, in, in.ops[0]);
     for (unsigned l = 0; l < 32; ++l) {
         Thread& t = *lanes[l];
         const Operand& frag = k_.code[t.pc].ops[1];
         for (unsigned i = 0; i < 8; ++i) {
-            unsigned e = l * 8 + i, row = e / 16, col = e % 16;
-            std::uint64_t off = in.wmma_a_row ? row * ldm + col : col * ldm + row;
-            std::uint8_t* dstp = resolve(t, sp, p + off * eb, eb, true);
+            std::uint8_t* dstp = resolve(t, m.sp, m.p + wmma_offset(in, m.ldm, l, i) * m.eb, m.eb, true);
             std::uint64_t x = get_elem(t, frag, in.type, i);
-            std::memcpy(dstp, &x, eb);
+            std::memcpy(dstp, &x, m.eb);
         }
     }
 }

@@ -3,6 +3,7 @@
 // rounding of f32 results from an exact double-double value, and flushing subnormals (.ftz).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,27 +13,10 @@
 
 namespace standin::ptx {
 
-inline float f32_of(std::uint64_t bits) {
-    float f;
-    std::uint32_t b = static_cast<std::uint32_t>(bits);
-    std::memcpy(&f, &b, 4);
-    return f;
-}
-inline std::uint64_t bits_of_f32(float f) {
-    std::uint32_t b;
-    std::memcpy(&b, &f, 4);
-    return b;
-}
-inline double f64_of(std::uint64_t bits) {
-    double d;
-    std::memcpy(&d, &bits, 8);
-    return d;
-}
-inline std::uint64_t bits_of_f64(double d) {
-    std::uint64_t b;
-    std::memcpy(&b, &d, 8);
-    return b;
-}
+inline float f32_of(std::uint64_t bits) { return std::bit_cast<float>(static_cast<std::uint32_t>(bits)); }
+inline std::uint64_t bits_of_f32(float f) { return std::bit_cast<std::uint32_t>(f); }
+inline double f64_of(std::uint64_t bits) { return std::bit_cast<double>(bits); }
+inline std::uint64_t bits_of_f64(double d) { return std::bit_cast<std::uint64_t>(d); }
 
 // Subnormal f32 inputs and results become zero of the same sign under .ftz.
 inline float flush(float f) {
