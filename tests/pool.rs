@@ -17,6 +17,7 @@ fn shapes() -> Vec<Pool2dShape> {
         pool_shape(257 * 6, (24, 24), (2, 2), 2), // LeNet pool1 at batch 257
         pool_shape(5, (8, 8), (2, 2), 2),         // LeNet pool2
         pool_shape(7, (9, 9), (2, 2), 2), // nanoddp's pool2: the last row and column are in no window
+        pool_shape(3, (7, 71), (2, 2), 2), // rows of several vectors, ragged, odd on both axes
         pool_shape(2, (7, 11), (3, 3), 3), // tiling windows that leave a remainder on both axes
         pool_shape(3, (9, 11), (3, 3), 2), // overlapping windows
         pool_shape(2, (7, 7), (3, 3), 1), // every input under up to 9 windows

@@ -96,3 +96,10 @@ pub fn isa() -> Isa {
         })
     })
 }
+
+/// The lanes below `n` of a 16-lane AVX-512 vector, as a write or load mask (n ≤ 16).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn lanes(n: usize) -> std::arch::x86_64::__mmask16 {
+    debug_assert!(n <= 16);
+    ((1u32 << n) - 1) as std::arch::x86_64::__mmask16
+}

@@ -410,11 +410,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Tile, MR, NT_COLS, NT_ROWS};
-
-    /// The lanes below `n` (n ≤ 16).
-    fn lanes(n: usize) -> __mmask16 {
-        ((1u32 << n) - 1) as __mmask16
-    }
+    use crate::backend::cpu::isa::lanes;
 
     /// [`super::dot_tile`]: 20 accumulators over k in steps of 16, the tail masked.
     ///

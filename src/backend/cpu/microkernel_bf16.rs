@@ -270,11 +270,7 @@ mod avx512_bf16 {
     use std::arch::x86_64::*;
 
     use super::MR;
-
-    /// The lanes below `n` (n ≤ 16).
-    fn lanes(n: usize) -> __mmask16 {
-        ((1u32 << n) - 1) as __mmask16
-    }
+    use crate::backend::cpu::isa::lanes;
 
     /// `row[j]` = the bf16 pair (`lo[j]`, `hi[j]`), rounded to nearest even; zero past
     /// `lo.len()`, and a zero high half without `hi`.

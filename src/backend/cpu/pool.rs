@@ -6,6 +6,8 @@ use rayon::prelude::*;
 use crate::backend::shapes::Pool2dShape;
 use crate::backend::Precision;
 
+#[cfg(target_arch = "x86_64")]
+use super::isa::isa;
 use super::{widened, write_f32};
 
 /// Output rows (or columns) whose window covers input row `i`: `ceil((i-k+1)/s) ..= min(i/s, out-1)`.
@@ -219,20 +221,212 @@ fn avg_relu_backward_plane_body(s: &Pool2dShape, g: &[f32], act: &[f32], dx: &mu
 // and for AVX-512, picked at run time per plane. Element-wise arithmetic in the same order,
 // so both give the same bits.
 multiversion!(
-    /// Average-pools one f32 plane (`s.in_h x s.in_w`) into `out` (`out_h x out_w`).
-    pub(super) fn avg_plane(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) = avg_plane_body
+    /// [`avg_plane`] for any window: the loops above, compiled twice.
+    fn avg_plane_loops(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) = avg_plane_body
 );
+
+/// Whether `s` is LeNet's pool (2x2 windows, stride 2), which [`avx512`] has kernels for.
+fn is_2x2(s: &Pool2dShape) -> bool {
+    s.k_h == 2 && s.k_w == 2 && s.stride == 2
+}
+
+/// Average-pools one f32 plane (`s.in_h x s.in_w`) into `out` (`out_h x out_w`).
+pub(super) fn avg_plane(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_2x2(s) && isa().avx512 {
+        // SAFETY: AVX-512 F, VL, BW and DQ were detected (`Isa::avx512`).
+        return unsafe { avx512::avg_2x2(s, wide, out) };
+    }
+    avg_plane_loops(s, wide, out)
+}
 multiversion!(
     /// Spreads one f32 plane of output gradients `g` (`out_h x out_w`) over the input plane
     /// `wide` (`in_h x in_w`, overwritten).
     fn avg_backward_plane(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) = avg_backward_plane_body
 );
 multiversion!(
-    /// One plane of [`avg_relu_backward`]: `dx = (act > 0) ⊙ avg_backward(g)`, all f32.
-    pub(super) fn avg_relu_backward_plane(
+    /// [`avg_relu_backward_plane`] for any window: the loops above, compiled twice.
+    fn avg_relu_backward_plane_loops(
         s: &Pool2dShape,
         g: &[f32],
         act: &[f32],
         dx: &mut [f32],
     ) = avg_relu_backward_plane_body
 );
+
+/// One plane of [`avg_relu_backward`]: `dx = (act > 0) ⊙ avg_backward(g)`, all f32.
+pub(super) fn avg_relu_backward_plane(s: &Pool2dShape, g: &[f32], act: &[f32], dx: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_2x2(s) && isa().avx512 {
+        // SAFETY: AVX-512 F, VL, BW and DQ were detected (`Isa::avx512`).
+        return unsafe { avx512::avg_relu_backward_2x2(s, g, act, dx) };
+    }
+    avg_relu_backward_plane_loops(s, g, act, dx)
+}
+
+/// LeNet's pools (2x2 windows, stride 2) in AVX-512 registers. The loops above cannot be
+/// vectorized by the compiler for LeNet's planes (13 and 4 outputs per row: fewer than a
+/// vector, and the inputs interleaved by pairs), and ran one element at a time, the
+/// additions waiting on each other: 16% of a training step. Here a row's pairs are split
+/// into even and odd lanes by one permute, and the gradient is spread to pairs by another.
+/// The arithmetic is the loops', in their order, so both give the same bits (tested).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::Pool2dShape;
+    use crate::backend::cpu::isa::lanes;
+
+    /// [`super::avg_plane`] for 2x2 windows of stride 2: each output row from its two input
+    /// rows, 16 outputs per step, `((r0[2q] + r0[2q+1]) + r1[2q]) + r1[2q+1]` times 1/4.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    ///
+    /// # Panics
+    /// If `wide` or `out` is shorter than the shape's plane.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn avg_2x2(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
+        let (oh, ow) = (s.out_h(), s.out_w());
+        assert!(wide.len() >= s.in_h * s.in_w && out.len() >= oh * ow);
+        assert!(2 * oh <= s.in_h && 2 * ow <= s.in_w);
+        let inv = _mm512_set1_ps(0.25);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let (x, y) = (wide.as_ptr(), out.as_mut_ptr());
+        for p in 0..oh {
+            for q0 in (0..ow).step_by(16) {
+                let n = (ow - q0).min(16);
+                // Inputs 2·q0 .. 2·(q0 + n) of rows 2p and 2p + 1: two vectors each.
+                let (lo, hi) = (lanes((2 * n).min(16)), lanes((2 * n).saturating_sub(16)));
+                // SAFETY: the masks keep every lane inside rows 2p, 2p + 1 (2·ow ≤ in_w,
+                // 2·oh ≤ in_h, asserted) and output row p; pointers are only formed for
+                // lanes that the masks keep or that lie inside the plane.
+                unsafe {
+                    let r0 = x.add(2 * p * s.in_w + 2 * q0);
+                    let r1 = r0.add(s.in_w);
+                    let pairs = |r: *const f32| {
+                        let a = _mm512_maskz_loadu_ps(lo, r);
+                        let b = _mm512_maskz_loadu_ps(hi, r.wrapping_add(16));
+                        (
+                            _mm512_permutex2var_ps(a, even, b),
+                            _mm512_permutex2var_ps(a, odd, b),
+                        )
+                    };
+                    let ((e0, o0), (e1, o1)) = (pairs(r0), pairs(r1));
+                    let sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(e0, o0), e1), o1);
+                    _mm512_mask_storeu_ps(y.add(p * ow + q0), lanes(n), _mm512_mul_ps(sum, inv));
+                }
+            }
+        }
+    }
+
+    /// [`super::avg_relu_backward_plane`] for 2x2 windows of stride 2: input row h takes
+    /// output row h / 2's gradients, each duplicated to its pair of columns and times 1/4,
+    /// kept where `act > 0`; rows and columns in no window get zero.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    ///
+    /// # Panics
+    /// If `g`, `act` or `dx` is shorter than its plane.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn avg_relu_backward_2x2(
+        s: &Pool2dShape,
+        g: &[f32],
+        act: &[f32],
+        dx: &mut [f32],
+    ) {
+        let (oh, ow, plane) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
+        assert!(g.len() >= oh * ow && act.len() >= plane && dx.len() >= plane);
+        assert!(2 * oh <= s.in_h && 2 * ow <= s.in_w);
+        let inv = _mm512_set1_ps(0.25);
+        let spread = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        let zero = _mm512_setzero_ps();
+        let (g, a, d) = (g.as_ptr(), act.as_ptr(), dx.as_mut_ptr());
+        for h in 0..s.in_h {
+            for w0 in (0..s.in_w).step_by(16) {
+                let width = lanes((s.in_w - w0).min(16));
+                // SAFETY: lanes of `width` lie in row h of act and dx; the gradient load
+                // keeps outputs w0/2 .. of row h/2 below ow (none past the last window row).
+                unsafe {
+                    let q0 = w0 / 2;
+                    let covered = if h < 2 * oh {
+                        ow.saturating_sub(q0).min(8)
+                    } else {
+                        0
+                    };
+                    let gv = _mm512_maskz_loadu_ps(lanes(covered), g.wrapping_add(h / 2 * ow + q0));
+                    let v = _mm512_mul_ps(_mm512_permutexvar_ps(spread, gv), inv);
+                    let av = _mm512_maskz_loadu_ps(width, a.add(h * s.in_w + w0));
+                    let live = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(av, zero);
+                    let out = _mm512_maskz_mov_ps(live, v);
+                    _mm512_mask_storeu_ps(d.add(h * s.in_w + w0), width, out);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::product_check::{seeded, uniform};
+    use super::*;
+    use crate::backend::shapes::Pool2dShape;
+
+    fn shape(h: usize, w: usize) -> Pool2dShape {
+        Pool2dShape {
+            planes: 1,
+            in_h: h,
+            in_w: w,
+            k_h: 2,
+            k_w: 2,
+            stride: 2,
+        }
+    }
+
+    /// The AVX-512 kernels for 2x2 windows give the loops' bits on every plane from 2 x 2 to
+    /// 9 x 70 (LeNet's 26 x 26 and 9 x 9 among them; odd sizes leave a row and a column in
+    /// no window; rows of up to five vectors with ragged ends), on random values with
+    /// zeros, negative zeros and NaN among the activations and gradients; the outputs are
+    /// poisoned first and the slices end where the plane does.
+    #[test]
+    fn the_avx512_2x2_pools_give_the_loops_bits() {
+        if !isa().avx512 {
+            println!("this CPU has no AVX-512: only the loops run here");
+            return;
+        }
+        let mut rng = seeded(5);
+        let mut planes = 0;
+        for h in 2..=9 {
+            for w in (2..=40).chain([64, 65, 70]) {
+                let s = shape(h, w);
+                let (oh, ow) = (s.out_h(), s.out_w());
+                let mut x = uniform(&mut rng, h * w);
+                let mut g = uniform(&mut rng, oh * ow);
+                let mut act = uniform(&mut rng, h * w);
+                for (i, v) in act.iter_mut().enumerate().step_by(5) {
+                    *v = [0.0, -0.0, f32::NAN][i % 3];
+                }
+                x[0] = f32::NAN;
+                g[(oh * ow) / 2] = f32::NAN;
+                g[0] = -0.0;
+
+                let (mut want, mut got) = (vec![f32::NAN; oh * ow], vec![-1.0; oh * ow]);
+                avg_plane_loops(&s, &x, &mut want);
+                // SAFETY: AVX-512 was detected above.
+                unsafe { avx512::avg_2x2(&s, &x, &mut got) };
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "forward, {h} x {w}");
+
+                let (mut want, mut got) = (vec![f32::NAN; h * w], vec![-1.0; h * w]);
+                avg_relu_backward_plane_loops(&s, &g, &act, &mut want);
+                // SAFETY: as above.
+                unsafe { avx512::avg_relu_backward_2x2(&s, &g, &act, &mut got) };
+                assert_eq!(bits(&got), bits(&want), "ReLU backward, {h} x {w}");
+                planes += 1;
+            }
+        }
+        assert_eq!(planes, 8 * 42);
+    }
+}
