@@ -227,17 +227,26 @@ fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
     }
 }
 
-/// Adds the taps in `dcol` (rows of stride `ld`, this image's columns from `off`) back onto
-/// the image gradient `acc` (C x H x W): the transpose of [`im2col`].
+/// Writes the image gradient `acc` (C x H x W) from the taps in `dcol` (rows of stride `ld`,
+/// this image's columns from `off`): each element the sum of the taps that read it (zero
+/// where none does), the transpose of [`im2col`].
 fn col2im(s: &Conv2dShape, dcol: &[f32], ld: usize, off: usize, acc: &mut [f32]) {
     let (p_n, q_n) = (s.out_h(), s.out_w());
+    // Stride 1, no padding: each plane's rows are all written by `add_windows` (the last
+    // window ends at the last row), so nothing is cleared first.
+    let windows_cover =
+        s.stride == 1 && s.pad == 0 && p_n > 0 && q_n > 0 && p_n + s.k_h - 1 == s.in_h;
+    if !windows_cover {
+        acc.fill(0.0);
+    }
     let mut row = 0;
     for c in 0..s.in_c {
         let plane = &mut acc[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
         if s.stride == 1 && s.pad == 0 {
             // The channel's taps summed into each image row at once.
             let src = &dcol[row * ld + off..];
-            add_windows(plane, s.in_w, src, ld, (s.k_h, s.k_w), (p_n, q_n));
+            let taps = (s.k_h, s.k_w);
+            add_windows(plane, s.in_w, src, ld, taps, (p_n, q_n), windows_cover);
             row += s.k_h * s.k_w;
             continue;
         }
@@ -508,10 +517,7 @@ fn input_grad_group<T: Precision>(
         }
     }
     for (m, dx_n) in dx_group.chunks_mut(image_in).enumerate() {
-        write_f32(dx_n, scratch, |acc| {
-            acc.fill(0.0);
-            col2im(s, dcol, npq, m * pq, acc);
-        });
+        write_f32(dx_n, scratch, |acc| col2im(s, dcol, npq, m * pq, acc));
     }
 }
 

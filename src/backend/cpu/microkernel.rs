@@ -329,6 +329,10 @@ pub(super) fn gather_windows(
 /// store each image row k_h times, and a tap at a time k_h·k_w times, every reload
 /// overlapping the store just before it at another offset.
 ///
+/// With `overwrite`, the rows `0..p_n + k_h - 1` start from zero instead of the plane's
+/// values: col2im then writes a whole plane without clearing it first (a pass over memory
+/// that is not in cache yet).
+///
 /// # Panics
 /// If `in_w < q_n + k_w - 1` or a row lies outside its slice.
 pub(super) fn add_windows(
@@ -338,6 +342,7 @@ pub(super) fn add_windows(
     ld: usize,
     (k_h, k_w): (usize, usize),
     (p_n, q_n): (usize, usize),
+    overwrite: bool,
 ) {
     if k_h == 0 || k_w == 0 || q_n == 0 || p_n == 0 {
         return;
@@ -354,7 +359,12 @@ pub(super) fn add_windows(
     #[cfg(target_arch = "x86_64")]
     if isa().avx512 {
         // SAFETY: AVX-512F was detected; bounds asserted above.
-        return unsafe { avx512::add_windows(plane, in_w, src, ld, (k_h, k_w), (p_n, q_n)) };
+        return unsafe {
+            avx512::add_windows(plane, in_w, src, ld, (k_h, k_w), (p_n, q_n), overwrite)
+        };
+    }
+    if overwrite {
+        plane[..(p_n + k_h - 1) * in_w].fill(0.0);
     }
     for i in 0..k_h {
         for p in 0..p_n {
@@ -516,6 +526,7 @@ mod avx512 {
         ld: usize,
         (k_h, k_w): (usize, usize),
         (p_n, q_n): (usize, usize),
+        overwrite: bool,
     ) {
         let (d, s) = (plane.as_mut_ptr(), src.as_ptr());
         for h in 0..p_n + k_h - 1 {
@@ -529,7 +540,11 @@ mod avx512 {
                 // formed, never read outside the slice.
                 unsafe {
                     let at = d.add(h * in_w + w0);
-                    let mut acc = _mm512_maskz_loadu_ps(width, at);
+                    let mut acc = if overwrite {
+                        _mm512_setzero_ps()
+                    } else {
+                        _mm512_maskz_loadu_ps(width, at)
+                    };
                     for i in i0..=i1 {
                         let p = h - i;
                         for j in 0..k_w {
@@ -722,12 +737,33 @@ mod tests {
                 }
             }
             let mut got = start.clone();
-            add_windows(&mut got, in_w, &src, ld, (k_h, k_w), (p_n, q_n));
+            add_windows(&mut got, in_w, &src, ld, (k_h, k_w), (p_n, q_n), false);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&got),
                 bits(&want),
                 "{k_h}x{k_w} taps, {p_n}x{q_n} pixels"
+            );
+            // Overwriting: the same sums from zero on the rows the windows cover (whatever
+            // they held: NaN here), the elements past them untouched.
+            let mut want = start.clone();
+            want[..rows * in_w].fill(0.0);
+            for i in 0..k_h {
+                for p in 0..p_n {
+                    for j in 0..k_w {
+                        for q in 0..q_n {
+                            want[(p + i) * in_w + q + j] += src[(i * k_w + j) * ld + p * q_n + q];
+                        }
+                    }
+                }
+            }
+            let mut got = start.clone();
+            got[..rows * in_w].fill(f32::NAN);
+            add_windows(&mut got, in_w, &src, ld, (k_h, k_w), (p_n, q_n), true);
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{k_h}x{k_w} taps, {p_n}x{q_n} pixels, overwriting"
             );
         }
     }

@@ -290,9 +290,6 @@ mod avx512 {
         let (oh, ow) = (s.out_h(), s.out_w());
         assert!(wide.len() >= s.in_h * s.in_w && out.len() >= oh * ow);
         assert!(2 * oh <= s.in_h && 2 * ow <= s.in_w);
-        let inv = _mm512_set1_ps(0.25);
-        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
         let (x, y) = (wide.as_ptr(), out.as_mut_ptr());
         for p in 0..oh {
             for q0 in (0..ow).step_by(16) {
@@ -305,20 +302,33 @@ mod avx512 {
                 unsafe {
                     let r0 = x.add(2 * p * s.in_w + 2 * q0);
                     let r1 = r0.add(s.in_w);
-                    let pairs = |r: *const f32| {
+                    let load = |r: *const f32| {
                         let a = _mm512_maskz_loadu_ps(lo, r);
-                        let b = _mm512_maskz_loadu_ps(hi, r.wrapping_add(16));
-                        (
-                            _mm512_permutex2var_ps(a, even, b),
-                            _mm512_permutex2var_ps(a, odd, b),
-                        )
+                        (a, _mm512_maskz_loadu_ps(hi, r.wrapping_add(16)))
                     };
-                    let ((e0, o0), (e1, o1)) = (pairs(r0), pairs(r1));
-                    let sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(e0, o0), e1), o1);
-                    _mm512_mask_storeu_ps(y.add(p * ow + q0), lanes(n), _mm512_mul_ps(sum, inv));
+                    let avg = windows_2x2(load(r0), load(r1));
+                    _mm512_mask_storeu_ps(y.add(p * ow + q0), lanes(n), avg);
                 }
             }
         }
+    }
+
+    /// The averages of 16 windows of 2x2 from two rows of 32 values each (two vectors per
+    /// row): `((r0[2q] + r0[2q+1]) + r1[2q]) + r1[2q+1]` times 1/4, the loops' order.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn windows_2x2(r0: (__m512, __m512), r1: (__m512, __m512)) -> __m512 {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let split = |(a, b): (__m512, __m512)| {
+            (
+                _mm512_permutex2var_ps(a, even, b),
+                _mm512_permutex2var_ps(a, odd, b),
+            )
+        };
+        let ((e0, o0), (e1, o1)) = (split(r0), split(r1));
+        let sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(e0, o0), e1), o1);
+        _mm512_mul_ps(sum, _mm512_set1_ps(0.25))
     }
 
     /// [`super::avg_relu_backward_plane`] for 2x2 windows of stride 2: input row h takes
