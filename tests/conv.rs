@@ -329,3 +329,21 @@ per_backend!(
     fused_f16,
     fused_bf16
 );
+
+/// The bf16 convolutions through AVX512-BF16's `vdpbf16ps` pass the same checks on every CPU
+/// that has it, also where training widens bf16 instead (Intel's cores, on which
+/// `vdpbf16ps` is slower: see `Isa::bf16_products`), by running this binary's bf16 CPU
+/// tests again with `NANODDP_CPU_ISA=avx512bf16`.
+#[test]
+fn the_avx512_bf16_convolutions_are_checked_wherever_the_cpu_has_them() {
+    let isa = nanoddp::backend::cpu::isa::isa();
+    if !isa.avx512_bf16 {
+        println!("this CPU has no AVX512-BF16: its bf16 convolutions are widened to f32");
+        return;
+    }
+    if isa.bf16_products {
+        println!("conv_bf16::cpu and fused_bf16::cpu ran them in this process");
+        return;
+    }
+    common::rerun_with_cpu_isa(&["conv_bf16::cpu", "fused_bf16::cpu"], "avx512bf16");
+}

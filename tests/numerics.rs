@@ -11,7 +11,6 @@ mod common;
 
 use common::lenet64::{self, relative_error, widen};
 use common::{per_backend, rng};
-use nanoddp::backend::cpu::isa::ISA_ENV;
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::{Backend, Conv2dShape, Epilogue, GemmShape};
 use nanoddp::comm::communicator::CommConfig;
@@ -324,28 +323,7 @@ fn the_portable_cpu_path_is_as_accurate() {
         "long_reductions::cpu",
         "twelve_sgd_steps_stay_on_the_float64_trajectory",
     ];
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args(tests)
-        .args(["--exact", "--nocapture", "--test-threads", "1"])
-        .env(ISA_ENV, "portable")
-        .output()
-        .expect("the test binary runs again");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success(),
-        "on the portable path:\n{stdout}\n{stderr}"
-    );
-    // Every test named ran: a filter that matched nothing would pass silently.
-    let summary = format!("test result: ok. {} passed", tests.len());
-    assert!(
-        stdout.contains(&summary),
-        "on the portable path, expected \"{summary}\":\n{stdout}"
-    );
-    println!("{stdout}");
+    common::rerun_with_cpu_isa(&tests, "portable");
 }
 
 /// Twelve plain SGD steps (lr 0.1, He-scaled weights, file order, batch 250: the shipped

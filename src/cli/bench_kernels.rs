@@ -203,7 +203,7 @@ pub fn run(
     )?;
     if precision == DType::BF16
         && target == BackendArg::Cpu
-        && nanoddp::backend::cpu::isa::isa().avx512_bf16
+        && nanoddp::backend::cpu::isa::isa().bf16_products
     {
         // vdpbf16ps: two products per f32 lane and instruction.
         writeln!(out, "(bf16 on AVX512-BF16: \"of peak\" is against the f32 FMA peak, which vdpbf16ps can double)")?;

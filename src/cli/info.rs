@@ -168,7 +168,7 @@ fn cpu(out: &mut impl Write) -> io::Result<()> {
     let isa = nanoddp::backend::cpu::isa::isa();
     writeln!(
         out,
-        "  CPU backend computes with: {} ({} chooses: portable, avx512 or native)",
+        "  CPU backend computes with: {} ({} chooses: portable, avx512, avx512bf16 or native)",
         isa.describe(),
         nanoddp::backend::cpu::isa::ISA_ENV
     )

@@ -366,3 +366,30 @@ pub fn launch_bounds_are_enforced<D: nanoddp::backend::KernelDevice>(dev: &D) {
     unsafe { bounded_iota(dev, blocks(4, 64), &mut out, 256) }.expect("within the bounds");
     assert_eq!(dev.download(&out).unwrap(), (0..256).collect::<Vec<u32>>());
 }
+
+/// Runs the named tests of this test binary again in a child process with
+/// `NANODDP_CPU_ISA=isa`, requiring every one of them to pass (a filter that matched nothing
+/// would pass silently, so the count is checked). Prints the child's output.
+pub fn rerun_with_cpu_isa(tests: &[&str], isa: &str) {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(tests)
+        .args(["--exact", "--nocapture", "--test-threads", "1"])
+        .env(nanoddp::backend::cpu::isa::ISA_ENV, isa)
+        .output()
+        .expect("the test binary runs again");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "with NANODDP_CPU_ISA={isa}:\n{stdout}\n{stderr}"
+    );
+    let summary = format!("test result: ok. {} passed", tests.len());
+    assert!(
+        stdout.contains(&summary),
+        "with NANODDP_CPU_ISA={isa}, expected \"{summary}\":\n{stdout}"
+    );
+    println!("{stdout}");
+}

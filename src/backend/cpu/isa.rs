@@ -6,8 +6,10 @@
 //! `NANODDP_CPU_ISA=portable` to force it (the tests do, to check both paths on any machine;
 //! so can anyone comparing the two). Likewise `NANODDP_CPU_ISA=avx512` keeps AVX-512 but not
 //! its BF16 extension, the bf16 path of AVX-512 CPUs without it (Zen 3's successors have it;
-//! Skylake and Ice Lake servers do not). `NANODDP_CPU_ISA=native` (or unset) uses what the
-//! CPU has.
+//! Skylake and Ice Lake servers do not), and `NANODDP_CPU_ISA=avx512bf16` takes the bf16
+//! products through AVX512-BF16 wherever the CPU has it, also where [`Isa::bf16_products`]
+//! would not (Intel's cores: see there). `NANODDP_CPU_ISA=native` (or unset) uses what the
+//! CPU has, as this module judges best.
 
 use std::sync::OnceLock;
 
@@ -21,10 +23,18 @@ pub struct Isa {
     pub avx512: bool,
     /// FMA (with AVX2's 256-bit registers): the optimizer step.
     pub fma: bool,
-    /// AVX512-BF16 (`vdpbf16ps`, with the AVX-512 set above): the bf16 products, the
-    /// convolutions' from 64 taps on (forward, input and filter gradients) and the linear
-    /// layers' (Zen 4, Sapphire Rapids and later).
+    /// AVX512-BF16 (`vdpbf16ps`, with the AVX-512 set above) is there to run (Zen 4,
+    /// Sapphire Rapids and later): its kernels' tests run where this is set.
     pub avx512_bf16: bool,
+    /// The bf16 products (the convolutions' from 64 taps on: forward, input and filter
+    /// gradients; the linear layers') take `vdpbf16ps`, two products per f32 lane and
+    /// instruction; else bf16 is widened and takes the f32 tiles. Set on AVX512-BF16 CPUs
+    /// from AMD (Zen 4: the bf16 step ran 1.3x the fp32 one) but not on Intel's, whose
+    /// `vdpbf16ps` gives fewer products per cycle than two f32 FMAs: on a Sapphire Rapids
+    /// the bf16 training step ran at 8,315 images/s through it and 12,076 widened (chapter
+    /// recipe, 2 threads). A fixed rule, not a timing taken at start-up, so the same machine
+    /// always computes the same bits.
+    pub bf16_products: bool,
 }
 
 impl Isa {
@@ -33,6 +43,7 @@ impl Isa {
         avx512: false,
         fma: false,
         avx512_bf16: false,
+        bf16_products: false,
     };
 
     /// What this CPU offers.
@@ -42,10 +53,12 @@ impl Isa {
             use std::arch::is_x86_feature_detected as has;
             let avx512 =
                 has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq");
+            let avx512_bf16 = avx512 && has!("avx512bf16");
             Isa {
                 avx512,
                 fma: has!("fma") && has!("avx2"),
-                avx512_bf16: avx512 && has!("avx512bf16"),
+                avx512_bf16,
+                bf16_products: avx512_bf16 && !is_intel(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -57,7 +70,10 @@ impl Isa {
     /// The paths in use, as `nanoddp info` names them.
     pub fn describe(&self) -> &'static str {
         match (self.avx512, self.fma) {
-            (true, _) if self.avx512_bf16 => "AVX-512 (F, VL, BW, DQ), AVX512-BF16 for bf16",
+            (true, _) if self.bf16_products => "AVX-512 (F, VL, BW, DQ), AVX512-BF16 for bf16",
+            (true, _) if self.avx512_bf16 => {
+                "AVX-512 (F, VL, BW, DQ), bf16 widened to f32 (AVX512-BF16 is slower on this CPU)"
+            }
             (true, _) => "AVX-512 (F, VL, BW, DQ)",
             (false, true) => "portable, FMA for the optimizer",
             (false, false) => "portable",
@@ -72,14 +88,22 @@ pub fn requested() -> Result<Isa, String> {
         Ok("portable") => Ok(Isa::PORTABLE),
         Ok("avx512") => Ok(Isa {
             avx512_bf16: false,
+            bf16_products: false,
             ..Isa::detect()
         }),
+        Ok("avx512bf16") => {
+            let isa = Isa::detect();
+            Ok(Isa {
+                bf16_products: isa.avx512_bf16,
+                ..isa
+            })
+        }
         Ok("native") | Ok("") | Err(std::env::VarError::NotPresent) => Ok(Isa::detect()),
         Ok(other) => Err(format!(
-            "{ISA_ENV}={other}: expected `portable`, `avx512` or `native`"
+            "{ISA_ENV}={other}: expected `portable`, `avx512`, `avx512bf16` or `native`"
         )),
         Err(std::env::VarError::NotUnicode(v)) => Err(format!(
-            "{ISA_ENV}={v:?}: expected `portable`, `avx512` or `native`"
+            "{ISA_ENV}={v:?}: expected `portable`, `avx512`, `avx512bf16` or `native`"
         )),
     }
 }
@@ -95,6 +119,14 @@ pub fn isa() -> Isa {
             Isa::detect()
         })
     })
+}
+
+/// Whether the CPU is Intel's (CPUID leaf 0's vendor string "GenuineIntel").
+#[cfg(target_arch = "x86_64")]
+fn is_intel() -> bool {
+    let id = std::arch::x86_64::__cpuid(0);
+    // The vendor string is EBX, EDX, ECX: "Genu", "ineI", "ntel" as little-endian words.
+    (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
 }
 
 /// The lanes below `n` of a 16-lane AVX-512 vector, as a write or load mask (n ≤ 16).

@@ -66,11 +66,12 @@ use super::precision::Precision;
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 use crate::dtype::DType;
 
-/// T's values as bf16 bit patterns, when T is bf16 and this CPU has AVX512-BF16: the
-/// operands of the `vdpbf16ps` products (`window_gemm_bf16`, `microkernel_bf16`). None
-/// sends bf16 through the f32 tiles (widened).
+/// T's values as bf16 bit patterns, when T is bf16 and this CPU takes the bf16 products
+/// through AVX512-BF16 ([`isa::Isa::bf16_products`]): the operands of the `vdpbf16ps`
+/// products (`window_gemm_bf16`, `microkernel_bf16`). None sends bf16 through the f32 tiles
+/// (widened).
 fn bf16_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
-    (T::DTYPE == DType::BF16 && window_gemm_bf16::available()).then(|| bytemuck::cast_slice(v))
+    (T::DTYPE == DType::BF16 && isa::isa().bf16_products).then(|| bytemuck::cast_slice(v))
 }
 
 /// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`.
