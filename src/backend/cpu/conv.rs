@@ -9,7 +9,9 @@
 //! sums images in fixed chunks and then the chunks as a binary tree (`summation`), so the
 //! result does not depend on the thread count and its rounding error grows like log(batch).
 //!
-//! bf16 operands on a CPU with AVX512-BF16 take all three products through `vdpbf16ps`
+//! bf16 operands on a CPU with AMX take the same three products on AMX tiles
+//! ([`window_gemm_amx`], [`gemm_amx`]), with the same pairs as `vdpbf16ps` below.
+//! bf16 operands on an AMD CPU with AVX512-BF16 take all three products through `vdpbf16ps`
 //! (two bf16 products per f32 lane and instruction): the forward and filter-gradient window
 //! products through [`window_gemm_bf16`], by pairs of adjacent taps or pixels of the images,
 //! and the input gradient's through [`gemm_bf16`], by pairs of output channels. Elsewhere
@@ -26,8 +28,9 @@ use super::microkernel_bf16::{gemm_bf16, PairPanels, PairRows};
 use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::summation::{pairwise_sum, Cascade};
 use super::window_gemm::{window_gemm, PackedW, Windows};
+use super::window_gemm_amx::{gemm_amx, window_gemm_amx, PairRowsA};
 use super::window_gemm_bf16::{pairs, window_gemm_bf16, PackedPairs, PairImage, PairWindows};
-use super::{bf16_bits, widened, write_f32};
+use super::{amx_bits, bf16_bits, widened, write_f32};
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
@@ -360,18 +363,25 @@ pub(super) fn forward<T: Precision>(
     let (mut w_window, mut w_packed) = (PackedW::default(), PackedA::default());
     // bf16 on AVX512-BF16: the window product on the bf16 values themselves, by pairs of taps.
     let bf16 = offsets.as_ref().zip(bf16_bits(x)).zip(bf16_bits(w));
-    let mut w_pairs = PackedPairs::default();
-    let tap_pairs = match bf16 {
-        Some(((o, _), w_bits)) => {
+    // bf16 on AMX: the same pairs of taps, the filter packed as rows of pairs.
+    let amx = offsets.as_ref().zip(amx_bits(x)).zip(amx_bits(w));
+    let (mut w_pairs, mut w_amx) = (PackedPairs::default(), PairRowsA::default());
+    let tap_pairs = match (bf16, amx) {
+        (Some(((o, _), w_bits)), _) => {
             let grouped = pairs(&o.taps);
             w_pairs.pack_transposed(w_bits, s.out_c, k, &grouped);
             grouped
         }
-        None if offsets.is_some() => {
+        (None, Some(((o, _), w_bits))) => {
+            let grouped = pairs(&o.taps);
+            w_amx.pack(w_bits, s.out_c, k, &grouped);
+            grouped
+        }
+        (None, None) if offsets.is_some() => {
             w_window.pack_transposed(&widen(w), s.out_c, k, k);
             Vec::new()
         }
-        None => {
+        (None, None) => {
             w_packed.pack(&widen(w), s.out_c, k, k, 1);
             Vec::new()
         }
@@ -405,7 +415,15 @@ pub(super) fn forward<T: Precision>(
              (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let npq = imgs * pq;
-                if let Some(((o, x_bits), _)) = bf16 {
+                if let Some(((o, x_bits), _)) = amx {
+                    let col = PairWindows {
+                        src: image_pairs.build(group_bits(s, x_bits, (g * GROUP, imgs), bits)),
+                        rows: &o.pixels[..npq],
+                        pairs: &tap_pairs,
+                        block: FORWARD_BLOCK / 2,
+                    };
+                    window_gemm_amx(&col, &w_amx, out, npq, false);
+                } else if let Some(((o, x_bits), _)) = bf16 {
                     let col = PairWindows {
                         src: image_pairs.build(group_bits(s, x_bits, (g * GROUP, imgs), bits)),
                         rows: &o.pixels[..npq],
@@ -478,6 +496,9 @@ enum FilterT {
     /// rounded to bf16 (it is bf16 already, or formed from bf16 values as `backward_filter`
     /// describes) and packed alike.
     Bf16(PairPanels),
+    /// bf16 on AMX: rows of taps by pairs of output channels for [`gemm_amx`], dy rounded
+    /// and packed as for `Bf16`.
+    Amx(PairRowsA),
 }
 
 impl FilterT {
@@ -485,6 +506,18 @@ impl FilterT {
         let k = s.in_c * s.k_h * s.k_w;
         // Packing dy is one pass per group, paid back over the taps: conv2's 500 (input
         // gradient 6.4 -> 4.6 ms per batch of 256), not conv1's 9 (0.73 -> 2.1 ms).
+        if let Some(bits) = amx_bits(w).filter(|_| k >= WINDOW_TAPS) {
+            let (o_n, mut packed) = (s.out_c, PairRowsA::default());
+            packed.pack_with(k, o_n.div_ceil(2), |tap, p| {
+                let hi = if 2 * p + 1 < o_n {
+                    bits[(2 * p + 1) * k + tap]
+                } else {
+                    0
+                };
+                u32::from(bits[2 * p * k + tap]) | u32::from(hi) << 16
+            });
+            return FilterT::Amx(packed);
+        }
         if let Some(bits) = bf16_bits(w).filter(|_| k >= WINDOW_TAPS) {
             let mut packed = PairPanels::default();
             packed.pack(k, s.out_c, |tap, o| bits[o * k + tap]);
@@ -514,6 +547,10 @@ fn input_grad_group<T: Precision>(
         FilterT::Bf16(w_t) => {
             dy_pairs.pack_f32(dyg, s.out_c, npq, npq);
             gemm_bf16(w_t, dy_pairs, dcol, npq, false);
+        }
+        FilterT::Amx(w_t) => {
+            dy_pairs.pack_f32(dyg, s.out_c, npq, npq);
+            gemm_amx(w_t, dy_pairs, dcol, npq, false);
         }
     }
     for (m, dx_n) in dx_group.chunks_mut(image_in).enumerate() {
@@ -557,6 +594,8 @@ pub(super) fn backward_filter<T: Precision>(
     // gradient (a multiply by 1/4 under LeNet's 2x2 pool: exact); any other pool's rounding is
     // the one the unfused ops make when they store the convolution's output gradient.
     let bf16 = offsets.as_ref().zip(bf16_bits(x));
+    // bf16 on AMX: the same pairs of pixels, dy packed as rows of pairs.
+    let amx = offsets.as_ref().zip(amx_bits(x));
     let chunks: Vec<(Vec<f32>, Vec<f32>)> = dx_chunks
         .into_par_iter()
         .enumerate()
@@ -575,7 +614,7 @@ pub(super) fn backward_filter<T: Precision>(
                         Vec::new(),
                         PairImage::default(),
                     ),
-                    PairRows::default(),
+                    (PairRows::default(), PairRowsA::default()),
                 )
             },
             |(
@@ -585,7 +624,7 @@ pub(super) fn backward_filter<T: Precision>(
                 dcol,
                 tmp,
                 (dy_bits, dy_pairs, bits, image_pairs),
-                dy_rows,
+                (dy_rows, dy_amx),
             ),
              (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
@@ -596,7 +635,19 @@ pub(super) fn backward_filter<T: Precision>(
                     let imgs = GROUP.min(end - first);
                     let npq = imgs * pq;
                     gather_dy(&dy, (first, imgs), (s.out_c, pq), dyg, tmp);
-                    if let Some((o, x_bits)) = bf16 {
+                    if let Some((o, x_bits)) = amx {
+                        let pixel_pairs = pairs(&o.pixels[..npq]);
+                        dy_bits.resize(s.out_c * npq, 0);
+                        narrow_bf16(&dyg[..s.out_c * npq], bytemuck::cast_slice_mut(dy_bits));
+                        dy_amx.pack(dy_bits, s.out_c, npq, &pixel_pairs);
+                        let col_t = PairWindows {
+                            src: image_pairs.build(group_bits(s, x_bits, (first, imgs), bits)),
+                            rows: &o.taps,
+                            pairs: &pixel_pairs,
+                            block: pixel_pairs.len(),
+                        };
+                        window_gemm_amx(&col_t, dy_amx, &mut partial, k, nth > 0);
+                    } else if let Some((o, x_bits)) = bf16 {
                         let pixel_pairs = pairs(&o.pixels[..npq]);
                         dy_bits.resize(s.out_c * npq, 0);
                         narrow_bf16(&dyg[..s.out_c * npq], bytemuck::cast_slice_mut(dy_bits));

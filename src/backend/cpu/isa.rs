@@ -8,7 +8,7 @@
 //! its BF16 extension, the bf16 path of AVX-512 CPUs without it (Zen 3's successors have it;
 //! Skylake and Ice Lake servers do not), and `NANODDP_CPU_ISA=avx512bf16` takes the bf16
 //! products through AVX512-BF16 wherever the CPU has it, also where [`Isa::bf16_products`]
-//! would not (Intel's cores: see there). `NANODDP_CPU_ISA=native` (or unset) uses what the
+//! would not (Intel's cores: see there), and not through AMX ([`Isa::amx`]). `NANODDP_CPU_ISA=native` (or unset) uses what the
 //! CPU has, as this module judges best.
 
 use std::sync::OnceLock;
@@ -35,6 +35,11 @@ pub struct Isa {
     /// recipe, 2 threads). A fixed rule, not a timing taken at start-up, so the same machine
     /// always computes the same bits.
     pub bf16_products: bool,
+    /// AMX-BF16 tiles (`tdpbf16ps`, with AVX-512 and AVX512-BF16 for packing their
+    /// operands), enabled for this process: the bf16 convolutions' products from 64 taps,
+    /// forward, input and filter gradients (`window_gemm_amx`; Sapphire Rapids and later
+    /// Xeons). Where set, `bf16_products` is not: the linear layers widen bf16.
+    pub amx: bool,
 }
 
 impl Isa {
@@ -44,6 +49,7 @@ impl Isa {
         fma: false,
         avx512_bf16: false,
         bf16_products: false,
+        amx: false,
     };
 
     /// What this CPU offers.
@@ -54,11 +60,18 @@ impl Isa {
             let avx512 =
                 has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq");
             let avx512_bf16 = avx512 && has!("avx512bf16");
+            // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE; then Linux's permission.
+            let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+            let amx = avx512_bf16
+                && leaf7.edx >> 22 & 1 == 1
+                && leaf7.edx >> 24 & 1 == 1
+                && super::window_gemm_amx::enable();
             Isa {
                 avx512,
                 fma: has!("fma") && has!("avx2"),
                 avx512_bf16,
-                bf16_products: avx512_bf16 && !is_intel(),
+                bf16_products: avx512_bf16 && !is_intel() && !amx,
+                amx,
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -70,6 +83,9 @@ impl Isa {
     /// The paths in use, as `nanoddp info` names them.
     pub fn describe(&self) -> &'static str {
         match (self.avx512, self.fma) {
+            (true, _) if self.amx => {
+                "AVX-512 (F, VL, BW, DQ), AMX-BF16 tiles for bf16 convolutions (bf16 linear layers widened to f32)"
+            }
             (true, _) if self.bf16_products => "AVX-512 (F, VL, BW, DQ), AVX512-BF16 for bf16",
             (true, _) if self.avx512_bf16 => {
                 "AVX-512 (F, VL, BW, DQ), bf16 widened to f32 (AVX512-BF16 is slower on this CPU)"
@@ -89,12 +105,14 @@ pub fn requested() -> Result<Isa, String> {
         Ok("avx512") => Ok(Isa {
             avx512_bf16: false,
             bf16_products: false,
+            amx: false,
             ..Isa::detect()
         }),
         Ok("avx512bf16") => {
             let isa = Isa::detect();
             Ok(Isa {
                 bf16_products: isa.avx512_bf16,
+                amx: false,
                 ..isa
             })
         }

@@ -182,6 +182,12 @@ impl PairRows {
         self.interleave(src, depth, cols, ld, avx512_bf16::pair_row);
     }
 
+    /// The packed words, the words per row, the rows (pairs of k) and the columns: what
+    /// `window_gemm_amx::gemm_amx` reads as its B.
+    pub(super) fn words(&self) -> (&[u32], usize, usize, usize) {
+        (&self.data, self.ld, self.pairs, self.cols)
+    }
+
     /// Sizes the buffer for `depth x cols` (zeroed) and records the shape.
     fn reset(&mut self, depth: usize, cols: usize) {
         self.cols = cols;

@@ -51,6 +51,7 @@ mod pool;
 mod product_check;
 mod summation;
 mod window_gemm;
+mod window_gemm_amx;
 mod window_gemm_bf16;
 
 use rayon::prelude::*;
@@ -72,6 +73,13 @@ use crate::dtype::DType;
 /// (widened).
 fn bf16_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
     (T::DTYPE == DType::BF16 && isa::isa().bf16_products).then(|| bytemuck::cast_slice(v))
+}
+
+/// T's values as bf16 bit patterns, when T is bf16 and this process computes on AMX tiles
+/// ([`isa::Isa::amx`]): the operands of the convolutions' window products
+/// (`window_gemm_amx`).
+fn amx_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
+    (T::DTYPE == DType::BF16 && isa::isa().amx).then(|| bytemuck::cast_slice(v))
 }
 
 /// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`.
