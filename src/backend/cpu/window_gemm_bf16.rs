@@ -62,14 +62,20 @@ pub(super) struct PairImage {
 }
 
 impl PairImage {
-    /// Builds the pairs of `x` (bf16 bit patterns).
+    /// Builds the pairs of `x` (bf16 bit patterns), sixteen per step with AVX-512.
     pub(super) fn build(&mut self, x: &[u16]) -> &[u32] {
         self.data.clear();
-        self.data.extend(
-            x.iter()
-                .zip(x.iter().skip(1).chain(std::iter::once(&0)))
-                .map(|(lo, hi)| u32::from(*lo) | u32::from(*hi) << 16),
-        );
+        self.data.resize(x.len(), 0);
+        #[cfg(target_arch = "x86_64")]
+        if isa().avx512 {
+            // SAFETY: AVX-512 F and BW were detected; data holds x.len() words.
+            unsafe { avx512_bf16::pair_image(x, &mut self.data) };
+            return &self.data;
+        }
+        for (i, w) in self.data.iter_mut().enumerate() {
+            let hi = x.get(i + 1).copied().unwrap_or(0);
+            *w = u32::from(x[i]) | u32::from(hi) << 16;
+        }
         &self.data
     }
 }
@@ -214,6 +220,31 @@ mod avx512_bf16 {
 
     use super::super::window_gemm::avx512::add_into;
     use super::{Pair, CHUNK};
+    use crate::backend::cpu::isa::lanes;
+
+    /// [`super::PairImage::build`]: word i is `x[i] | x[i + 1] << 16` (zero past the end).
+    ///
+    /// # Safety
+    /// AVX-512 F and BW; `out` as long as `x`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn pair_image(x: &[u16], out: &mut [u32]) {
+        assert_eq!(x.len(), out.len());
+        let n = x.len();
+        for i in (0..n).step_by(16) {
+            let (here, next) = (lanes((n - i).min(16)), lanes((n - i - 1).min(16)));
+            // SAFETY: the masks keep lanes below n for both loads and the store.
+            unsafe {
+                let lo =
+                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(here, x.as_ptr().add(i).cast()));
+                let hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                    next,
+                    x.as_ptr().add(i + 1).cast(),
+                ));
+                let words = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
+                _mm512_mask_storeu_epi32(out.as_mut_ptr().add(i).cast(), here, words);
+            }
+        }
+    }
 
     /// `out[i][o] = Σ_p` the bf16 pair dot product of `w[p·64 + o]` and
     /// `src[bases[i] + pairs[p].offset]` (its high half zeroed for a single), for o < 16·V,
@@ -286,6 +317,21 @@ mod tests {
 
     use super::super::product_check::{poisoned, seeded};
     use super::*;
+
+    /// The pair image's word i is `x[i]` low and `x[i + 1]` high (zero past the end), for
+    /// every length from 0 to 40 (ragged vectors) on random bit patterns.
+    #[test]
+    fn the_pair_image_pairs_each_element_with_the_next() {
+        let mut rng = seeded(3);
+        let mut image = PairImage::default();
+        for n in 0..=40 {
+            let x: Vec<u16> = (0..n).map(|_| rng.gen()).collect();
+            let want: Vec<u32> = (0..n)
+                .map(|i| u32::from(x[i]) | u32::from(x.get(i + 1).copied().unwrap_or(0)) << 16)
+                .collect();
+            assert_eq!(image.build(&x), want, "length {n}");
+        }
+    }
 
     /// Steps at adjacent offsets pair up, in order; the rest stay single.
     #[test]
