@@ -201,12 +201,14 @@ pub fn run(
         peak.all_threads,
         peak.threads
     )?;
-    if precision == DType::BF16
-        && target == BackendArg::Cpu
-        && nanoddp::backend::cpu::isa::isa().bf16_products
-    {
+    let isa = nanoddp::backend::cpu::isa::isa();
+    if precision == DType::BF16 && target == BackendArg::Cpu && isa.bf16_products {
         // vdpbf16ps: two products per f32 lane and instruction.
         writeln!(out, "(bf16 on AVX512-BF16: \"of peak\" is against the f32 FMA peak, which vdpbf16ps can double)")?;
+    }
+    if precision == DType::BF16 && target == BackendArg::Cpu && isa.amx {
+        // tdpbf16ps: 16 x 16 x 32 products per instruction.
+        writeln!(out, "(bf16 convolutions on AMX tiles: \"of peak\" is against the f32 FMA peak, which AMX's exceeds many times)")?;
     }
     let rows = match (&cuda, target) {
         (Some(dev), _) => {
