@@ -5,11 +5,11 @@
 //! AVX-512 would otherwise never run the portable one that other machines take: set
 //! `NANODDP_CPU_ISA=portable` to force it (the tests do, to check both paths on any machine;
 //! so can anyone comparing the two). Likewise `NANODDP_CPU_ISA=avx512` keeps AVX-512 but not
-//! its BF16 extension or AMX, the bf16 path of AVX-512 CPUs without it (Zen 3's successors have it;
-//! Skylake and Ice Lake servers do not), and `NANODDP_CPU_ISA=avx512bf16` takes the bf16
-//! products through AVX512-BF16 wherever the CPU has it, also where [`Isa::bf16_products`]
-//! would not (Intel's cores: see there), and not through AMX ([`Isa::amx`]). `NANODDP_CPU_ISA=native` (or unset) uses what the
-//! CPU has, as this module judges best.
+//! its BF16 extension or AMX (the bf16 path of AVX-512 CPUs without them: Skylake and Ice
+//! Lake servers), and `NANODDP_CPU_ISA=avx512bf16` takes the bf16 products through
+//! AVX512-BF16 wherever the CPU has it, also where [`Isa::bf16_products`] would not (Intel's
+//! cores: see there), and never through AMX ([`Isa::amx`]). `NANODDP_CPU_ISA=native` (or
+//! unset) uses what the CPU has, as this module judges best.
 
 use std::sync::OnceLock;
 
