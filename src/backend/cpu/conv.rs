@@ -23,14 +23,15 @@ use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 use crate::backend::Precision;
 
 use super::half_convert::narrow_bf16;
+use super::isa::isa;
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::microkernel_bf16::{gemm_bf16, PairPanels, PairRows};
 use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::summation::{pairwise_sum, Cascade};
 use super::window_gemm::{window_gemm, PackedW, Windows};
 use super::window_gemm_amx::{gemm_amx, window_gemm_amx, PairRowsA};
-use super::window_gemm_bf16::{pairs, window_gemm_bf16, PackedPairs, PairImage, PairWindows};
-use super::{amx_bits, bf16_bits, widened, write_f32};
+use super::window_gemm_bf16::{pairs, window_gemm_bf16, PackedPairs, Pair, PairImage, PairWindows};
+use super::{pair_bits, widened, write_f32};
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
@@ -361,27 +362,21 @@ pub(super) fn forward<T: Precision>(
     // (window tile) or written out (im2col, GEMM tile).
     let offsets = Offsets::for_shape(s);
     let (mut w_window, mut w_packed) = (PackedW::default(), PackedA::default());
-    // bf16 on AVX512-BF16: the window product on the bf16 values themselves, by pairs of taps.
-    let bf16 = offsets.as_ref().zip(bf16_bits(x)).zip(bf16_bits(w));
-    // bf16 on AMX: the same pairs of taps, the filter packed as rows of pairs.
-    let amx = offsets.as_ref().zip(amx_bits(x)).zip(amx_bits(w));
-    let (mut w_pairs, mut w_amx) = (PackedPairs::default(), PairRowsA::default());
-    let tap_pairs = match (bf16, amx) {
-        (Some(((o, _), w_bits)), _) => {
+    // bf16 on AMX or AVX512-BF16: the window product on the bf16 values themselves, by pairs
+    // of taps.
+    let bf16 = offsets.as_ref().zip(pair_bits(x)).zip(pair_bits(w));
+    let mut w_pairs = PairOperand::for_this_cpu();
+    let tap_pairs = match bf16 {
+        Some(((o, _), w_bits)) => {
             let grouped = pairs(&o.taps);
-            w_pairs.pack_transposed(w_bits, s.out_c, k, &grouped);
+            w_pairs.pack(w_bits, s.out_c, k, &grouped);
             grouped
         }
-        (None, Some(((o, _), w_bits))) => {
-            let grouped = pairs(&o.taps);
-            w_amx.pack(w_bits, s.out_c, k, &grouped);
-            grouped
-        }
-        (None, None) if offsets.is_some() => {
+        None if offsets.is_some() => {
             w_window.pack_transposed(&widen(w), s.out_c, k, k);
             Vec::new()
         }
-        (None, None) => {
+        None => {
             w_packed.pack(&widen(w), s.out_c, k, k, 1);
             Vec::new()
         }
@@ -415,22 +410,14 @@ pub(super) fn forward<T: Precision>(
              (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let npq = imgs * pq;
-                if let Some(((o, x_bits), _)) = amx {
+                if let Some(((o, x_bits), _)) = bf16 {
                     let col = PairWindows {
                         src: image_pairs.build(group_bits(s, x_bits, (g * GROUP, imgs), bits)),
                         rows: &o.pixels[..npq],
                         pairs: &tap_pairs,
                         block: FORWARD_BLOCK / 2,
                     };
-                    window_gemm_amx(&col, &w_amx, out, npq, false);
-                } else if let Some(((o, x_bits), _)) = bf16 {
-                    let col = PairWindows {
-                        src: image_pairs.build(group_bits(s, x_bits, (g * GROUP, imgs), bits)),
-                        rows: &o.pixels[..npq],
-                        pairs: &tap_pairs,
-                        block: FORWARD_BLOCK / 2,
-                    };
-                    window_gemm_bf16(&col, &w_pairs, out, npq, false);
+                    w_pairs.product(&col, out, npq, false);
                 } else if let Some(o) = &offsets {
                     let col = Windows {
                         src: group_images(s, x, (g * GROUP, imgs), images),
@@ -488,6 +475,41 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
         );
 }
 
+/// A bf16 operand packed by pairs for the engine this CPU multiplies pairs on: AMX tiles
+/// ([`window_gemm_amx`]) or `vdpbf16ps` ([`window_gemm_bf16`]). The filter of the forward, dy
+/// of the filter gradient; the other operand is the images' pairs ([`PairWindows`]).
+enum PairOperand {
+    Vdpbf16ps(PackedPairs),
+    Amx(PairRowsA),
+}
+
+impl PairOperand {
+    /// An empty operand for the engine in use (AMX where [`isa`] enabled it).
+    fn for_this_cpu() -> Self {
+        if isa().amx {
+            PairOperand::Amx(PairRowsA::default())
+        } else {
+            PairOperand::Vdpbf16ps(PackedPairs::default())
+        }
+    }
+
+    /// Packs `rows` rows of `src` (row o at `o·ld`, bf16 bit patterns) by `pairs`.
+    fn pack(&mut self, src: &[u16], rows: usize, ld: usize, pairs: &[Pair]) {
+        match self {
+            PairOperand::Vdpbf16ps(w) => w.pack_transposed(src, rows, ld, pairs),
+            PairOperand::Amx(a) => a.pack(src, rows, ld, pairs),
+        }
+    }
+
+    /// `C[o][r] = Σ_p operand[o][p] · x[r][p]` (or `+=`), C's rows at stride `ldc`.
+    fn product(&self, x: &PairWindows, c: &mut [f32], ldc: usize, accumulate: bool) {
+        match self {
+            PairOperand::Vdpbf16ps(w) => window_gemm_bf16(x, w, c, ldc, accumulate),
+            PairOperand::Amx(a) => window_gemm_amx(x, a, c, ldc, accumulate),
+        }
+    }
+}
+
 /// The filter transposed, as the input gradient's product `dcol = wᵀ · dy` takes it.
 enum FilterT {
     /// Packed for the f32 GEMM tile.
@@ -506,7 +528,8 @@ impl FilterT {
         let k = s.in_c * s.k_h * s.k_w;
         // Packing dy is one pass per group, paid back over the taps: conv2's 500 (input
         // gradient 6.4 -> 4.6 ms per batch of 256), not conv1's 9 (0.73 -> 2.1 ms).
-        if let Some(bits) = amx_bits(w).filter(|_| k >= WINDOW_TAPS) {
+        let bits = pair_bits(w).filter(|_| k >= WINDOW_TAPS);
+        if let Some(bits) = bits.filter(|_| isa().amx) {
             let (o_n, mut packed) = (s.out_c, PairRowsA::default());
             packed.pack_with(k, o_n.div_ceil(2), |tap, p| {
                 let hi = if 2 * p + 1 < o_n {
@@ -518,7 +541,7 @@ impl FilterT {
             });
             return FilterT::Amx(packed);
         }
-        if let Some(bits) = bf16_bits(w).filter(|_| k >= WINDOW_TAPS) {
+        if let Some(bits) = bits {
             let mut packed = PairPanels::default();
             packed.pack(k, s.out_c, |tap, o| bits[o * k + tap]);
             return FilterT::Bf16(packed);
@@ -589,13 +612,11 @@ pub(super) fn backward_filter<T: Precision>(
     };
     let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
     let offsets = Offsets::for_shape(s);
-    // bf16 on AVX512-BF16: the window product on x's bf16 values and dy rounded to bf16, by
+    // bf16 on AMX or AVX512-BF16: the window product on x's bf16 values and dy rounded to bf16, by
     // pairs of adjacent pixels. dy is bf16 already, or formed here from the pool's bf16
     // gradient (a multiply by 1/4 under LeNet's 2x2 pool: exact); any other pool's rounding is
     // the one the unfused ops make when they store the convolution's output gradient.
-    let bf16 = offsets.as_ref().zip(bf16_bits(x));
-    // bf16 on AMX: the same pairs of pixels, dy packed as rows of pairs.
-    let amx = offsets.as_ref().zip(amx_bits(x));
+    let bf16 = offsets.as_ref().zip(pair_bits(x));
     let chunks: Vec<(Vec<f32>, Vec<f32>)> = dx_chunks
         .into_par_iter()
         .enumerate()
@@ -610,11 +631,11 @@ pub(super) fn backward_filter<T: Precision>(
                     vec![0.0f32; 2 * pq],
                     (
                         Vec::new(),
-                        PackedPairs::default(),
+                        PairOperand::for_this_cpu(),
                         Vec::new(),
                         PairImage::default(),
                     ),
-                    (PairRows::default(), PairRowsA::default()),
+                    PairRows::default(),
                 )
             },
             |(
@@ -624,7 +645,7 @@ pub(super) fn backward_filter<T: Precision>(
                 dcol,
                 tmp,
                 (dy_bits, dy_pairs, bits, image_pairs),
-                (dy_rows, dy_amx),
+                dy_rows,
             ),
              (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
@@ -635,23 +656,11 @@ pub(super) fn backward_filter<T: Precision>(
                     let imgs = GROUP.min(end - first);
                     let npq = imgs * pq;
                     gather_dy(&dy, (first, imgs), (s.out_c, pq), dyg, tmp);
-                    if let Some((o, x_bits)) = amx {
+                    if let Some((o, x_bits)) = bf16 {
                         let pixel_pairs = pairs(&o.pixels[..npq]);
                         dy_bits.resize(s.out_c * npq, 0);
                         narrow_bf16(&dyg[..s.out_c * npq], bytemuck::cast_slice_mut(dy_bits));
-                        dy_amx.pack(dy_bits, s.out_c, npq, &pixel_pairs);
-                        let col_t = PairWindows {
-                            src: image_pairs.build(group_bits(s, x_bits, (first, imgs), bits)),
-                            rows: &o.taps,
-                            pairs: &pixel_pairs,
-                            block: pixel_pairs.len(),
-                        };
-                        window_gemm_amx(&col_t, dy_amx, &mut partial, k, nth > 0);
-                    } else if let Some((o, x_bits)) = bf16 {
-                        let pixel_pairs = pairs(&o.pixels[..npq]);
-                        dy_bits.resize(s.out_c * npq, 0);
-                        narrow_bf16(&dyg[..s.out_c * npq], bytemuck::cast_slice_mut(dy_bits));
-                        dy_pairs.pack_transposed(dy_bits, s.out_c, npq, &pixel_pairs);
+                        dy_pairs.pack(dy_bits, s.out_c, npq, &pixel_pairs);
                         // One block per group, as below.
                         let col_t = PairWindows {
                             src: image_pairs.build(group_bits(s, x_bits, (first, imgs), bits)),
@@ -659,7 +668,7 @@ pub(super) fn backward_filter<T: Precision>(
                             pairs: &pixel_pairs,
                             block: pixel_pairs.len(),
                         };
-                        window_gemm_bf16(&col_t, dy_pairs, &mut partial, k, nth > 0);
+                        dy_pairs.product(&col_t, &mut partial, k, nth > 0);
                     } else if let Some(o) = &offsets {
                         dy_t.pack_transposed(dyg, s.out_c, npq, npq);
                         // One block per group: the groups' sums join `partial` one by one.

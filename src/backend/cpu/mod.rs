@@ -75,11 +75,12 @@ fn bf16_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
     (T::DTYPE == DType::BF16 && isa::isa().bf16_products).then(|| bytemuck::cast_slice(v))
 }
 
-/// T's values as bf16 bit patterns, when T is bf16 and this process computes on AMX tiles
-/// ([`isa::Isa::amx`]): the operands of the convolutions' window products
-/// (`window_gemm_amx`).
-fn amx_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
-    (T::DTYPE == DType::BF16 && isa::isa().amx).then(|| bytemuck::cast_slice(v))
+/// T's values as bf16 bit patterns, when T is bf16 and this CPU multiplies the convolutions'
+/// bf16 operands as they are, by pairs: on AMX tiles ([`isa::Isa::amx`]) or through
+/// `vdpbf16ps` ([`isa::Isa::bf16_products`]). None sends bf16 through the f32 tiles.
+fn pair_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
+    let isa = isa::isa();
+    (T::DTYPE == DType::BF16 && (isa.amx || isa.bf16_products)).then(|| bytemuck::cast_slice(v))
 }
 
 /// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`.
