@@ -726,16 +726,21 @@ mod tests {
                 .collect();
             let rows = p_n + k_h - 1;
             let start: Vec<f32> = (0..rows * in_w + 5).map(|i| (i % 13) as f32).collect();
-            let mut want = start.clone();
-            for i in 0..k_h {
-                for p in 0..p_n {
-                    for j in 0..k_w {
-                        for q in 0..q_n {
-                            want[(p + i) * in_w + q + j] += src[(i * k_w + j) * ld + p * q_n + q];
+            // The plain loops, adding onto `plane`.
+            let add = |mut plane: Vec<f32>| {
+                for i in 0..k_h {
+                    for p in 0..p_n {
+                        for j in 0..k_w {
+                            for q in 0..q_n {
+                                plane[(p + i) * in_w + q + j] +=
+                                    src[(i * k_w + j) * ld + p * q_n + q];
+                            }
                         }
                     }
                 }
-            }
+                plane
+            };
+            let want = add(start.clone());
             let mut got = start.clone();
             add_windows(&mut got, in_w, &src, ld, (k_h, k_w), (p_n, q_n), false);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -746,17 +751,9 @@ mod tests {
             );
             // Overwriting: the same sums from zero on the rows the windows cover (whatever
             // they held: NaN here), the elements past them untouched.
-            let mut want = start.clone();
-            want[..rows * in_w].fill(0.0);
-            for i in 0..k_h {
-                for p in 0..p_n {
-                    for j in 0..k_w {
-                        for q in 0..q_n {
-                            want[(p + i) * in_w + q + j] += src[(i * k_w + j) * ld + p * q_n + q];
-                        }
-                    }
-                }
-            }
+            let mut cleared = start.clone();
+            cleared[..rows * in_w].fill(0.0);
+            let want = add(cleared);
             let mut got = start.clone();
             got[..rows * in_w].fill(f32::NAN);
             add_windows(&mut got, in_w, &src, ld, (k_h, k_w), (p_n, q_n), true);

@@ -1,7 +1,10 @@
 //! Test helpers shared by the GEMM tiles' unit tests: the paths to test, random operands,
 //! and a float64 check of a product.
 
+use half::bf16;
 use rand::{Rng, SeedableRng};
+
+use super::window_gemm_bf16::{pairs, PairImage, PairWindows};
 
 /// The tile paths this CPU can run: the portable one, and the AVX-512 one where present.
 pub(super) fn tile_paths() -> &'static [bool] {
@@ -87,6 +90,73 @@ pub(super) fn check_on_paths(
             run(avx, &mut c, accumulate);
             let what = format!("{what} avx512 {avx}");
             assert_product(&c, c0, (m, n, ldc), depth, accumulate, &term, &what);
+        }
+    }
+}
+
+/// Offsets of `n` taps of conv2's filter in its 13 x 13 input planes (5-wide rows).
+pub(super) fn conv2_taps(n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|t| (t / 25) * 169 + (t / 5 % 5) * 13 + t % 5)
+        .collect()
+}
+
+/// Offsets of `n` of conv2's output pixels (9 x 9 per image) in its images, two planes apart.
+pub(super) fn conv2_pixels(n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|p| (p / 81) * 338 + (p % 81 / 9) * 13 + p % 9)
+        .collect()
+}
+
+/// The bf16 pair products' check (`vdpbf16ps` and AMX): for each case (columns, rows,
+/// steps), random bf16 images in which every element no step reads is inf (a single's
+/// partner must not leak in) and a random bf16 W (`columns` rows of `steps.len()` values, 3
+/// more apart); `product(windows, w, (columns, ld), c, ldc, accumulate)` packs W for its
+/// engine and multiplies, overwriting (blocks of 3 pairs) and accumulating (one block) into C with its
+/// padding poisoned; [`assert_product`] checks it against float64.
+#[allow(clippy::type_complexity)]
+pub(super) fn check_pair_product(
+    seed: u64,
+    cases: &[(usize, &[usize], &[usize])],
+    product: impl Fn(&PairWindows, &[u16], (usize, usize), &mut [f32], usize, bool),
+) {
+    let mut rng = seeded(seed);
+    let bf = |v: f32| bf16::from_f32(v).to_bits();
+    let value = |b: u16| f64::from(bf16::from_bits(b).to_f32());
+    for &(cols, rows, steps) in cases {
+        let (n, depth) = (rows.len(), steps.len());
+        let len = rows.iter().max().unwrap() + steps.iter().max().unwrap() + 2;
+        let read: std::collections::HashSet<usize> = rows
+            .iter()
+            .flat_map(|r| steps.iter().map(move |s| r + s))
+            .collect();
+        let x: Vec<u16> = (0..len)
+            .map(|i| match read.contains(&i) {
+                true => bf(rng.gen_range(-1.0..1.0)),
+                false => bf16::INFINITY.to_bits(),
+            })
+            .collect();
+        let ld = depth + 3;
+        let w: Vec<u16> = (0..cols * ld)
+            .map(|_| bf(rng.gen_range(-1.0..1.0)))
+            .collect();
+        let grouped = pairs(steps);
+        let src = PairImage::default().build(&x).to_vec();
+        let ldc = n + 2;
+        let c0 = uniform(&mut rng, cols * ldc);
+        for (accumulate, block) in [(false, 3), (true, usize::MAX)] {
+            let windows = PairWindows {
+                src: &src,
+                rows,
+                pairs: &grouped,
+                block,
+            };
+            let mut c = poisoned(&c0, n, ldc);
+            product(&windows, &w, (cols, ld), &mut c, ldc, accumulate);
+            let term =
+                |o: usize, r: usize, k: usize| value(w[o * ld + k]) * value(x[rows[r] + steps[k]]);
+            let what = format!("{cols} x {n} x {depth} block {block}");
+            assert_product(&c, &c0, (cols, n, ldc), depth, accumulate, term, &what);
         }
     }
 }

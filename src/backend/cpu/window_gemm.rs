@@ -303,7 +303,9 @@ pub(super) mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::product_check::{assert_product, poisoned, seeded, tile_paths, uniform};
+    use super::super::product_check::{
+        assert_product, conv2_pixels, conv2_taps, poisoned, seeded, tile_paths, uniform,
+    };
     use super::*;
 
     /// Both paths against a float64 product, for offsets shaped like conv2's forward (runs
@@ -315,12 +317,7 @@ mod tests {
     fn window_gemm_matches_float64() {
         let mut rng = seeded(11);
         let paths = tile_paths();
-        let taps: Vec<usize> = (0..50)
-            .map(|t| (t / 25) * 169 + (t / 5 % 5) * 13 + t % 5)
-            .collect();
-        let pixels: Vec<usize> = (0..97)
-            .map(|p| (p / 81) * 338 + (p % 81 / 9) * 13 + p % 9)
-            .collect();
+        let (taps, pixels) = (conv2_taps(50), conv2_pixels(97));
         let cases: Vec<(usize, &[usize], &[usize])> = vec![
             (50, &pixels, &taps),
             (20, &taps, &pixels),

@@ -375,8 +375,9 @@ mod tests {
     use rand::Rng;
 
     use super::super::isa::isa;
-    use super::super::product_check::{poisoned, seeded};
-    use super::super::window_gemm_bf16::{pairs, PairImage};
+    use super::super::product_check::{
+        assert_product, check_pair_product, conv2_pixels, conv2_taps, poisoned, seeded,
+    };
     use super::*;
 
     /// `gemm_amx` against a float64 product of the same bf16 values: conv2's input gradient
@@ -421,30 +422,10 @@ mod tests {
             for accumulate in [false, true] {
                 let mut c = poisoned(&c0, n, ldc);
                 gemm_amx(&pa, &pb, &mut c, ldc, accumulate);
-                for i in 0..m {
-                    for j in 0..n {
-                        let mut want = if accumulate {
-                            f64::from(c0[i * ldc + j])
-                        } else {
-                            0.0
-                        };
-                        let mut mag = want.abs();
-                        for k in 0..depth {
-                            let t = value(a[i * depth + k]) * value(b[k * n + j]);
-                            want += t;
-                            mag += t.abs();
-                        }
-                        let got = f64::from(c[i * ldc + j]);
-                        assert!(
-                            (got - want).abs() <= 1e-6 + 2e-6 * mag,
-                            "{m} x {depth} x {n} accumulate {accumulate} at ({i}, {j}): {got} vs {want}"
-                        );
-                    }
-                    assert!(
-                        c[i * ldc + n..(i + 1) * ldc].iter().all(|v| v.is_nan()),
-                        "wrote past column {n}"
-                    );
-                }
+                let term =
+                    |i: usize, j: usize, k: usize| value(a[i * depth + k]) * value(b[k * n + j]);
+                let what = format!("{m} x {depth} x {n}");
+                assert_product(&c, &c0, (m, n, ldc), depth, accumulate, term, &what);
             }
         }
     }
@@ -461,84 +442,23 @@ mod tests {
             println!("this CPU (or OS) gives no AMX: the other bf16 paths serve it");
             return;
         }
-        let mut rng = seeded(13);
-        let taps: Vec<usize> = (0..75)
-            .map(|t| (t / 25) * 169 + (t / 5 % 5) * 13 + t % 5)
-            .collect();
-        let pixels: Vec<usize> = (0..97)
-            .map(|p| (p / 81) * 338 + (p % 81 / 9) * 13 + p % 9)
-            .collect();
+        let (taps, pixels) = (conv2_taps(75), conv2_pixels(97));
+        // Offsets that never follow each other.
+        let sparse: Vec<usize> = (0..45).map(|i| 2 * i + i / 7).collect();
         let cases: Vec<(usize, &[usize], &[usize])> = vec![
             (50, &pixels, &taps),
             (20, &taps, &pixels),
+            (20, &sparse, &taps[..20]),
             (1, &pixels[..7], &taps[..3]),
             (16, &taps[..1], &pixels),
             (64, &pixels[..33], &taps[..32]),
             (67, &pixels[..13], &taps[..9]),
             (33, &taps[..31], &pixels[..40]),
         ];
-        let bf = |v: f32| bf16::from_f32(v).to_bits();
-        for (rows_a, rows, steps) in cases {
-            let (n, depth) = (rows.len(), steps.len());
-            let len = rows.iter().max().unwrap() + steps.iter().max().unwrap() + 2;
-            let mut x: Vec<u16> = (0..len).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
-            let grouped = pairs(steps);
-            let read: std::collections::HashSet<usize> = rows
-                .iter()
-                .flat_map(|r| steps.iter().map(move |s| r + s))
-                .collect();
-            for (i, v) in x.iter_mut().enumerate() {
-                if !read.contains(&i) {
-                    *v = bf16::INFINITY.to_bits();
-                }
-            }
-            let ld = depth + 3;
-            let asrc: Vec<u16> = (0..rows_a * ld)
-                .map(|_| bf(rng.gen_range(-1.0..1.0)))
-                .collect();
+        check_pair_product(13, &cases, |windows, w, (rows, ld), c, ldc, accumulate| {
             let mut a = PairRowsA::default();
-            a.pack(&asrc, rows_a, ld, &grouped);
-            let mut image = PairImage::default();
-            let src = image.build(&x).to_vec();
-            let ldc = n + 2;
-            let c0: Vec<f32> = (0..rows_a * ldc)
-                .map(|_| rng.gen_range(-1.0..1.0))
-                .collect();
-            for accumulate in [false, true] {
-                let windows = PairWindows {
-                    src: &src,
-                    rows,
-                    pairs: &grouped,
-                    block: 1,
-                };
-                let mut c = poisoned(&c0, n, ldc);
-                window_gemm_amx(&windows, &a, &mut c, ldc, accumulate);
-                let value = |b: u16| f64::from(bf16::from_bits(b).to_f32());
-                for o in 0..rows_a {
-                    for r in 0..n {
-                        let mut want = if accumulate {
-                            f64::from(c0[o * ldc + r])
-                        } else {
-                            0.0
-                        };
-                        let mut mag = want.abs();
-                        for (k, s) in steps.iter().enumerate() {
-                            let t = value(asrc[o * ld + k]) * value(x[rows[r] + s]);
-                            want += t;
-                            mag += t.abs();
-                        }
-                        let got = f64::from(c[o * ldc + r]);
-                        assert!(
-                            (got - want).abs() <= 1e-6 + 2e-6 * mag,
-                            "{rows_a} x {n} x {depth} accumulate {accumulate} at ({o}, {r}): {got} vs {want}"
-                        );
-                    }
-                    assert!(
-                        c[o * ldc + n..(o + 1) * ldc].iter().all(|v| v.is_nan()),
-                        "wrote past column {n}"
-                    );
-                }
-            }
-        }
+            a.pack(w, rows, ld, windows.pairs);
+            window_gemm_amx(windows, &a, c, ldc, accumulate);
+        });
     }
 }

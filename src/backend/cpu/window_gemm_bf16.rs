@@ -312,10 +312,9 @@ mod avx512_bf16 {
 
 #[cfg(test)]
 mod tests {
-    use half::bf16;
     use rand::Rng;
 
-    use super::super::product_check::{poisoned, seeded};
+    use super::super::product_check::{check_pair_product, conv2_pixels, conv2_taps, seeded};
     use super::*;
 
     /// The pair image's word i is `x[i]` low and `x[i + 1]` high (zero past the end), for
@@ -372,13 +371,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX512-BF16 (the f32 tile serves bf16 here)");
             return;
         }
-        let mut rng = seeded(12);
-        let taps: Vec<usize> = (0..50)
-            .map(|t| (t / 25) * 169 + (t / 5 % 5) * 13 + t % 5)
-            .collect();
-        let pixels: Vec<usize> = (0..97)
-            .map(|p| (p / 81) * 338 + (p % 81 / 9) * 13 + p % 9)
-            .collect();
+        let (taps, pixels) = (conv2_taps(50), conv2_pixels(97));
         let cases: Vec<(usize, &[usize], &[usize])> = vec![
             (50, &pixels, &taps),
             (20, &taps, &pixels),
@@ -388,67 +381,10 @@ mod tests {
             (67, &pixels[..13], &taps[..9]),
             (130, &taps[..31], &pixels[..40]),
         ];
-        let bf = |v: f32| bf16::from_f32(v).to_bits();
-        for (cols, rows, steps) in cases {
-            let (n, depth) = (rows.len(), steps.len());
-            let len = rows.iter().max().unwrap() + steps.iter().max().unwrap() + 2;
-            let mut x: Vec<u16> = (0..len).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
-            let grouped = pairs(steps);
-            // Every element read only as a single's partner is inf: a product must not see it.
-            let read: std::collections::HashSet<usize> = rows
-                .iter()
-                .flat_map(|r| steps.iter().map(move |s| r + s))
-                .collect();
-            for (i, v) in x.iter_mut().enumerate() {
-                if !read.contains(&i) {
-                    *v = bf16::INFINITY.to_bits();
-                }
-            }
-            let ld = depth + 3;
-            let wsrc: Vec<u16> = (0..cols * ld)
-                .map(|_| bf(rng.gen_range(-1.0..1.0)))
-                .collect();
-            let mut w = PackedPairs::default();
-            w.pack_transposed(&wsrc, cols, ld, &grouped);
-            let mut image = PairImage::default();
-            let src = image.build(&x).to_vec();
-            let ldc = n + 2;
-            let c0: Vec<f32> = (0..cols * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            for (accumulate, block) in [(false, 3), (true, usize::MAX)] {
-                let windows = PairWindows {
-                    src: &src,
-                    rows,
-                    pairs: &grouped,
-                    block,
-                };
-                let mut c = poisoned(&c0, n, ldc);
-                window_gemm_bf16(&windows, &w, &mut c, ldc, accumulate);
-                let value = |b: u16| f64::from(bf16::from_bits(b).to_f32());
-                for o in 0..cols {
-                    for r in 0..n {
-                        let mut want = if accumulate {
-                            f64::from(c0[o * ldc + r])
-                        } else {
-                            0.0
-                        };
-                        let mut mag = want.abs();
-                        for (k, s) in steps.iter().enumerate() {
-                            let t = value(wsrc[o * ld + k]) * value(x[rows[r] + s]);
-                            want += t;
-                            mag += t.abs();
-                        }
-                        let got = f64::from(c[o * ldc + r]);
-                        assert!(
-                            (got - want).abs() <= 1e-6 + 2e-6 * mag,
-                            "{cols} x {n} x {depth} block {block} accumulate {accumulate} at ({o}, {r}): {got} vs {want}"
-                        );
-                    }
-                    assert!(
-                        c[o * ldc + n..(o + 1) * ldc].iter().all(|v| v.is_nan()),
-                        "wrote past column {n}"
-                    );
-                }
-            }
-        }
+        check_pair_product(12, &cases, |windows, w, (cols, ld), c, ldc, accumulate| {
+            let mut packed = PackedPairs::default();
+            packed.pack_transposed(w, cols, ld, windows.pairs);
+            window_gemm_bf16(windows, &packed, c, ldc, accumulate);
+        });
     }
 }
