@@ -292,6 +292,84 @@ pub(super) enum OutputGrad<'a, T> {
     },
 }
 
+/// [`forward`] with 16 images in the lanes ([`image_lanes`]): the f32 and widened products
+/// of convolutions with [`WINDOW_TAPS`] taps or more, on AVX-512. The same sums as the
+/// window tile, in the same order: the same bits.
+#[cfg(target_arch = "x86_64")]
+fn forward_image_lanes<T: Precision>(
+    s: &Conv2dShape,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[f32]>,
+    y: &mut [T],
+    relu: bool,
+    pool: Option<(&Pool2dShape, &mut [T])>,
+) {
+    use super::image_lanes::{
+        lane_plane, lane_product, LaneFilter, LaneImages, LaneWindows, LANES,
+    };
+    let k = s.in_c * s.k_h * s.k_w;
+    let pq = s.out_h() * s.out_w();
+    let (image_in, image_out) = (s.in_c * s.in_h * s.in_w, s.out_c * pq);
+    let mut filter = LaneFilter::default();
+    filter.pack(&widen(w), s.out_c, k);
+    let taps: Vec<usize> = tap_offsets(s).iter().map(|t| t * LANES).collect();
+    let pixels: Vec<usize> = pixel_offsets(s, 1).iter().map(|p| p * LANES).collect();
+    let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
+    let groups = s.batch.div_ceil(LANES);
+    let (pool_shape, pooled_groups): (_, Vec<Option<&mut [T]>>) = match pool {
+        Some((p, pooled)) => (
+            Some(p),
+            pooled
+                .chunks_mut(s.out_c * pooled_plane * LANES)
+                .map(Some)
+                .collect(),
+        ),
+        None => (None, (0..groups).map(|_| None).collect()),
+    };
+    let out_len = s.out_c.div_ceil(super::image_lanes::R) * super::image_lanes::R * pq * LANES;
+    y.par_chunks_mut(image_out * LANES)
+        .zip(pooled_groups)
+        .enumerate()
+        .for_each_init(
+            || {
+                (
+                    (LaneImages::default(), Vec::new()),
+                    vec![0.0f32; out_len],
+                    (vec![0.0f32; pq], vec![0.0f32; pq]),
+                    vec![0.0f32; pooled_plane],
+                )
+            },
+            |((images, wide), out, (plane, row), pooled_row), (g, (y_g, mut pooled_g))| {
+                let imgs = y_g.len() / image_out;
+                let first = g * LANES;
+                let xg = widened(&x[first * image_in..(first + imgs) * image_in], {
+                    wide.resize(imgs * image_in, 0.0);
+                    wide
+                });
+                let windows = LaneWindows {
+                    src: images.build(s, xg, imgs),
+                    pixels: &pixels,
+                    taps: &taps,
+                    block: FORWARD_BLOCK,
+                };
+                lane_product(&windows, &filter, out);
+                for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
+                    for (o, dst) in y_n.chunks_mut(pq).enumerate() {
+                        let b = bias.map_or(0.0, |b| b[o]);
+                        lane_plane(out, pq, o, m, plane);
+                        let values = write_f32(dst, row, |r| add_bias_relu(plane, b, relu, r));
+                        if let (Some(p), Some(pooled_g)) = (pool_shape, pooled_g.as_deref_mut()) {
+                            let at = (m * s.out_c + o) * pooled_plane;
+                            let pooled = &mut pooled_g[at..at + pooled_plane];
+                            write_f32(pooled, pooled_row, |out| avg_plane(p, values, out));
+                        }
+                    }
+                }
+            },
+        );
+}
+
 /// Gathers a group's output gradients (images `first..first + imgs`, each O x PQ) into O rows
 /// of `imgs·PQ` (f32); `tmp` holds two planes (pooled and full) for the pooled source.
 fn gather_dy<T: Precision>(
@@ -361,6 +439,10 @@ pub(super) fn forward<T: Precision>(
     // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ), col read from the images
     // (window tile) or written out (im2col, GEMM tile).
     let offsets = Offsets::for_shape(s);
+    #[cfg(target_arch = "x86_64")]
+    if offsets.is_some() && pair_bits(x).is_none() && isa().avx512 {
+        return forward_image_lanes(s, x, w, bias, y, relu, pool);
+    }
     let (mut w_window, mut w_packed) = (PackedW::default(), PackedA::default());
     // bf16 on AMX or AVX512-BF16: the window product on the bf16 values themselves, by pairs
     // of taps.

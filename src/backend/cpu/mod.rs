@@ -41,6 +41,8 @@ macro_rules! multiversion {
 mod conv;
 mod gemm;
 pub(crate) mod half_convert;
+#[cfg(target_arch = "x86_64")]
+mod image_lanes;
 pub mod isa;
 mod loss;
 mod microkernel;
