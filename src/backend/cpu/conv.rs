@@ -23,6 +23,8 @@ use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 use crate::backend::Precision;
 
 use super::half_convert::narrow_bf16;
+#[cfg(target_arch = "x86_64")]
+use super::image_lanes::{into_lanes, lane_input_grad, lane_plane, LANES, R};
 use super::isa::isa;
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::microkernel_bf16::{gemm_bf16, PairPanels, PairRows};
@@ -305,9 +307,7 @@ fn forward_image_lanes<T: Precision>(
     relu: bool,
     pool: Option<(&Pool2dShape, &mut [T])>,
 ) {
-    use super::image_lanes::{
-        lane_plane, lane_product, LaneFilter, LaneImages, LaneWindows, LANES,
-    };
+    use super::image_lanes::{lane_product, LaneFilter, LaneImages, LaneWindows};
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
     let (image_in, image_out) = (s.in_c * s.in_h * s.in_w, s.out_c * pq);
@@ -327,7 +327,7 @@ fn forward_image_lanes<T: Precision>(
         ),
         None => (None, (0..groups).map(|_| None).collect()),
     };
-    let out_len = s.out_c.div_ceil(super::image_lanes::R) * super::image_lanes::R * pq * LANES;
+    let out_len = s.out_c.div_ceil(R) * R * pq * LANES;
     y.par_chunks_mut(image_out * LANES)
         .zip(pooled_groups)
         .enumerate()
@@ -535,6 +535,30 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
     if image_in == 0 {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(lanes) = LaneInput::new(s, w) {
+        dx.par_chunks_mut(image_in * LANES)
+            .enumerate()
+            .for_each_init(
+                || {
+                    (
+                        vec![0.0f32; s.out_c * pq * LANES],
+                        Vec::new(),
+                        Vec::new(),
+                        Vec::new(),
+                    )
+                },
+                |(dyg, dy_lanes, dx_lanes, plane), (g, dx_g)| {
+                    let imgs = dx_g.len() / image_in;
+                    let source = OutputGrad::Tensor(dy);
+                    gather_dy(&source, (g * LANES, imgs), (s.out_c, pq), dyg, &mut []);
+                    dy_lanes.resize(s.out_c * pq * LANES, 0.0);
+                    into_lanes(dyg, (s.out_c, imgs, pq), 0, dy_lanes);
+                    lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx_g);
+                },
+            );
+        return;
+    }
     // dcol (K x imgs·PQ) = wᵀ (K x O) · dy_group (O x imgs·PQ), then col2im.
     let w_t = FilterT::new(s, w);
     dx.par_chunks_mut(image_in * GROUP)
@@ -634,6 +658,76 @@ impl FilterT {
     }
 }
 
+/// The input gradient with 16 images in the lanes ([`lane_input_grad`]): for convolutions
+/// with [`WINDOW_TAPS`] taps or more whose products run in f32, on AVX-512. Replaces the
+/// GEMM tile's `wᵀ · dy` and col2im: full lanes, and the sums go straight into dx.
+#[cfg(target_arch = "x86_64")]
+struct LaneInput {
+    /// The filter (O x K) widened, taps padded with zeros to a multiple of [`R`].
+    w: Vec<f32>,
+    /// Tap offsets in the lanes layout (the last repeated over the padding taps).
+    taps: Vec<usize>,
+    /// Output pixels' offsets in the lanes layout.
+    pixels: Vec<usize>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl LaneInput {
+    /// None where the input gradient is not computed this way (no AVX-512, few taps, or
+    /// bf16 multiplied by pairs).
+    fn new<T: Precision>(s: &Conv2dShape, w: &[T]) -> Option<Self> {
+        let k = s.in_c * s.k_h * s.k_w;
+        if !isa().avx512 || k < WINDOW_TAPS || pair_bits(w).is_some() {
+            return None;
+        }
+        let kpad = k.div_ceil(R) * R;
+        let wide = widen(w);
+        let mut padded = vec![0.0f32; s.out_c * kpad];
+        for (dst, src) in padded.chunks_exact_mut(kpad).zip(wide.chunks_exact(k)) {
+            dst[..k].copy_from_slice(src);
+        }
+        let mut taps: Vec<usize> = tap_offsets(s).iter().map(|t| t * LANES).collect();
+        taps.resize(kpad, *taps.last()?);
+        let pixels = pixel_offsets(s, 1).iter().map(|p| p * LANES).collect();
+        Some(Self {
+            w: padded,
+            taps,
+            pixels,
+        })
+    }
+
+    /// The input gradient of `imgs` ≤ 16 images from their dy in lanes (`[O][PQ][16]`,
+    /// [`into_lanes`]) into `dx` (imgs x C x H x W); `dx_lanes` and `plane` are scratch.
+    fn input_grad<T: Precision>(
+        &self,
+        s: &Conv2dShape,
+        dy_lanes: &[f32],
+        dx_lanes: &mut Vec<f32>,
+        plane: &mut Vec<f32>,
+        dx: &mut [T],
+    ) {
+        let (hp, wp) = padded_dims(s);
+        let hw = s.in_h * s.in_w;
+        dx_lanes.clear();
+        dx_lanes.resize(s.in_c * hp * wp * LANES, 0.0);
+        lane_input_grad(dy_lanes, &self.w, (&self.taps, &self.pixels), dx_lanes);
+        plane.resize(hw, 0.0);
+        for (m, dx_m) in dx.chunks_mut(s.in_c * hw).enumerate() {
+            for (c, dst) in dx_m.chunks_mut(hw).enumerate() {
+                write_f32(dst, plane, |d| {
+                    if s.pad == 0 {
+                        return lane_plane(&dx_lanes[c * hw * LANES..], hw, 0, m, d);
+                    }
+                    for (h, row) in d.chunks_mut(s.in_w).enumerate() {
+                        let at = ((c * hp + h + s.pad) * wp + s.pad) * LANES;
+                        lane_plane(&dx_lanes[at..], s.in_w, 0, m, row);
+                    }
+                });
+            }
+        }
+    }
+}
+
 /// One group's input gradient from its gathered output gradient `dyg` (O x imgs·PQ):
 /// `dcol = wᵀ · dyg`, then col2im into each image of `dx_group` (imgs x C x H x W);
 /// `dy_pairs` holds dyg packed for the bf16 product, `scratch` one image in f32.
@@ -685,10 +779,20 @@ pub(super) fn backward_filter<T: Precision>(
     // images (taps as rows, pixels as steps) and dy transposed to pixel-major.
     // dcol_group = wᵀ (K x O) · dy_group, then col2im, for the input gradient.
     let with_bias = db.is_some();
+    // The input gradient in image lanes where it runs ([`LaneInput`]), else by FilterT.
+    #[cfg(target_arch = "x86_64")]
+    let lane_input = match &input {
+        Some((w, _)) if image_in > 0 => LaneInput::new(s, w),
+        _ => None,
+    };
+    #[cfg(target_arch = "x86_64")]
+    let in_lanes = lane_input.is_some();
+    #[cfg(not(target_arch = "x86_64"))]
+    let in_lanes = false;
     let (w_t, dx_chunks): (_, Vec<Option<&mut [T]>>) = match input {
         Some((w, dx)) if image_in > 0 => {
             let chunks = dx.chunks_mut(image_in * FILTER_CHUNK).map(Some).collect();
-            (Some(FilterT::new(s, w)), chunks)
+            ((!in_lanes).then(|| FilterT::new(s, w)), chunks)
         }
         _ => (None, (0..chunk_count).map(|_| None).collect()),
     };
@@ -718,6 +822,7 @@ pub(super) fn backward_filter<T: Precision>(
                         PairImage::default(),
                     ),
                     PairRows::default(),
+                    (Vec::new(), Vec::new(), Vec::new()),
                 )
             },
             |(
@@ -728,6 +833,7 @@ pub(super) fn backward_filter<T: Precision>(
                 tmp,
                 (dy_bits, dy_pairs, bits, image_pairs),
                 dy_rows,
+                (dy_lanes, dx_lanes, lane_plane_buf),
             ),
              (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
@@ -781,7 +887,23 @@ pub(super) fn backward_filter<T: Precision>(
                     for (o, b) in partial_bias.iter_mut().enumerate() {
                         *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
                     }
-                    if let (Some(w_t), Some(dx_chunk)) = (&w_t, dx_chunk.as_deref_mut()) {
+                    let Some(dx_chunk) = dx_chunk.as_deref_mut() else {
+                        continue;
+                    };
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(lanes) = &lane_input {
+                        // Groups of 8 fill 16 lanes; a chunk starts a new set.
+                        let lane0 = (first - start) % LANES;
+                        dy_lanes.resize(s.out_c * pq * LANES, 0.0);
+                        into_lanes(dyg, (s.out_c, imgs, pq), lane0, dy_lanes);
+                        if lane0 + imgs == LANES || first + imgs == end {
+                            let at = (first - lane0 - start) * image_in;
+                            let dx = &mut dx_chunk[at..at + (lane0 + imgs) * image_in];
+                            lanes.input_grad(s, dy_lanes, dx_lanes, lane_plane_buf, dx);
+                        }
+                        continue;
+                    }
+                    if let Some(w_t) = &w_t {
                         let at = (first - start) * image_in;
                         let dx_group = &mut dx_chunk[at..at + imgs * image_in];
                         input_grad_group(s, w_t, dyg, (dcol, dy_rows), dx_group, image);
