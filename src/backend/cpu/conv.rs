@@ -779,7 +779,8 @@ pub(super) fn backward_filter<T: Precision>(
     // images (taps as rows, pixels as steps) and dy transposed to pixel-major.
     // dcol_group = wᵀ (K x O) · dy_group, then col2im, for the input gradient.
     let with_bias = db.is_some();
-    // The input gradient in image lanes where it runs ([`LaneInput`]), else by FilterT.
+    // With 16 images in the lanes ([`filter_chunks_image_lanes`]) the input gradient is
+    // [`LaneInput`]'s, else FilterT's.
     #[cfg(target_arch = "x86_64")]
     let lane_input = match &input {
         Some((w, _)) if image_in > 0 => LaneInput::new(s, w),
@@ -796,8 +797,19 @@ pub(super) fn backward_filter<T: Precision>(
         }
         _ => (None, (0..chunk_count).map(|_| None).collect()),
     };
-    let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
     let offsets = Offsets::for_shape(s);
+    #[cfg(target_arch = "x86_64")]
+    if offsets.is_some() && pair_bits(x).is_none() && isa().avx512 {
+        let chunks =
+            filter_chunks_image_lanes(s, x, &dy, lane_input.as_ref(), dx_chunks, with_bias);
+        let (filters, biases): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
+        Cascade::sum_into(filters, dw);
+        if let Some(db) = db {
+            Cascade::sum_into(biases, db);
+        }
+        return;
+    }
+    let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
     // bf16 on AMX or AVX512-BF16: the window product on x's bf16 values and dy rounded to bf16, by
     // pairs of adjacent pixels. dy is bf16 already, or formed here from the pool's bf16
     // gradient (a multiply by 1/4 under LeNet's 2x2 pool: exact); any other pool's rounding is
@@ -822,7 +834,6 @@ pub(super) fn backward_filter<T: Precision>(
                         PairImage::default(),
                     ),
                     PairRows::default(),
-                    (Vec::new(), Vec::new(), Vec::new()),
                 )
             },
             |(
@@ -833,7 +844,6 @@ pub(super) fn backward_filter<T: Precision>(
                 tmp,
                 (dy_bits, dy_pairs, bits, image_pairs),
                 dy_rows,
-                (dy_lanes, dx_lanes, lane_plane_buf),
             ),
              (chunk, mut dx_chunk)| {
                 let mut partial = vec![0.0f32; s.out_c * k];
@@ -887,23 +897,7 @@ pub(super) fn backward_filter<T: Precision>(
                     for (o, b) in partial_bias.iter_mut().enumerate() {
                         *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
                     }
-                    let Some(dx_chunk) = dx_chunk.as_deref_mut() else {
-                        continue;
-                    };
-                    #[cfg(target_arch = "x86_64")]
-                    if let Some(lanes) = &lane_input {
-                        // Groups of 8 fill 16 lanes; a chunk starts a new set.
-                        let lane0 = (first - start) % LANES;
-                        dy_lanes.resize(s.out_c * pq * LANES, 0.0);
-                        into_lanes(dyg, (s.out_c, imgs, pq), lane0, dy_lanes);
-                        if lane0 + imgs == LANES || first + imgs == end {
-                            let at = (first - lane0 - start) * image_in;
-                            let dx = &mut dx_chunk[at..at + (lane0 + imgs) * image_in];
-                            lanes.input_grad(s, dy_lanes, dx_lanes, lane_plane_buf, dx);
-                        }
-                        continue;
-                    }
-                    if let Some(w_t) = &w_t {
+                    if let (Some(w_t), Some(dx_chunk)) = (&w_t, dx_chunk.as_deref_mut()) {
                         let at = (first - start) * image_in;
                         let dx_group = &mut dx_chunk[at..at + imgs * image_in];
                         input_grad_group(s, w_t, dyg, (dcol, dy_rows), dx_group, image);
@@ -919,6 +913,99 @@ pub(super) fn backward_filter<T: Precision>(
     if let Some(db) = db {
         Cascade::sum_into(biases, db);
     }
+}
+
+/// [`backward_filter`]'s chunks with 16 images in the lanes ([`image_lanes`]), for the
+/// f32 and widened products with [`WINDOW_TAPS`] taps or more on AVX-512: each chunk's
+/// filter gradient (O x K) and bias gradient, and with `lane_input` its input gradient
+/// written into the chunk of dx. dy is gathered and its bias sums taken per [`GROUP`] of
+/// images as in `backward_filter` (the same bits), then put into the lanes, where the
+/// filter gradient ([`lane_filter_product`]: each image's pixels summed in its own lane,
+/// the chunk's sets of 16 in order, then the 16 lanes as a fixed tree, [`fold_lanes`]) and
+/// the input gradient ([`LaneInput`]) read it.
+#[cfg(target_arch = "x86_64")]
+fn filter_chunks_image_lanes<T: Precision>(
+    s: &Conv2dShape,
+    x: &[T],
+    dy: &OutputGrad<T>,
+    lane_input: Option<&LaneInput>,
+    dx_chunks: Vec<Option<&mut [T]>>,
+    with_bias: bool,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    use super::image_lanes::{fold_lanes, lane_filter_product, LaneImages, LaneWindows};
+    let k = s.in_c * s.k_h * s.k_w;
+    let pq = s.out_h() * s.out_w();
+    let image_in = s.in_c * s.in_h * s.in_w;
+    let ld = s.out_c.div_ceil(R) * R;
+    let taps: Vec<usize> = tap_offsets(s).iter().map(|t| t * LANES).collect();
+    let pixels: Vec<usize> = pixel_offsets(s, 1).iter().map(|p| p * LANES).collect();
+    // One job per thread: each job's scratch (1.9 MB for conv2, mostly the lanes' running
+    // sums) is allocated once, not once per chunk.
+    let per_job = dx_chunks
+        .len()
+        .div_ceil(rayon::current_num_threads())
+        .max(1);
+    dx_chunks
+        .into_par_iter()
+        .with_min_len(per_job)
+        .enumerate()
+        .map_init(
+            || {
+                (
+                    (LaneImages::default(), Vec::new()),
+                    (vec![0.0f32; s.out_c * pq * GROUP], vec![0.0f32; 2 * pq]),
+                    // dy's lanes: channels past O stay zero.
+                    (vec![0.0f32; ld * pq * LANES], vec![0.0f32; ld * k * LANES]),
+                    (Vec::new(), Vec::new()),
+                )
+            },
+            |((images, wide), (dyg, tmp), (dy_lanes, totals), (dx_lanes, plane)),
+             (chunk, mut dx_chunk)| {
+                let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
+                let start = chunk * FILTER_CHUNK;
+                let end = s.batch.min(start + FILTER_CHUNK);
+                for first in (start..end).step_by(GROUP) {
+                    let imgs = GROUP.min(end - first);
+                    let npq = imgs * pq;
+                    gather_dy(dy, (first, imgs), (s.out_c, pq), dyg, tmp);
+                    for (o, b) in partial_bias.iter_mut().enumerate() {
+                        *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
+                    }
+                    // Sets of 16 images from the chunk's start; a short last set's other
+                    // lanes must be zero (x's are, and a stale infinity times zero is NaN).
+                    let lane0 = (first - start) % LANES;
+                    let set_first = first - lane0;
+                    let set = LANES.min(end - set_first);
+                    if lane0 == 0 && set < LANES {
+                        dy_lanes.fill(0.0);
+                    }
+                    into_lanes(dyg, (s.out_c, imgs, pq), lane0, dy_lanes);
+                    if lane0 + imgs < set {
+                        continue;
+                    }
+                    if let (Some(lanes), Some(dx_chunk)) = (lane_input, dx_chunk.as_deref_mut()) {
+                        let at = (set_first - start) * image_in;
+                        let dx = &mut dx_chunk[at..at + set * image_in];
+                        lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx);
+                    }
+                    let xg = widened(&x[set_first * image_in..(set_first + set) * image_in], {
+                        wide.resize(set * image_in, 0.0);
+                        wide
+                    });
+                    let windows = LaneWindows {
+                        src: images.build(s, xg, set),
+                        pixels: &pixels,
+                        taps: &taps,
+                        block: pixels.len(),
+                    };
+                    lane_filter_product(&windows, dy_lanes, s.out_c, totals, set_first > start);
+                }
+                let mut partial = vec![0.0f32; s.out_c * k];
+                fold_lanes(&totals[..s.out_c * k * LANES], &mut partial);
+                (partial, partial_bias)
+            },
+        )
+        .collect()
 }
 
 /// Sum with 16 independent accumulators (one AVX-512 register), combined in a fixed order:

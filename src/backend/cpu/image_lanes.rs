@@ -16,9 +16,14 @@
 //!   output channels in the registers and added straight into dx's lanes, so neither the
 //!   `wᵀ · dy` matrix nor col2im exists. conv2, batch 256: 5.3 → 4.1 ms.
 //!
+//! - **Filter gradient** ([`lane_filter_product`]): R output channels by V taps, each
+//!   lane summing its own image's pixels; the sets of 16 images add up in memory and the
+//!   16 lanes are added at the end as a fixed tree ([`fold_lanes`]). It reads the same dy
+//!   lanes as the input gradient. conv2's backward, fused, in training: about 5% more
+//!   images/s.
+//!
 //! The layouts cost one gather per element going in and one per element coming out
-//! ([`LaneImages::build`], [`into_lanes`], [`lane_plane`]). The filter gradient stays on
-//! the window tile: in lanes it needs the 16 lanes added at the end and measured no faster.
+//! ([`LaneImages::build`], [`into_lanes`], [`lane_plane`]).
 //!
 //! AVX-512 only: without it the window and GEMM tiles run.
 
@@ -231,6 +236,62 @@ pub(super) fn into_lanes(
     unsafe { avx512::into_lanes(src, (rows, count, pq), lane0, lanes) }
 }
 
+/// The filter gradient's product, per lane: `out[o][k][m] (+)= Σ_p dy[o][p][m] ·
+/// x_m[pixels[p] + taps[k]]` for o < `cols` rounded up to [`R`] (dy's padding channels zero)
+/// and every tap k: each image's own sum over the pixels (in order, one chain per lane),
+/// `out` then holding `ld · taps · 16` floats. [`fold_lanes`] adds the lanes afterwards.
+///
+/// # Panics
+/// If dy or out is too short, a window lies outside the images, or the CPU lacks AVX-512.
+pub(super) fn lane_filter_product(
+    x: &LaneWindows,
+    dy: &[f32],
+    cols: usize,
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    assert!(super::isa::isa().avx512, "image lanes need AVX-512");
+    let (n, k, ld) = (x.pixels.len(), x.taps.len(), cols.div_ceil(R) * R);
+    assert!(dy.len() >= ld * n * LANES, "dy too short");
+    assert!(out.len() >= ld * k * LANES, "out too short");
+    if let (Some(p), Some(t)) = (x.pixels.iter().max(), x.taps.iter().max()) {
+        assert!(
+            p + t + LANES <= x.src.len(),
+            "a window lies outside the images"
+        );
+    }
+    // Channels outermost: a tile's rows of dy (5 channels x 81 pixels, 26 KiB for conv2)
+    // stay in L1 across the taps.
+    for o0 in (0..ld).step_by(R) {
+        for t0 in (0..k).step_by(V_MAX) {
+            let at = (o0, t0);
+            // SAFETY: AVX-512F (asserted); dy holds ld·n vectors, out ld·k, every
+            // pixels[p] + taps[t] + 16 ≤ src.len() (asserted).
+            unsafe {
+                match (k - t0).min(V_MAX) {
+                    1 => avx512::filter_tile::<1>(x, dy, at, out, accumulate),
+                    2 => avx512::filter_tile::<2>(x, dy, at, out, accumulate),
+                    3 => avx512::filter_tile::<3>(x, dy, at, out, accumulate),
+                    4 => avx512::filter_tile::<4>(x, dy, at, out, accumulate),
+                    _ => avx512::filter_tile::<5>(x, dy, at, out, accumulate),
+                }
+            }
+        }
+    }
+}
+
+/// `sums[i] = ` the sum of vector i's 16 lanes (`vectors[16·i ..][..16]`), always added as
+/// the same tree: lane l with lane l + 8, then those sums with the ones 4 apart, 2, 1.
+///
+/// # Panics
+/// If `vectors` is not 16 values per sum, or the CPU lacks AVX-512.
+pub(super) fn fold_lanes(vectors: &[f32], sums: &mut [f32]) {
+    assert!(super::isa::isa().avx512, "image lanes need AVX-512");
+    assert_eq!(vectors.len(), sums.len() * LANES, "16 values per sum");
+    // SAFETY: AVX-512F (asserted); lengths asserted.
+    unsafe { avx512::fold_lanes(vectors, sums) }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
@@ -414,6 +475,102 @@ mod avx512 {
         }
     }
 
+    /// One register tile of [`super::lane_filter_product`]: channels `o0..o0 + R`, taps
+    /// `t0..t0 + V`, every pixel.
+    ///
+    /// # Safety
+    /// AVX-512F; the bounds [`super::lane_filter_product`] asserts.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn filter_tile<const V: usize>(
+        x: &LaneWindows,
+        dy: &[f32],
+        (o0, t0): (usize, usize),
+        out: &mut [f32],
+        accumulate: bool,
+    ) {
+        let (n, k) = (x.pixels.len(), x.taps.len());
+        // SAFETY: the caller's bounds: dy's rows o0..o0 + R hold n vectors each, every
+        // pixels[p] + taps[t0 + v] + 16 ≤ src.len(), out holds (o0 + R)·k vectors.
+        unsafe {
+            let mut base = [x.src.as_ptr(); V];
+            for (v, b) in base.iter_mut().enumerate() {
+                *b = b.add(x.taps[t0 + v]);
+            }
+            let d = dy.as_ptr().add(o0 * n * LANES);
+            let mut acc = [[_mm512_setzero_ps(); V]; R];
+            for (p, &pixel) in x.pixels.iter().enumerate() {
+                let mut dv = [_mm512_setzero_ps(); R];
+                for (r, dv) in dv.iter_mut().enumerate() {
+                    *dv = _mm512_loadu_ps(d.add((r * n + p) * LANES));
+                }
+                for (v, b) in base.iter().enumerate() {
+                    let xv = _mm512_loadu_ps(b.add(pixel));
+                    for (acc, dv) in acc.iter_mut().zip(dv) {
+                        acc[v] = _mm512_fmadd_ps(dv, xv, acc[v]);
+                    }
+                }
+            }
+            let dst = out.as_mut_ptr();
+            for (r, acc) in acc.iter().enumerate() {
+                for (v, a) in acc.iter().enumerate() {
+                    let at = dst.add(((o0 + r) * k + t0 + v) * LANES);
+                    let sum = if accumulate {
+                        _mm512_add_ps(_mm512_loadu_ps(at), *a)
+                    } else {
+                        *a
+                    };
+                    _mm512_storeu_ps(at, sum);
+                }
+            }
+        }
+    }
+
+    /// [`super::fold_lanes`]: 16 vectors at a time, each level adding the two halves of
+    /// every group of lanes across a pair of vectors (one permute each way, one add), so
+    /// 16 vectors become one vector of their 16 sums in 15 adds; a last partial batch is
+    /// padded with zeros.
+    ///
+    /// # Safety
+    /// AVX-512F; `vectors.len() == 16 · sums.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fold_lanes(vectors: &[f32], sums: &mut [f32]) {
+        assert_eq!(vectors.len(), sums.len() * LANES);
+        // Level with groups of g lanes: output lane l is source lane (l / g)·2g + l % g
+        // of the concatenated pair, plus the one g further on.
+        let levels: [(__m512i, __m512i); 4] = [8, 4, 2, 1].map(|g: i32| {
+            let lo: [i32; 16] = std::array::from_fn(|l| (l as i32 / g) * 2 * g + l as i32 % g);
+            let hi = lo.map(|i| i + g);
+            // SAFETY: [i32; 16] and __m512i have the same size.
+            unsafe { (std::mem::transmute(lo), std::mem::transmute(hi)) }
+        });
+        for (batch, out) in sums.chunks_mut(LANES).enumerate() {
+            let mut v = [_mm512_setzero_ps(); LANES];
+            for (i, v) in v.iter_mut().enumerate().take(out.len()) {
+                // SAFETY: vector batch·16 + i < sums.len() lies inside `vectors`.
+                *v = unsafe { _mm512_loadu_ps(vectors.as_ptr().add((batch * LANES + i) * LANES)) };
+            }
+            let mut count = LANES;
+            for (lo, hi) in levels {
+                count /= 2;
+                for i in 0..count {
+                    let (a, b) = (v[2 * i], v[2 * i + 1]);
+                    v[i] = _mm512_add_ps(
+                        _mm512_permutex2var_ps(a, lo, b),
+                        _mm512_permutex2var_ps(a, hi, b),
+                    );
+                }
+            }
+            // SAFETY: the masked store writes out[..out.len()], out.len() ≤ 16.
+            unsafe {
+                _mm512_mask_storeu_ps(
+                    out.as_mut_ptr(),
+                    crate::backend::cpu::isa::lanes(out.len()),
+                    v[0],
+                )
+            };
+        }
+    }
+
     /// [`super::lane_plane`]: lane m of each pixel's vector, 16 pixels per gather.
     ///
     /// # Safety
@@ -441,6 +598,8 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
+    use rand::Rng;
+
     use super::super::product_check::{seeded, uniform};
     use super::super::window_gemm::{window_gemm, PackedW, Windows};
     use super::*;
@@ -606,6 +765,96 @@ mod tests {
                     err <= 1e-6 + 2e-6 * mag,
                     "{s:?}: element {i}: {got} vs {want}"
                 );
+            }
+        }
+    }
+
+    /// The filter gradient per lane, then the lanes folded, against float64: conv2's shape
+    /// (50 channels: 10 tiles of R) and an awkward one (padding, stride 2, 7 channels, 27
+    /// taps), two sets of images summed as a chunk sums them, the second shape's sets short
+    /// (11 images: the other lanes zero in x and in dy, as the caller leaves them); the fold
+    /// covers 25,000 and 189 sums, neither a multiple of 16.
+    #[test]
+    fn lane_filter_product_and_fold_match_float64() {
+        if !crate::backend::cpu::isa::isa().avx512 {
+            eprintln!("no AVX-512 on this CPU: the image-lane product is not used here");
+            return;
+        }
+        let mut rng = seeded(24);
+        for (s, imgs) in [
+            (shape(20, (13, 13), 50, 5, 1, 0), 16),
+            (shape(3, (11, 10), 7, 3, 2, 1), 11),
+        ] {
+            let image = s.in_c * s.in_h * s.in_w;
+            let k = s.in_c * s.k_h * s.k_w;
+            let pq = s.out_h() * s.out_w();
+            let ld = s.out_c.div_ceil(R) * R;
+            let (taps, pixels) = offsets(&s, 1, LANES);
+            let xs: Vec<Vec<f32>> = (0..2).map(|_| uniform(&mut rng, imgs * image)).collect();
+            let dys: Vec<Vec<f32>> = (0..2)
+                .map(|_| {
+                    let mut dy = vec![0.0f32; ld * pq * LANES];
+                    for o in 0..s.out_c {
+                        for p in 0..pq {
+                            for m in 0..imgs {
+                                dy[(o * pq + p) * LANES + m] = rng.gen_range(-1.0..1.0);
+                            }
+                        }
+                    }
+                    dy
+                })
+                .collect();
+            let mut totals = vec![f32::NAN; ld * k * LANES];
+            let mut images = LaneImages::default();
+            for (set, (x, dy)) in xs.iter().zip(&dys).enumerate() {
+                let windows = LaneWindows {
+                    src: images.build(&s, x, imgs),
+                    pixels: &pixels,
+                    taps: &taps,
+                    block: pq,
+                };
+                lane_filter_product(&windows, dy, s.out_c, &mut totals, set > 0);
+            }
+            let mut dw = vec![f32::NAN; s.out_c * k];
+            fold_lanes(&totals[..s.out_c * k * LANES], &mut dw);
+            for o in 0..s.out_c {
+                for c in 0..s.in_c {
+                    for i in 0..s.k_h {
+                        for j in 0..s.k_w {
+                            let (mut want, mut mag) = (0.0f64, 0.0f64);
+                            for (x, dy) in xs.iter().zip(&dys) {
+                                for m in 0..imgs {
+                                    for p in 0..pq {
+                                        let (py, px) = (
+                                            (p / s.out_w()) * s.stride + i,
+                                            (p % s.out_w()) * s.stride + j,
+                                        );
+                                        let (Some(h), Some(v)) =
+                                            (py.checked_sub(s.pad), px.checked_sub(s.pad))
+                                        else {
+                                            continue;
+                                        };
+                                        if h >= s.in_h || v >= s.in_w {
+                                            continue;
+                                        }
+                                        let t = f64::from(dy[(o * pq + p) * LANES + m])
+                                            * f64::from(
+                                                x[m * image + (c * s.in_h + h) * s.in_w + v],
+                                            );
+                                        want += t;
+                                        mag += t.abs();
+                                    }
+                                }
+                            }
+                            let got = dw[o * k + (c * s.k_h + i) * s.k_w + j];
+                            let err = (f64::from(got) - want).abs();
+                            assert!(
+                                err <= 1e-6 + 2e-6 * mag,
+                                "{s:?}: dw[{o}][{c}][{i}][{j}] {got} vs {want}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
