@@ -540,8 +540,13 @@ mod avx512 {
         let levels: [(__m512i, __m512i); 4] = [8, 4, 2, 1].map(|g: i32| {
             let lo: [i32; 16] = std::array::from_fn(|l| (l as i32 / g) * 2 * g + l as i32 % g);
             let hi = lo.map(|i| i + g);
-            // SAFETY: [i32; 16] and __m512i have the same size.
-            unsafe { (std::mem::transmute(lo), std::mem::transmute(hi)) }
+            // SAFETY: each array holds the 16 i32 lanes the unaligned load reads.
+            unsafe {
+                (
+                    _mm512_loadu_si512(lo.as_ptr().cast()),
+                    _mm512_loadu_si512(hi.as_ptr().cast()),
+                )
+            }
         });
         for (batch, out) in sums.chunks_mut(LANES).enumerate() {
             let mut v = [_mm512_setzero_ps(); LANES];
