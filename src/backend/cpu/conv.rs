@@ -3,9 +3,11 @@
 //!
 //! For image n, `col` is the (C·KH·KW) x (P·Q) matrix of input taps, so the forward pass is
 //! `y_n = w · col` (O x P·Q), the input gradient is `col2im(wᵀ · dy_n)`, and the filter
-//! gradient is `Σ_n dy_n · col_nᵀ`. From [`WINDOW_TAPS`] taps on, the forward and filter
-//! products read col's elements straight from the images ([`window_gemm`]: `col[tap][pixel]`
-//! is `images[tap offset + pixel offset]`) instead of writing col out. The filter gradient
+//! gradient is `Σ_n dy_n · col_nᵀ`. From [`WINDOW_TAPS`] taps on, f32 and widened products
+//! on AVX-512 run with 16 images in the lanes ([`image_lanes`]: all three products, col
+//! never formed); without AVX-512 the forward and filter products read col's elements
+//! straight from the images ([`window_gemm`]: `col[tap][pixel]` is `images[tap offset +
+//! pixel offset]`) instead of writing col out. The filter gradient
 //! sums images in fixed chunks and then the chunks as a binary tree (`summation`), so the
 //! result does not depend on the thread count and its rounding error grows like log(batch).
 //!
@@ -39,10 +41,9 @@ use super::{pair_bits, widened, write_f32};
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
 const GROUP: usize = 8;
 
-/// Taps from which the forward and filter-gradient products read the images in place
-/// ([`window_gemm`]). Below it the im2col matrix is small (conv1's 9 rows) and a window
-/// tile does too few steps to pay for transposing its sums, so im2col and the GEMM tiles
-/// are faster.
+/// Taps from which the products read the images in place ([`image_lanes`], or
+/// [`window_gemm`] without AVX-512). Below it the im2col matrix is small (conv1's 9 rows)
+/// and im2col with the GEMM tiles is faster.
 const WINDOW_TAPS: usize = 64;
 
 /// Taps summed in registers before they join a forward output's running total (see
@@ -295,8 +296,8 @@ pub(super) enum OutputGrad<'a, T> {
 }
 
 /// [`forward`] with 16 images in the lanes ([`image_lanes`]): the f32 and widened products
-/// of convolutions with [`WINDOW_TAPS`] taps or more, on AVX-512. The same sums as the
-/// window tile, in the same order: the same bits.
+/// of convolutions with [`WINDOW_TAPS`] taps or more, on AVX-512: the taps summed in
+/// blocks of [`FORWARD_BLOCK`], in order.
 #[cfg(target_arch = "x86_64")]
 fn forward_image_lanes<T: Precision>(
     s: &Conv2dShape,

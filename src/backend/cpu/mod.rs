@@ -2,10 +2,11 @@
 //!
 //! It is the production path on machines without a GPU, so it is built for speed: the
 //! fully connected layers' GEMMs go to `matrixmultiply` (cache-blocked, SIMD, threaded); the
-//! convolutions run over groups of images on nanoddp's own AVX-512 register tiles: the
-//! forward and filter-gradient products read the images in place (`window_gemm`, from 64
-//! filter taps; im2col + `microkernel` below that), the input gradient is a GEMM then col2im
-//! (`microkernel`), with the ReLU, the average pool and the bias gradient fused in where
+//! convolutions run over groups of images on nanoddp's own AVX-512 register tiles: from 64
+//! filter taps with 16 images in the lanes (`image_lanes`: forward, input and filter
+//! gradients), without AVX-512 reading the images in place (`window_gemm`) and the input
+//! gradient as a GEMM then col2im (`microkernel`, which also takes conv1's 9 taps through
+//! im2col), with the ReLU, the average pool and the bias gradient fused in where
 //! the trainer asks for it (`Backend::conv2d_relu_avg_pool_forward` and friends); loops over
 //! images, planes and rows run on all cores with rayon. Arithmetic is
 //! f32 with f16 or bf16 storage for mixed precision, as on the GPU. Every reduction has a fixed

@@ -1,5 +1,6 @@
 //! The convolutions' forward and filter-gradient products read straight from the images,
-//! with no im2col matrix.
+//! with no im2col matrix: the portable path, for CPUs without AVX-512 (where AVX-512 runs,
+//! [`image_lanes`](super::image_lanes) takes these products with 16 images in the lanes).
 //!
 //! Both products have the form `C[o][r] = Σ_k W[k][o] · x[rows[r] + steps[k]]`, where x
 //! holds a group of images and `rows`/`steps` are offsets into it:
@@ -8,21 +9,14 @@
 //! - filter gradient: r runs over taps, k over output pixels, W is the output gradient
 //!   transposed (pixel-major), C the filter gradient.
 //!
-//! The register tile is R values of r by V vectors of 16 output channels, R·V = 24 zmm
-//! accumulators (V = 4 and R = 6 for LeNet's 50 channels, V = 2 and R = 12 for its 20).
-//! Each step of k loads V vectors of W and broadcasts R scalars straight from x into
-//! R·V FMAs, so x is read where it lies: the im2col matrix (25 copies of each conv2 input
-//! element, 1.3 MB per group of eight images) is never written or read back, which cost as
-//! much time as the multiply itself. The price is lanes past the channel count in the last
-//! vector (50 of 64 are used: 78%). On conv2's forward product, one core, this tile took
-//! 7.0 ms per batch of 256 where im2col plus the 10 x 32 GEMM tile took 9.7-10.1 ms, and
-//! training ran 11-12% faster with it (alternated runs, 1 and 4 devices).
-//!
-//! Without AVX-512 the same tile runs as portable Rust with separate multiplies and adds;
-//! both paths sum over k in blocks of [`Windows::block`] steps in order, so each is
-//! deterministic.
-
-use super::isa::isa;
+//! The tile is R values of r by V vectors of 16 output channels (V = 4 and R = 6 for
+//! LeNet's 50 channels, V = 2 and R = 12 for its 20), written as plain loops the compiler
+//! vectorizes for the baseline instruction set: each step of k reads V·16 values of W and
+//! R values straight from x, so the im2col matrix (25 copies of each conv2 input element,
+//! 1.3 MB per group of eight images) is never written or read back. The sum over k runs in
+//! blocks of [`Windows::block`] steps in order, so it is deterministic. The bf16 pair
+//! products ([`window_gemm_bf16`](super::window_gemm_bf16)) share the tile's layout
+//! ([`tile_bases`], [`store_tile`], [`avx512::add_into`]).
 
 /// Output channels per chunk of W: four 16-lane vectors.
 pub(super) const CHUNK: usize = 64;
@@ -96,18 +90,6 @@ pub(super) struct Windows<'a> {
 /// If `x.steps` is not W's depth long, an offset pair lies outside `x.src`, or C is too
 /// short.
 pub(super) fn window_gemm(x: &Windows, w: &PackedW, c: &mut [f32], ldc: usize, accumulate: bool) {
-    window_gemm_on(isa().avx512, x, w, c, ldc, accumulate);
-}
-
-/// [`window_gemm`] on AVX-512 (when `avx512` and the CPU has it) or in portable Rust.
-fn window_gemm_on(
-    avx512: bool,
-    x: &Windows,
-    w: &PackedW,
-    c: &mut [f32],
-    ldc: usize,
-    accumulate: bool,
-) {
     let (n, cols) = (x.rows.len(), w.cols);
     assert_eq!(x.steps.len(), w.depth, "steps do not match W's depth");
     if n == 0 || cols == 0 {
@@ -125,22 +107,20 @@ fn window_gemm_on(
         }
         return;
     }
-    let avx512 = avx512 && isa().avx512;
     for (chunk, packed) in w.data.chunks_exact(w.depth * CHUNK).enumerate() {
         let width = CHUNK.min(cols - chunk * CHUNK);
         let c = &mut c[chunk * CHUNK * ldc..];
         match width.div_ceil(16) {
-            1 => tiles::<1, 24>(avx512, x, packed, width, c, ldc, accumulate),
-            2 => tiles::<2, 12>(avx512, x, packed, width, c, ldc, accumulate),
-            3 => tiles::<3, 8>(avx512, x, packed, width, c, ldc, accumulate),
-            _ => tiles::<4, 6>(avx512, x, packed, width, c, ldc, accumulate),
+            1 => tiles::<1, 24>(x, packed, width, c, ldc, accumulate),
+            2 => tiles::<2, 12>(x, packed, width, c, ldc, accumulate),
+            3 => tiles::<3, 8>(x, packed, width, c, ldc, accumulate),
+            _ => tiles::<4, 6>(x, packed, width, c, ldc, accumulate),
         }
     }
 }
 
 /// One chunk of W (`width` ≤ 64 columns, V vectors) against every value of r, R at a time.
 fn tiles<const V: usize, const R: usize>(
-    avx512: bool,
     x: &Windows,
     packed: &[f32],
     width: usize,
@@ -156,7 +136,7 @@ fn tiles<const V: usize, const R: usize>(
         let block = x.block.max(1);
         for (b, steps) in x.steps.chunks(block).enumerate() {
             let w = &packed[b * block * CHUNK..];
-            tile::<V, R>(avx512, x.src, &bases, steps, w, &mut out, b > 0);
+            tile::<V, R>(x.src, &bases, steps, w, &mut out, b > 0);
         }
         store_tile(&out, (r0, x.rows.len()), width, c, ldc, accumulate);
     }
@@ -190,7 +170,6 @@ pub(super) fn store_tile<const R: usize>(
 /// `out[i][o] = Σ_k w[k·64 + o] · src[bases[i] + steps[k]]` for o < 16·V, the sum taken
 /// from zero and then added to `out` when `accumulate`.
 fn tile<const V: usize, const R: usize>(
-    avx512: bool,
     src: &[f32],
     bases: &[usize; R],
     steps: &[usize],
@@ -198,13 +177,6 @@ fn tile<const V: usize, const R: usize>(
     out: &mut [[f32; CHUNK]; R],
     accumulate: bool,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // SAFETY: the caller found AVX-512F and VL; window_gemm_on checked every
-        // bases[i] + steps[k] against src, and W holds steps.len() rows of 64.
-        return unsafe { avx512::tile::<V, R>(src, bases, steps, w, out, accumulate) };
-    }
-    let _ = avx512;
     let mut acc = [[0.0f32; CHUNK]; R];
     for (k, &s) in steps.iter().enumerate() {
         let wk = &w[k * CHUNK..k * CHUNK + 16 * V];
@@ -227,49 +199,6 @@ pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::CHUNK;
-
-    /// [`super::tile`]: R x V accumulators, V loads and R broadcasts per step of k.
-    ///
-    /// # Safety
-    /// AVX-512F and VL; every `bases[i] + steps[k]` inside `src`; `w` at least
-    /// `steps.len()·64` long.
-    #[target_feature(enable = "avx512f,avx512vl")]
-    pub(super) unsafe fn tile<const V: usize, const R: usize>(
-        src: &[f32],
-        bases: &[usize; R],
-        steps: &[usize],
-        w: &[f32],
-        out: &mut [[f32; CHUNK]; R],
-        accumulate: bool,
-    ) {
-        assert!(w.len() >= steps.len() * CHUNK);
-        let mut acc = [[_mm512_setzero_ps(); V]; R];
-        let x = src.as_ptr();
-        let wp = w.as_ptr();
-        // SAFETY: bases[i] + steps[k] lies inside src (caller), so every pointer formed
-        // below and every element read is inside it; W rows are in bounds (asserted).
-        // (Plain loops, not closures: a closure would not inherit the target features.)
-        unsafe {
-            let mut rows = [x; R];
-            for (p, &b) in rows.iter_mut().zip(bases) {
-                *p = x.add(b);
-            }
-            for (k, &s) in steps.iter().enumerate() {
-                let wk = wp.add(k * CHUNK);
-                let mut wv = [_mm512_setzero_ps(); V];
-                for (v, wv) in wv.iter_mut().enumerate() {
-                    *wv = _mm512_loadu_ps(wk.add(v * 16));
-                }
-                for (acc, p) in acc.iter_mut().zip(rows) {
-                    let b = _mm512_set1_ps(*p.add(s));
-                    for (a, wv) in acc.iter_mut().zip(wv) {
-                        *a = _mm512_fmadd_ps(b, wv, *a);
-                    }
-                }
-            }
-            add_into(out, &acc, accumulate);
-        }
-    }
 
     /// `out[i][16·v ..]` = `acc[i][v]`, or `+=` when `accumulate`: a tile's registers into
     /// its running total.
@@ -304,11 +233,11 @@ pub(super) mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::super::product_check::{
-        assert_product, conv2_pixels, conv2_taps, poisoned, seeded, tile_paths, uniform,
+        assert_product, conv2_pixels, conv2_taps, poisoned, seeded, uniform,
     };
     use super::*;
 
-    /// Both paths against a float64 product, for offsets shaped like conv2's forward (runs
+    /// The product against float64, for offsets shaped like conv2's forward (runs
     /// of 9 pixels) and filter gradient (the lists swapped), channel counts 1, 16, 20, 50,
     /// 64, 67 and 130 (every tile shape, ragged chunks), R not a multiple of the tile, depth
     /// 0, overwrite and accumulate, blocks of 7 and 16 steps and one block; C's padding
@@ -316,7 +245,6 @@ mod tests {
     #[test]
     fn window_gemm_matches_float64() {
         let mut rng = seeded(11);
-        let paths = tile_paths();
         let (taps, pixels) = (conv2_taps(50), conv2_pixels(97));
         let cases: Vec<(usize, &[usize], &[usize])> = vec![
             (50, &pixels, &taps),
@@ -338,10 +266,7 @@ mod tests {
             w.pack_transposed(&wsrc, cols, depth, ld);
             let ldc = n + 2;
             let c0 = uniform(&mut rng, cols * ldc);
-            for (&avx, accumulate, block) in paths
-                .iter()
-                .flat_map(|a| [(a, false, 7), (a, true, 16), (a, false, usize::MAX)])
-            {
+            for (accumulate, block) in [(false, 7), (true, 16), (false, usize::MAX)] {
                 let x = Windows {
                     src: &src,
                     rows,
@@ -349,11 +274,11 @@ mod tests {
                     block,
                 };
                 let mut c = poisoned(&c0, n, ldc);
-                window_gemm_on(avx, &x, &w, &mut c, ldc, accumulate);
+                window_gemm(&x, &w, &mut c, ldc, accumulate);
                 let term = |o: usize, r: usize, k: usize| {
                     wsrc[o * ld + k] as f64 * src[rows[r] + steps[k]] as f64
                 };
-                let what = format!("{cols} x {n} x {depth} avx512 {avx} block {block}");
+                let what = format!("{cols} x {n} x {depth} block {block}");
                 assert_product(&c, &c0, (cols, n, ldc), depth, accumulate, term, &what);
             }
         }
