@@ -90,6 +90,14 @@ fn pixel_offsets(s: &Conv2dShape, imgs: usize) -> Vec<usize> {
     pixels
 }
 
+/// [`tap_offsets`] and one image's [`pixel_offsets`] in [`image_lanes`]' layout (each
+/// element a vector of 16 images).
+#[cfg(target_arch = "x86_64")]
+fn lane_offsets(s: &Conv2dShape) -> (Vec<usize>, Vec<usize>) {
+    let scale = |v: Vec<usize>| v.into_iter().map(|o| o * LANES).collect();
+    (scale(tap_offsets(s)), scale(pixel_offsets(s, 1)))
+}
+
 /// The offsets that make a group's im2col matrix implicit, when the convolution has
 /// [`WINDOW_TAPS`] taps or more (else None: im2col is written out).
 struct Offsets {
@@ -295,6 +303,61 @@ pub(super) enum OutputGrad<'a, T> {
     },
 }
 
+/// The pool's shape and its output split per group of `group` images (None for each group
+/// without a pool): where [`write_outputs`] puts each group's pooled planes.
+#[allow(clippy::type_complexity)]
+fn pooled_groups<'a, 'p, T: Precision>(
+    s: &Conv2dShape,
+    pool: Option<(&'p Pool2dShape, &'a mut [T])>,
+    group: usize,
+) -> (Option<&'p Pool2dShape>, Vec<Option<&'a mut [T]>>) {
+    match pool {
+        Some((p, pooled)) => {
+            let plane = p.out_h() * p.out_w();
+            (
+                Some(p),
+                pooled
+                    .chunks_mut(s.out_c * plane * group)
+                    .map(Some)
+                    .collect(),
+            )
+        }
+        None => (None, (0..s.batch.div_ceil(group)).map(|_| None).collect()),
+    }
+}
+
+/// The forward's epilogue for one group: each image m's plane o of y is the sums
+/// `plane(m, o, scratch)` returns (or, for None, what it wrote into `scratch`, a plane of
+/// f32) plus the bias, through the ReLU when asked, and with a pool also average-pooled from
+/// the f32 values while they are in cache. `row` and `pooled_row` are f32 scratch of a plane
+/// and a pooled plane (for half storage).
+#[allow(clippy::type_complexity)]
+fn write_outputs<'a, T: Precision>(
+    s: &Conv2dShape,
+    (bias, relu, pool): (Option<&[f32]>, bool, Option<&Pool2dShape>),
+    (y_g, mut pooled_g): (&mut [T], Option<&mut [T]>),
+    (scratch, row, pooled_row): (&mut [f32], &mut [f32], &mut [f32]),
+    mut plane: impl FnMut(usize, usize, &mut [f32]) -> Option<&'a [f32]>,
+) {
+    let pq = s.out_h() * s.out_w();
+    let pooled_plane = pool.map_or(0, |p| p.out_h() * p.out_w());
+    for (m, y_n) in y_g.chunks_mut(s.out_c * pq).enumerate() {
+        for (o, dst) in y_n.chunks_mut(pq).enumerate() {
+            let b = bias.map_or(0.0, |b| b[o]);
+            let src = match plane(m, o, scratch) {
+                Some(src) => src,
+                None => &scratch[..pq],
+            };
+            let values = write_f32(dst, row, |r| add_bias_relu(src, b, relu, r));
+            if let (Some(p), Some(pooled_g)) = (pool, pooled_g.as_deref_mut()) {
+                let at = (m * s.out_c + o) * pooled_plane;
+                let pooled = &mut pooled_g[at..at + pooled_plane];
+                write_f32(pooled, pooled_row, |out| avg_plane(p, values, out));
+            }
+        }
+    }
+}
+
 /// [`forward`] with 16 images in the lanes ([`image_lanes`]): the f32 and widened products
 /// of convolutions with [`WINDOW_TAPS`] taps or more, on AVX-512: the taps summed in
 /// blocks of [`FORWARD_BLOCK`], in order.
@@ -314,20 +377,9 @@ fn forward_image_lanes<T: Precision>(
     let (image_in, image_out) = (s.in_c * s.in_h * s.in_w, s.out_c * pq);
     let mut filter = LaneFilter::default();
     filter.pack(&widen(w), s.out_c, k);
-    let taps: Vec<usize> = tap_offsets(s).iter().map(|t| t * LANES).collect();
-    let pixels: Vec<usize> = pixel_offsets(s, 1).iter().map(|p| p * LANES).collect();
+    let (taps, pixels) = lane_offsets(s);
     let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
-    let groups = s.batch.div_ceil(LANES);
-    let (pool_shape, pooled_groups): (_, Vec<Option<&mut [T]>>) = match pool {
-        Some((p, pooled)) => (
-            Some(p),
-            pooled
-                .chunks_mut(s.out_c * pooled_plane * LANES)
-                .map(Some)
-                .collect(),
-        ),
-        None => (None, (0..groups).map(|_| None).collect()),
-    };
+    let (pool_shape, pooled_groups) = pooled_groups(s, pool, LANES);
     let out_len = s.out_c.div_ceil(R) * R * pq * LANES;
     y.par_chunks_mut(image_out * LANES)
         .zip(pooled_groups)
@@ -355,18 +407,17 @@ fn forward_image_lanes<T: Precision>(
                     block: FORWARD_BLOCK,
                 };
                 lane_product(&windows, &filter, out);
-                for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
-                    for (o, dst) in y_n.chunks_mut(pq).enumerate() {
-                        let b = bias.map_or(0.0, |b| b[o]);
+                let epilogue = (bias, relu, pool_shape);
+                write_outputs(
+                    s,
+                    epilogue,
+                    (y_g, pooled_g.as_deref_mut()),
+                    (plane, row, pooled_row),
+                    |m, o, plane| {
                         lane_plane(out, pq, o, m, plane);
-                        let values = write_f32(dst, row, |r| add_bias_relu(plane, b, relu, r));
-                        if let (Some(p), Some(pooled_g)) = (pool_shape, pooled_g.as_deref_mut()) {
-                            let at = (m * s.out_c + o) * pooled_plane;
-                            let pooled = &mut pooled_g[at..at + pooled_plane];
-                            write_f32(pooled, pooled_row, |out| avg_plane(p, values, out));
-                        }
-                    }
-                }
+                        None
+                    },
+                );
             },
         );
 }
@@ -464,18 +515,8 @@ pub(super) fn forward<T: Precision>(
             Vec::new()
         }
     };
-    let groups = s.batch.div_ceil(GROUP);
     let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
-    let (pool_shape, pooled_groups): (_, Vec<Option<&mut [T]>>) = match pool {
-        Some((p, pooled)) => (
-            Some(p),
-            pooled
-                .chunks_mut(s.out_c * pooled_plane * GROUP)
-                .map(Some)
-                .collect(),
-        ),
-        None => (None, (0..groups).map(|_| None).collect()),
-    };
+    let (pool_shape, pooled_groups) = pooled_groups(s, pool, GROUP);
     y.par_chunks_mut(image_out * GROUP)
         .zip(pooled_groups)
         .enumerate()
@@ -513,18 +554,14 @@ pub(super) fn forward<T: Precision>(
                     im2col_group(s, x, (g * GROUP, imgs), col, images);
                     gemm(&w_packed, col, npq, npq, out, npq, false);
                 }
-                for (m, y_n) in y_g.chunks_mut(image_out).enumerate() {
-                    for (o, dst) in y_n.chunks_mut(pq).enumerate() {
-                        let b = bias.map_or(0.0, |b| b[o]);
-                        let src = &out[o * npq + m * pq..o * npq + (m + 1) * pq];
-                        let values = write_f32(dst, row, |r| add_bias_relu(src, b, relu, r));
-                        if let (Some(p), Some(pooled_g)) = (pool_shape, pooled_g.as_deref_mut()) {
-                            let plane = (m * s.out_c + o) * pooled_plane;
-                            let pooled = &mut pooled_g[plane..plane + pooled_plane];
-                            write_f32(pooled, pooled_row, |out| avg_plane(p, values, out));
-                        }
-                    }
-                }
+                let (epilogue, sums): (_, &[f32]) = ((bias, relu, pool_shape), out);
+                write_outputs(
+                    s,
+                    epilogue,
+                    (y_g, pooled_g.as_deref_mut()),
+                    (&mut [], row, pooled_row),
+                    |m, o, _| Some(&sums[o * npq + m * pq..o * npq + (m + 1) * pq]),
+                );
             },
         );
 }
@@ -687,9 +724,8 @@ impl LaneInput {
         for (dst, src) in padded.chunks_exact_mut(kpad).zip(wide.chunks_exact(k)) {
             dst[..k].copy_from_slice(src);
         }
-        let mut taps: Vec<usize> = tap_offsets(s).iter().map(|t| t * LANES).collect();
+        let (mut taps, pixels) = lane_offsets(s);
         taps.resize(kpad, *taps.last()?);
-        let pixels = pixel_offsets(s, 1).iter().map(|p| p * LANES).collect();
         Some(Self {
             w: padded,
             taps,
@@ -938,8 +974,7 @@ fn filter_chunks_image_lanes<T: Precision>(
     let pq = s.out_h() * s.out_w();
     let image_in = s.in_c * s.in_h * s.in_w;
     let ld = s.out_c.div_ceil(R) * R;
-    let taps: Vec<usize> = tap_offsets(s).iter().map(|t| t * LANES).collect();
-    let pixels: Vec<usize> = pixel_offsets(s, 1).iter().map(|p| p * LANES).collect();
+    let (taps, pixels) = lane_offsets(s);
     // One job per thread: each job's scratch (1.9 MB for conv2, mostly the lanes' running
     // sums) is allocated once, not once per chunk.
     let per_job = dx_chunks

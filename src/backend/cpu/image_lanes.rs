@@ -241,6 +241,7 @@ pub(super) fn into_lanes(
 /// x_m[pixels[p] + taps[k]]` for o < `cols` rounded up to [`R`] (dy's padding channels zero)
 /// and every tap k: each image's own sum over the pixels (in order, one chain per lane),
 /// `out` then holding `ld · taps · 16` floats. [`fold_lanes`] adds the lanes afterwards.
+/// `x.block` is not used: each lane's chain runs over all the pixels.
 ///
 /// # Panics
 /// If dy or out is too short, a window lies outside the images, or the CPU lacks AVX-512.
@@ -301,6 +302,16 @@ mod avx512 {
     use crate::backend::cpu::isa::lanes;
     use crate::backend::shapes::Conv2dShape;
 
+    /// Gather offsets `(l - first) · stride` for lanes l = 0..16.
+    #[target_feature(enable = "avx512f")]
+    fn strided(stride: i32, first: i32) -> __m512i {
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        _mm512_mullo_epi32(
+            _mm512_sub_epi32(lanes, _mm512_set1_epi32(first)),
+            _mm512_set1_epi32(stride),
+        )
+    }
+
     /// [`super::LaneImages::build`]'s layout by gathers: one vector of 16 images per input
     /// element.
     ///
@@ -315,10 +326,7 @@ mod avx512 {
             i32::try_from(image * LANES).is_ok(),
             "images too large to gather"
         );
-        let index = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(image as i32),
-        );
+        let index = strided(image as i32, 0);
         let mask = lanes(imgs);
         let (src, dst) = (x.as_ptr(), data.as_mut_ptr());
         for c in 0..s.in_c {
@@ -453,9 +461,7 @@ mod avx512 {
             i32::try_from(LANES * pq).is_ok(),
             "planes too large to gather"
         );
-        let step: [i32; 16] = std::array::from_fn(|l| (l as i32 - lane0 as i32) * pq as i32);
-        // SAFETY: [i32; 16] and __m512i have the same size.
-        let index: __m512i = unsafe { std::mem::transmute(step) };
+        let index = strided(pq as i32, lane0 as i32);
         let mask = crate::backend::cpu::isa::lanes(count) << lane0;
         for o in 0..rows {
             for p in 0..pq {
@@ -585,10 +591,7 @@ mod avx512 {
     pub(super) unsafe fn gather_plane(out: &[f32], m: usize, plane: &mut [f32]) {
         let pixels = plane.len();
         assert!(m < LANES && out.len() >= pixels * LANES);
-        let index = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(LANES as i32),
-        );
+        let index = strided(LANES as i32, 0);
         for p0 in (0..pixels).step_by(LANES) {
             let mask = lanes((pixels - p0).min(LANES));
             // SAFETY: lane i reads out[(p0 + i)·16 + m] for p0 + i < pixels (masked),
