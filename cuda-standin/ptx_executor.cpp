@@ -20,6 +20,12 @@
 // standin::device_view), byte-exact, so a read one element past the end fails even inside the
 // allocation's last page. Shared and local memory live in the executor, addressed through
 // windows of the generic space that no device allocation can occupy.
+//
+// Blocks run side by side on worker threads (one per CPU, as the SIMT emulator's), each
+// taking the next block in launch order; a block's threads stay on one worker. When blocks
+// fail, the launch reports the failure of the first in launch order, as a serial run would:
+// blocks are taken in order, so every block before it ran to its end. Atomics on global memory
+// are made indivisible across workers by a lock per address stripe.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,6 +38,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "executor.h"
 #include "ptx_ir.h"
@@ -133,9 +141,16 @@ struct LaunchCtx {
     std::vector<DeviceRange> view;
     std::chrono::steady_clock::time_point deadline;
     bool has_deadline = false;
-    std::uint64_t instructions = 0;
+    std::atomic<std::uint64_t> instructions{0};
     std::uint64_t shared_bytes = 0;
 };
+
+// The lock that makes an atomic on global memory at `p` indivisible across the workers
+// running a launch's blocks (shared and local memory belong to one block, one worker).
+std::mutex& atomic_lock(const void* p) {
+    static std::mutex stripes[64];
+    return stripes[(reinterpret_cast<std::uintptr_t>(p) >> 3) % 64];
+}
 
 class BlockRun {
 public:
@@ -1007,6 +1022,8 @@ void BlockRun::step(Thread& t) {
                 std::uint64_t a = effective(t, o[ai]);
                 unsigned eb = bits / 8;
                 std::uint8_t* p = resolve(t, sp, a, eb, true);
+                std::unique_lock<std::mutex> indivisible(atomic_lock(p), std::defer_lock);
+                if (sp != Space::Shared && sp != Space::Local) indivisible.lock();
                 std::uint64_t b = v(ai + 1), old = load_bits(p, eb), res = old;
                 switch (in.sub) {
                     case Sub::Add:
@@ -1504,18 +1521,40 @@ public:
         }
         LaunchOutcome out;
         auto began = std::chrono::steady_clock::now();
-        try {
-            for (unsigned z = 0; z < shape.grid[2]; ++z)
-                for (unsigned y = 0; y < shape.grid[1]; ++y)
-                    for (unsigned x = 0; x < shape.grid[0]; ++x) {
-                        BlockRun b(L, x, y, z);
-                        b.run();
+        const unsigned long long gx = shape.grid[0], gy = shape.grid[1];
+        const unsigned long long blocks = gx * gy * shape.grid[2];
+        std::atomic<unsigned long long> next{0};
+        std::atomic<bool> failed{false};
+        std::mutex failure_lock;
+        unsigned long long failed_block = blocks;  // the first failing block in launch order
+        auto work = [&] {
+            for (;;) {
+                if (failed.load(std::memory_order_relaxed)) return;
+                unsigned long long b = next.fetch_add(1, std::memory_order_relaxed);
+                if (b >= blocks) return;
+                try {
+                    BlockRun run(L, static_cast<unsigned>(b % gx), static_cast<unsigned>(b / gx % gy),
+                                 static_cast<unsigned>(b / (gx * gy)));
+                    run.run();
+                } catch (const LaunchError& e) {
+                    std::lock_guard<std::mutex> g(failure_lock);
+                    if (b < failed_block) {
+                        failed_block = b;
+                        out.code = e.code;
+                        out.message = e.message;
                     }
-        } catch (const LaunchError& e) {
-            out.code = e.code;
-            out.message = e.message;
-        }
-        stats_.add(L.instructions, std::chrono::steady_clock::now() - began);
+                    failed.store(true, std::memory_order_relaxed);
+                    return;
+                }
+            }
+        };
+        unsigned long long workers = std::max(1u, std::thread::hardware_concurrency());
+        if (workers > blocks) workers = blocks;
+        std::vector<std::thread> helpers;
+        for (unsigned long long i = 1; i < workers; ++i) helpers.emplace_back(work);
+        work();
+        for (std::thread& h : helpers) h.join();
+        stats_.add(L.instructions.load(), std::chrono::steady_clock::now() - began);
         return out;
     }
 
