@@ -72,11 +72,18 @@ const DESIGNS: [Design; 3] = [
 ];
 
 /// conv1's and conv2's filter, bias and input gradients at batch 256 (x in [0, 1) as the
-/// images and pooled ReLU outputs are), each output-gradient design.
+/// images and pooled ReLU outputs are), each output-gradient design. (Batch 8, and conv2
+/// with 6 output channels, on the PTX executor, whose pass checks the emitted code bit for
+/// bit: see `common::Lean`.)
 fn conv_gradients_at_batch_256<B: Backend>(dev: &B) -> Vec<u8> {
     let mut g = rng(160);
     let mut out = Vec::new();
-    for (name, s) in [("conv1", model::conv1(256)), ("conv2", model::conv2(256))] {
+    let batch = common::sized(256, 8);
+    let conv2 = Conv2dShape {
+        out_c: common::sized(50, 6),
+        ..model::conv2(batch)
+    };
+    for (name, s) in [("conv1", model::conv1(batch)), ("conv2", conv2)] {
         let (xs, ws, ys) = s.sizes();
         let (x, w) = (
             uniform(&mut g, xs, 0.0, 1.0),
@@ -184,7 +191,8 @@ fn linear_gradients_at_batch_256<B: Backend>(dev: &B) -> Vec<u8> {
 /// Reductions long enough that a running float32 sum's error (growing like N·ε) shows: a
 /// bias and weight gradient over 60,000 images (the batch limit is 65,535) and 16,384, and a filter and bias
 /// gradient over 2,048 images of 26x26 pixels (1.4M terms), all of one sign. A blocked,
-/// tree or compensated sum stays near 1e-7 however long the reduction.
+/// tree or compensated sum stays near 1e-7 however long the reduction. (The filter gradient
+/// over 256 images on the PTX executor: see `common::Lean`.)
 fn long_reductions<B: Backend>(dev: &B) -> Vec<u8> {
     let mut g = rng(162);
     let (batch, features) = (60_000, 10); // the training set in one batch
@@ -197,10 +205,11 @@ fn long_reductions<B: Backend>(dev: &B) -> Vec<u8> {
         (4, features),
     );
     linear_gradients(dev, &x, &dy, (4, features));
+    let batch = common::sized(2048, 256);
     let s = Conv2dShape {
-        batch: 2048,
+        batch,
         out_c: 2,
-        ..model::conv1(2048)
+        ..model::conv1(batch)
     };
     let (xs, ws, ys) = s.sizes();
     let (x, w, dy) = (
@@ -218,8 +227,8 @@ fn long_reductions<B: Backend>(dev: &B) -> Vec<u8> {
         dev.download(&dw).expect("dw"),
         dev.download(&db).expect("db"),
     );
-    check("dw over 2,048 images of 26x26", &dw, &rw, 5e-7);
-    check("db over 2,048 images of 26x26", &db, &rb, 5e-7);
+    check(&format!("dw over {batch} images of 26x26"), &dw, &rw, 5e-7);
+    check(&format!("db over {batch} images of 26x26"), &db, &rb, 5e-7);
     [common::bytes(&dw), common::bytes(&db)].concat()
 }
 
@@ -243,7 +252,8 @@ fn worst_element(got: &[f32], want: &[f64]) -> f64 {
 /// outputs cancel) on inputs in [0, 1): conv1, conv2 and fc1's pre-activations, against
 /// float64, as a relative L2 error and as the worst element over the RMS. Bounds are
 /// PyTorch float32's on the same distributions (torch 2.15, 2 threads): conv1 6e-8 and
-/// 8e-7, conv2 3.4e-7 and 3.2e-6, fc1 2.7e-7 and 2.0e-6.
+/// 8e-7, conv2 3.4e-7 and 3.2e-6, fc1 2.7e-7 and 2.0e-6. (Batch 8, and 65 rows of fc1, on the
+/// PTX executor: see `common::Lean`.)
 fn forward_at_batch_256<B: Backend>(dev: &B) -> Vec<u8> {
     let mut g = rng(163);
     let mut out = Vec::new();
@@ -258,9 +268,10 @@ fn forward_at_batch_256<B: Backend>(dev: &B) -> Vec<u8> {
             .collect()
     };
     let up = |v: &[f32]| dev.upload(v).expect("upload");
+    let batch = common::sized(256, 8);
     for (name, s, bounds) in [
-        ("conv1", model::conv1(256), (1e-7, 1.5e-6)),
-        ("conv2", model::conv2(256), (3.5e-7, 3.5e-6)),
+        ("conv1", model::conv1(batch), (1e-7, 1.5e-6)),
+        ("conv2", model::conv2(batch), (3.5e-7, 3.5e-6)),
     ] {
         let (xs, ws, ys) = s.sizes();
         let x = uniform(&mut g, xs, 0.0, 1.0);
@@ -279,13 +290,13 @@ fn forward_at_batch_256<B: Backend>(dev: &B) -> Vec<u8> {
         );
         out.extend(common::bytes(&y));
     }
-    let (inputs, outputs) = (800, 128);
-    let x = uniform(&mut g, 256 * inputs, 0.0, 1.0);
+    let (inputs, outputs, rows) = (800, 128, common::sized(256, 65));
+    let x = uniform(&mut g, rows * inputs, 0.0, 1.0);
     let w = he(&mut g, outputs * inputs, inputs);
     let want = lenet64::linear_forward(&wide(&w), &vec![0.0; outputs], &wide(&x), inputs);
-    let mut y = up(&vec![f32::NAN; 256 * outputs]);
+    let mut y = up(&vec![f32::NAN; rows * outputs]);
     let shape = GemmShape {
-        m: 256,
+        m: rows,
         n: outputs,
         k: inputs,
         trans_a: false,

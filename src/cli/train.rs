@@ -92,6 +92,10 @@ pub struct TrainArgs {
     /// Stop after this many steps.
     #[arg(long)]
     pub max_steps: Option<usize>,
+    /// Evaluate each epoch on the first N test images only (default: all of them): quicker
+    /// epochs for a smoke run, where the test accuracy then describes those N images.
+    #[arg(long, value_name = "N")]
+    pub test_images: Option<usize>,
     /// Activation storage: fp32, or fp16 (half activations and weight copies, f32 master
     /// weights, dynamic loss scaling from 2^16).
     #[arg(long, value_enum, default_value_t = DType::F32)]
@@ -194,6 +198,13 @@ fn check_settings(args: &TrainArgs) -> Result<(), String> {
     if args.max_steps == Some(0) {
         return Err(
             "--max-steps 0 trains nothing: give at least 1, or leave it out to train every epoch"
+                .into(),
+        );
+    }
+    if args.test_images == Some(0) {
+        return Err(
+            "--test-images 0 evaluates nothing: give at least 1, or leave it out to evaluate \
+             every test image"
                 .into(),
         );
     }
@@ -357,8 +368,18 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
     if args.plot.is_some() {
         super::plot::load_font().map_err(CliError::Input)?;
     }
-    let data = load_data(args.data.as_deref(), out)?;
+    let mut data = load_data(args.data.as_deref(), out)?;
     check_data(&data).map_err(|e| CliError::Input(e.to_string()))?;
+    if let Some(n) = args.test_images {
+        let all = data.test_labels.len();
+        if n > all {
+            return Err(CliError::Input(format!(
+                "--test-images {n}: {} holds {all} test images",
+                data.dir.display()
+            )));
+        }
+        data.keep_test_images(n);
+    }
     let train_images = data.train_labels.len();
     if train_images == 0 {
         return Err(CliError::Input(format!(

@@ -66,6 +66,12 @@ impl Images {
     pub fn image(&self, i: usize) -> &[u8] {
         &self.pixels[i * self.size()..(i + 1) * self.size()]
     }
+
+    /// Keeps the first `n` images (all of them when there are no more).
+    pub fn truncate(&mut self, n: usize) {
+        self.count = self.count.min(n);
+        self.pixels.truncate(self.count * self.size());
+    }
 }
 
 fn corrupt(path: &Path, problem: impl Into<String>) -> DataError {

@@ -19,6 +19,20 @@ pub struct Dataset {
     pub test_labels: Vec<u8>,
 }
 
+impl Dataset {
+    /// Keeps the first `n` training images and labels (all of them when there are no more).
+    pub fn keep_train_images(&mut self, n: usize) {
+        self.train_images.truncate(n);
+        self.train_labels.truncate(n);
+    }
+
+    /// Keeps the first `n` test images and labels (all of them when there are no more).
+    pub fn keep_test_images(&mut self, n: usize) {
+        self.test_images.truncate(n);
+        self.test_labels.truncate(n);
+    }
+}
+
 const FILES: [&str; 4] = [
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",

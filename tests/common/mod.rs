@@ -262,6 +262,7 @@ macro_rules! per_backend {
             #[test]
             fn cuda() {
                 crate::common::small_flat_grids();
+                let _lean = crate::common::Lean::on_the_ptx_executor();
                 let got = super::$body(&crate::common::cuda_device(0));
                 if $bit_for_bit {
                     crate::common::same_bits_as_the_simt_executor(stringify!($body), &got, super::$body);
@@ -271,6 +272,58 @@ macro_rules! per_backend {
     };
 }
 pub(crate) use per_backend;
+
+thread_local! {
+    static LEAN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the CUDA driver is the stand-in and runs kernels on its PTX executor in this
+/// process (`NANODDP_STANDIN_EXEC=ptx`).
+pub fn on_the_ptx_executor() -> bool {
+    static PTX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PTX.get_or_init(|| {
+        cuda_driver(); // loads the stand-in where the machine has no driver
+        nanoddp::backend::cuda::standin_executor().is_some_and(|e| e == "PTX executor")
+    })
+}
+
+/// While alive, the kernel tests on this thread run their lean sizes (see [`sized`]). The
+/// PTX executor interprets every instruction of the PTX nvcc emitted, tens of times slower
+/// than the SIMT executor runs the same kernels; its pass exists to show that the code a GPU
+/// receives computes, bit for bit, what the source computes under the emulator (and both
+/// against float64), which every code path of a kernel shows at a small size as well as at a
+/// large one. So a CUDA instance on the PTX executor shrinks batches and output channels (loop
+/// counts and grid sizes), never what picks a kernel's branches: ragged tiles, strides,
+/// padding, the chunks of input channels, every dtype, and the grid-stride wraps of
+/// [`small_flat_grids`]. The SIMT executor, the CPU backend and a real GPU run every test at
+/// full size.
+pub struct Lean {
+    was: bool,
+}
+
+impl Lean {
+    /// Lean sizes on this thread when [`on_the_ptx_executor`], unchanged otherwise.
+    pub fn on_the_ptx_executor() -> Lean {
+        let was = LEAN.with(|l| l.replace(l.get() || on_the_ptx_executor()));
+        Lean { was }
+    }
+}
+
+impl Drop for Lean {
+    fn drop(&mut self) {
+        LEAN.with(|l| l.set(self.was));
+    }
+}
+
+/// `full`, or `lean` while a [`Lean`] guard is alive on this thread: a count (a batch, output
+/// channels) whose larger value adds work but no code path.
+pub fn sized(full: usize, lean: usize) -> usize {
+    if LEAN.with(|l| l.get()) {
+        lean
+    } else {
+        full
+    }
+}
 
 /// The stand-in's GPU that [`same_bits_as_the_simt_executor`] runs the SIMT executor on, when
 /// the others run the PTX executor: the last one the tests are shown.
