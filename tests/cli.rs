@@ -319,6 +319,14 @@ fn no_bad_input_panics_every_one_is_refused_with_exit_code_2_and_one_line() {
             &["train", "--data", SUBSET, "--max-steps", "0"],
             "--max-steps 0",
         ),
+        (
+            &["train", "--data", SUBSET, "--test-images", "0"],
+            "--test-images 0",
+        ),
+        (
+            &["train", "--data", SUBSET, "--test-images", "1001"],
+            "holds 1000 test images",
+        ),
         (&["train", "--data", SUBSET, "--timeout", "0"], "--timeout"),
         (
             &["train", "--data", SUBSET, "--timeout", "nan"],
@@ -417,8 +425,10 @@ fn a_reader_that_goes_away_ends_the_output_quietly() {
 #[test]
 fn a_pause_longer_than_the_timeout_does_not_kill_the_run() {
     use std::io::Read;
-    // Two devices, a 1 s timeout, and the whole process stopped for 3 s mid-training (as
-    // Ctrl-Z and fg, or kill -STOP and -CONT): the waits leave the pause out.
+    // Two devices, a 5 s timeout, and the whole process stopped for 8 s mid-training (as
+    // Ctrl-Z and fg, or kill -STOP and -CONT): the waits leave the pause out. The timeout is
+    // hundreds of times a step's wait for its peer even on a machine loaded by other work, so
+    // only a pause that was counted could end the run.
     let mut child = train_command(&[
         "--devices",
         "2",
@@ -429,7 +439,7 @@ fn a_pause_longer_than_the_timeout_does_not_kill_the_run() {
         "--max-steps",
         "12",
         "--timeout",
-        "1",
+        "5",
     ])
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::piped())
@@ -448,7 +458,7 @@ fn a_pause_longer_than_the_timeout_does_not_kill_the_run() {
         assert!(ok, "kill {sig}");
     };
     signal("-STOP");
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    std::thread::sleep(std::time::Duration::from_secs(8));
     signal("-CONT");
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).unwrap();

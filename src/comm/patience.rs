@@ -30,17 +30,26 @@ pub struct Patience {
 impl Patience {
     /// Starts counting now, up to `limit`.
     pub fn new(limit: Duration) -> Self {
+        Self::since(limit, Instant::now())
+    }
+
+    /// Starts counting at `start` (the tests' clock).
+    fn since(limit: Duration, start: Instant) -> Self {
         Patience {
             limit,
             counted: Duration::ZERO,
-            last: Instant::now(),
+            last: start,
         }
     }
 
     /// Time counted so far, this check included (a gap longer than [`PAUSE_GAP`] since the
     /// previous check is left out).
     pub fn waited(&mut self) -> Duration {
-        let now = Instant::now();
+        self.waited_at(Instant::now())
+    }
+
+    /// [`Patience::waited`], checked at `now`.
+    fn waited_at(&mut self, now: Instant) -> Duration {
         let gap = now.saturating_duration_since(self.last);
         if gap <= PAUSE_GAP {
             self.counted += gap;
@@ -51,7 +60,12 @@ impl Patience {
 
     /// Whether the counted time has passed the limit.
     pub fn expired(&mut self) -> bool {
-        self.waited() > self.limit
+        self.expired_at(Instant::now())
+    }
+
+    /// [`Patience::expired`], checked at `now`.
+    fn expired_at(&mut self, now: Instant) -> bool {
+        self.waited_at(now) > self.limit
     }
 
     /// Time left before the limit, as counted now.
@@ -64,24 +78,39 @@ impl Patience {
 mod tests {
     use super::*;
 
+    // On a clock of its own (instants the test makes), so the verdict does not depend on how
+    // promptly a loaded machine wakes a sleeping thread.
     #[test]
     fn counts_frequent_checks_and_leaves_out_a_pause() {
-        let mut p = Patience::new(Duration::from_millis(300));
+        let ms = Duration::from_millis;
+        let mut now = Instant::now();
+        let mut p = Patience::since(ms(300), now);
         for _ in 0..20 {
-            std::thread::sleep(Duration::from_millis(5));
-            assert!(!p.expired());
+            now += ms(5);
+            assert!(!p.expired_at(now));
         }
-        let before = p.waited();
-        assert!(before >= Duration::from_millis(100), "{before:?}");
-        // A gap longer than PAUSE_GAP: this thread "was stopped".
-        std::thread::sleep(PAUSE_GAP + Duration::from_millis(100));
-        assert!(!p.expired(), "the pause counted: {:?}", p.waited());
-        assert!(p.waited() < before + Duration::from_millis(50));
-        // Checking on keeps counting up to the limit.
-        while !p.expired() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(p.waited() > Duration::from_millis(300));
-        assert_eq!(p.left(), Duration::ZERO);
+        assert_eq!(p.waited_at(now), ms(100));
+        // A gap longer than PAUSE_GAP: this thread "was stopped"; not counted.
+        now += PAUSE_GAP + ms(100);
+        assert!(
+            !p.expired_at(now),
+            "the pause counted: {:?}",
+            p.waited_at(now)
+        );
+        assert_eq!(p.waited_at(now), ms(100));
+        // A gap of exactly PAUSE_GAP still counts (a slow check, not a pause).
+        now += PAUSE_GAP;
+        assert_eq!(p.waited_at(now), ms(600));
+        assert!(p.expired_at(now));
+        // Checking on keeps counting past the limit.
+        now += ms(5);
+        assert_eq!(p.waited_at(now), ms(605));
+    }
+
+    #[test]
+    fn the_real_clock_counts_from_now() {
+        let mut p = Patience::new(Duration::from_secs(3600));
+        assert!(p.left() > Duration::from_secs(3500));
+        assert!(!p.expired());
     }
 }
