@@ -68,7 +68,8 @@ fn a_late_rank_is_a_timeout_error_not_a_hang() {
         stderr.contains("timed out after 1.0 s waiting for every rank to start collective #1"),
         "{stderr}"
     );
-    assert!(start.elapsed().as_secs() < 30, "took {:?}", start.elapsed());
+    // The late rank's 10 s, and mpirun's start and end on a loaded machine: not a hang.
+    assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
 }
 
 /// Trains on the shipped subset with `extra` and `settings`, saves to `path`, returns the weights.
