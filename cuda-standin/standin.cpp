@@ -51,7 +51,9 @@
 // driver JIT; default 0), NANODDP_KERNEL_TIMEOUT_S, CUDA_LAUNCH_BLOCKING=1 (every operation
 // completes before its call returns, as on the real driver), NANODDP_STANDIN_EXEC (`simt`, the
 // default: kernels run as their CUDA C++ source under the SIMT emulator; `ptx`: the module's
-// PTX runs under the PTX executor).
+// PTX runs under the PTX executor). A value of NANODDP_STANDIN_GPUS, NANODDP_KERNEL_TIMEOUT_S,
+// NANODDP_STANDIN_JIT_MS or NANODDP_STANDIN_EXEC it does not accept makes cuInit fail with
+// CUDA_ERROR_INVALID_VALUE, after one line on stderr naming the variable and what it accepts.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -59,6 +61,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -281,6 +285,33 @@ double env_double(const char* name, double fallback) {
     char* end = nullptr;
     double d = std::strtod(v, &end);
     return end && *end == '\0' && d >= 0 ? d : fallback;
+}
+
+// Reads environment variable `name` as a number in [lo, hi] (a whole one if `whole`) into
+// `out`; unset or empty gives `fallback`. False for any other value (not a number, out of
+// range, trailing text): a setting is validated like a flag, never silently replaced.
+bool env_number(const char* name, double fallback, double lo, double hi, bool whole, double& out) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) {
+        out = fallback;
+        return true;
+    }
+    char* end = nullptr;
+    errno = 0;
+    double d = std::strtod(v, &end);
+    if (end == v || *end != '\0' || errno == ERANGE || !(d >= lo && d <= hi)) return false;
+    if (whole && d != std::floor(d)) return false;
+    out = d;
+    return true;
+}
+
+// Refuses to start over environment variable `name`'s value: one line on stderr naming the
+// variable, its value and what it accepts (also what nanoddpStandinLastError returns, so a
+// program can show it in its own error), and cuInit's result CUDA_ERROR_INVALID_VALUE.
+void refuse_setting(const char* name, const std::string& expected) {
+    const char* v = std::getenv(name);
+    report(std::string(name) + "=" + (v ? v : "") + ": expected " + expected);
+    init_result = CUDA_ERROR_INVALID_VALUE;
 }
 
 // ------------------------------------------------------------------------------ allocations
@@ -682,8 +713,24 @@ CUresult drain(Stream* s) {
 void init() {
     g = new State;  // never freed: stream threads may outlive static destructors
     Config& c = g->config;
-    c.gpus = static_cast<int>(env_double("NANODDP_STANDIN_GPUS", 4));
-    c.gpus = std::clamp(c.gpus, 0, MAX_GPUS);
+    // Every setting is checked before any is used: a bad one makes cuInit fail, naming it.
+    double gpus = 0, timeout_s = 0, jit_ms = 0;
+    if (!env_number("NANODDP_STANDIN_GPUS", 4, 0, MAX_GPUS, true, gpus)) {
+        return refuse_setting("NANODDP_STANDIN_GPUS",
+                              "a whole number of GPUs from 0 to " + std::to_string(MAX_GPUS) + " (default 4)");
+    }
+    if (!env_number("NANODDP_KERNEL_TIMEOUT_S", 300.0, 0, HUGE_VAL, false, timeout_s)) {
+        return refuse_setting("NANODDP_KERNEL_TIMEOUT_S", "seconds, such as 2.5, or 0 for no limit (default 300)");
+    }
+    if (!env_number("NANODDP_STANDIN_JIT_MS", 0.0, 0, HUGE_VAL, false, jit_ms)) {
+        return refuse_setting("NANODDP_STANDIN_JIT_MS", "milliseconds per module load, 0 or more (default 0)");
+    }
+    if (const char* exec = std::getenv("NANODDP_STANDIN_EXEC")) {
+        if (*exec && std::strcmp(exec, "simt") != 0 && std::strcmp(exec, "ptx") != 0) {
+            return refuse_setting("NANODDP_STANDIN_EXEC", "`simt` (the default) or `ptx`");
+        }
+    }
+    c.gpus = static_cast<int>(gpus);
     // CUDA_VISIBLE_DEVICES narrows what a process sees, as with the real driver: the listed
     // ordinals (up to the first invalid one), renumbered from 0.
     if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
@@ -700,15 +747,8 @@ void init() {
     }
     const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
     c.launch_blocking = blocking && std::strcmp(blocking, "1") == 0;
-    c.kernel_timeout_s = env_double("NANODDP_KERNEL_TIMEOUT_S", 300.0);
-    c.jit_ms = env_double("NANODDP_STANDIN_JIT_MS", 0.0);
-    if (const char* exec = std::getenv("NANODDP_STANDIN_EXEC")) {
-        if (*exec && std::strcmp(exec, "simt") != 0 && std::strcmp(exec, "ptx") != 0) {
-            report(std::string("NANODDP_STANDIN_EXEC=") + exec + ": expected `simt` (the default) or `ptx`");
-            init_result = CUDA_ERROR_INVALID_VALUE;
-            return;
-        }
-    }
+    c.kernel_timeout_s = timeout_s;
+    c.jit_ms = jit_ms;
     for (int i = 0; i < c.gpus; ++i) {
         Device& d = g->devices[i];
         d.ordinal = i;

@@ -145,7 +145,7 @@ fn main() -> ExitCode {
     let mut stdout = std::io::stdout().lock();
     // A misspelt NANODDP_CPU_ISA would otherwise measure the wrong path: refuse it up front.
     if let Err(why) = nanoddp::backend::cpu::isa::requested() {
-        return failed(&CliError::Input(why));
+        return failed(&CliError::Input(why.to_string()));
     }
     let result = match cli.command {
         Command::Info => cli::info::run(&mut stdout),

@@ -198,10 +198,292 @@ pub fn copy_bandwidth(bytes: usize) -> f64 {
 
 /// Memory the system can give a new allocation without swapping, in bytes: Linux's
 /// `MemAvailable` (free memory plus the page cache and reclaimable slabs it can drop), or
-/// `None` where it cannot be read.
+/// `None` where it cannot be read. What this process may take can be less: see
+/// [`memory_bound`].
 pub fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    kib_field(&text, "MemAvailable")
+}
+
+/// What bounds the memory this process can still allocate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// The system's free memory (`MemAvailable` of `/proc/meminfo`).
+    Available,
+    /// The process's soft address-space limit (`RLIMIT_AS`, `ulimit -v`), less the address
+    /// space it maps already (`VmSize`).
+    AddressSpace,
+    /// A memory cgroup's limit less what the cgroup uses: the file that holds the limit
+    /// (`memory.max`, or cgroup v1's `memory.limit_in_bytes`), of the process's cgroup or
+    /// an ancestor.
+    Cgroup(std::path::PathBuf),
+}
+
+/// The memory this process can still allocate, in bytes, and the limit that sets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryBound {
+    /// Bytes left under the tightest limit.
+    pub bytes: u64,
+    /// Which limit that is.
+    pub limit: MemoryLimit,
+}
+
+impl std::fmt::Display for MemoryBound {
+    /// A clause naming the limit and what it leaves, e.g. "the process's address-space limit
+    /// (ulimit -v) leaves 1.9 GiB".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gib = self.bytes as f64 / f64::from(1u32 << 30);
+        match &self.limit {
+            MemoryLimit::Available => write!(f, "this machine has {gib:.1} GiB available"),
+            MemoryLimit::AddressSpace => write!(
+                f,
+                "the process's address-space limit (ulimit -v) leaves {gib:.1} GiB"
+            ),
+            MemoryLimit::Cgroup(file) => write!(
+                f,
+                "the memory cgroup's limit ({}) leaves {gib:.1} GiB",
+                file.display()
+            ),
+        }
+    }
+}
+
+/// The memory this process can still allocate: the least of the system's free memory
+/// ([`available_memory`]), what the soft `RLIMIT_AS` leaves of the address space, and what
+/// the limits of the process's memory cgroup (v2 `memory.max`, or v1
+/// `memory.limit_in_bytes`, of its cgroup and every ancestor) leave. `None` where none of
+/// them can be read. Limits set to "unlimited" do not count.
+///
+/// The address-space figure counts reservations as well as memory in use: thread stacks
+/// and malloc arenas are mapped whole, so a process under `ulimit -v` can fail an
+/// allocation this figure allowed if it starts many threads first. Leave a margin.
+pub fn memory_bound() -> Option<MemoryBound> {
+    let available = available_memory().map(|bytes| MemoryBound {
+        bytes,
+        limit: MemoryLimit::Available,
+    });
+    let address_space = address_space_left().map(|bytes| MemoryBound {
+        bytes,
+        limit: MemoryLimit::AddressSpace,
+    });
+    [available, address_space, cgroup_left()]
+        .into_iter()
+        .flatten()
+        .min_by_key(|b| b.bytes)
+}
+
+/// The value in bytes of a `Key:   N kB` line of `/proc/meminfo` or `/proc/self/status`.
+fn kib_field(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| {
+        l.strip_prefix(key)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// The soft `RLIMIT_AS` less the address space mapped now (`VmSize`); `None` when unlimited.
+#[cfg(target_os = "linux")]
+fn address_space_left() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the `rlimit` it is given, a valid, owned value.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mapped = kib_field(&status, "VmSize").unwrap_or(0);
+    Some(limit.rlim_cur.saturating_sub(mapped))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn address_space_left() -> Option<u64> {
+    None
+}
+
+/// Where cgroup hierarchies are mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// The process's cgroup paths from `/proc/self/cgroup` text: the v2 one (the `0::/path`
+/// line) and the v1 memory controller's (`N:...memory...:/path`), each if present.
+fn cgroup_paths(text: &str) -> (Option<&str>, Option<&str>) {
+    let mut v2 = None;
+    let mut v1 = None;
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            v2 = Some(path);
+        } else if controllers.split(',').any(|c| c == "memory") {
+            v1 = Some(path);
+        }
+    }
+    (v2, v1)
+}
+
+/// A cgroup memory figure: bytes, or `None` for no limit (v2 "max", v1's page-counter
+/// maximum of about 2^63) or text that is not a number.
+fn cgroup_value(text: &str) -> Option<u64> {
+    let v: u64 = text.trim().parse().ok()?;
+    (v < 1 << 62).then_some(v)
+}
+
+/// The least that the limits of cgroup `path` (under `root`) and its ancestors leave:
+/// `limit` less `usage` (file names) of each folder from the cgroup up to `root`, with the
+/// limit file that gives it. `None` when no folder has a limit.
+fn cgroup_room(
+    root: &std::path::Path,
+    path: &str,
+    limit: &str,
+    usage: &str,
+) -> Option<(u64, std::path::PathBuf)> {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    let mut dir = root.join(path.trim_start_matches('/'));
+    let mut best: Option<(u64, std::path::PathBuf)> = None;
+    loop {
+        let file = dir.join(limit);
+        if let Some(max) = read(file.clone()).as_deref().and_then(cgroup_value) {
+            let used = read(dir.join(usage))
+                .as_deref()
+                .and_then(cgroup_value)
+                .unwrap_or(0);
+            let left = max.saturating_sub(used);
+            if best.as_ref().is_none_or(|(b, _)| left < *b) {
+                best = Some((left, file));
+            }
+        }
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            break;
+        }
+    }
+    best
+}
+
+/// What the process's memory cgroup limits leave (v2, else v1), if any applies.
+fn cgroup_left() -> Option<MemoryBound> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let (v2, v1) = cgroup_paths(&text);
+    let root = std::path::Path::new(CGROUP_ROOT);
+    let found = v2
+        .and_then(|p| cgroup_room(root, p, "memory.max", "memory.current"))
+        .or_else(|| {
+            v1.and_then(|p| {
+                cgroup_room(
+                    &root.join("memory"),
+                    p,
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                )
+            })
+        })?;
+    Some(MemoryBound {
+        bytes: found.0,
+        limit: MemoryLimit::Cgroup(found.1),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_fields_are_read_in_bytes_by_their_exact_key() {
+        let status = "VmPeak:\t  900 kB\nVmSize:\t    3892 kB\nVmSizeX:\t 1 kB\n";
+        assert_eq!(kib_field(status, "VmSize"), Some(3892 * 1024));
+        assert_eq!(kib_field(status, "VmPeak"), Some(900 * 1024));
+        assert_eq!(kib_field(status, "VmRSS"), None);
+        let meminfo = "MemTotal:       32000000 kB\nMemAvailable:   23811596 kB\n";
+        assert_eq!(kib_field(meminfo, "MemAvailable"), Some(23_811_596 * 1024));
+        assert_eq!(kib_field("MemAvailable: lots kB", "MemAvailable"), None);
+    }
+
+    #[test]
+    fn cgroup_paths_are_found_for_v2_and_for_v1_memory() {
+        let hybrid = "9:name=systemd:/\n5:devices:/\n4:memory:/process_api/a15b\n\
+                      3:cpu,cpuacct:/x\n0::/user.slice/session-3.scope\n";
+        assert_eq!(
+            cgroup_paths(hybrid),
+            (
+                Some("/user.slice/session-3.scope"),
+                Some("/process_api/a15b")
+            )
+        );
+        assert_eq!(cgroup_paths("0::/\n"), (Some("/"), None));
+        assert_eq!(
+            cgroup_paths("7:cpuacct,memory:/docker/abc\n"),
+            (None, Some("/docker/abc"))
+        );
+        // A path holding colons stays whole; `memory` must be a whole controller name.
+        assert_eq!(
+            cgroup_paths("0::/a:b\n4:memory_x:/y\n"),
+            (Some("/a:b"), None)
+        );
+        assert_eq!(cgroup_paths("garbage\n"), (None, None));
+    }
+
+    #[test]
+    fn cgroup_values_treat_max_and_the_v1_maximum_as_no_limit() {
+        assert_eq!(cgroup_value("1073741824\n"), Some(1 << 30));
+        assert_eq!(cgroup_value("max\n"), None);
+        assert_eq!(cgroup_value("9223372036854771712\n"), None);
+        assert_eq!(cgroup_value(""), None);
+    }
+
+    #[test]
+    fn the_tightest_cgroup_limit_among_ancestors_binds() {
+        let root = std::env::temp_dir().join(format!("nanoddp-cgroup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let leaf = root.join("a/b");
+        std::fs::create_dir_all(&leaf).expect("temporary folder");
+        let write = |p: std::path::PathBuf, t: &str| std::fs::write(p, t).expect("write");
+        // The leaf has no limit, its parent 3 GiB with 1 GiB used, the root 8 GiB.
+        write(leaf.join("memory.max"), "max\n");
+        write(leaf.join("memory.current"), "5000\n");
+        write(root.join("a/memory.max"), &format!("{}\n", 3u64 << 30));
+        write(root.join("a/memory.current"), &format!("{}\n", 1u64 << 30));
+        write(root.join("memory.max"), &format!("{}\n", 8u64 << 30));
+        let found = cgroup_room(&root, "/a/b", "memory.max", "memory.current");
+        assert_eq!(found, Some((2 << 30, root.join("a/memory.max"))));
+        // Usage past the limit leaves nothing, not a wrapped-around figure.
+        write(leaf.join("memory.max"), "4096\n");
+        let found = cgroup_room(&root, "/a/b", "memory.max", "memory.current");
+        assert_eq!(found, Some((0, leaf.join("memory.max"))));
+        // No limit anywhere: nothing binds.
+        assert_eq!(
+            cgroup_room(
+                &root,
+                "/a/b",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes"
+            ),
+            None
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn the_bound_is_never_above_free_memory_and_names_its_limit() {
+        let bound = memory_bound().expect("Linux reports free memory");
+        if let Some(free) = available_memory() {
+            assert!(bound.bytes <= free);
+        }
+        let text = bound.to_string();
+        assert!(text.contains("GiB"), "{text}");
+        let shown = MemoryBound {
+            bytes: 2040 << 20,
+            limit: MemoryLimit::AddressSpace,
+        };
+        assert_eq!(
+            shown.to_string(),
+            "the process's address-space limit (ulimit -v) leaves 2.0 GiB"
+        );
+    }
 }

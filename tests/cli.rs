@@ -2,15 +2,21 @@
 //! never fails because CUDA is missing; `train` refuses bad settings and output paths before
 //! its first step, and stops a diverging run keeping the last checkpoint; a pause does not
 //! kill a run; `--resume` continues only its own run and keeps its metrics; no subcommand
-//! panics on bad input, and all share one exit-code convention.
+//! panics on bad input, and all share one exit-code convention. Nothing a run writes is lost:
+//! outputs are checked together before work, a failing side output never costs the
+//! checkpoint, a diverged run stops at its step and never saves over a good checkpoint, every
+//! write is whole. Memory checks read the process's limits; environment variables are
+//! validated like flags.
 
 mod common;
 
 use std::os::unix::fs::FileTypeExt;
-use std::process::Command;
+use std::process::{Command, Output};
 
-use common::cli::{nanoddp, scratch, SUBSET};
+use common::cli::{nanoddp, scratch, succeeds, SUBSET};
+use nanoddp::backend::cpu::isa::ISA_ENV;
 use nanoddp::backend::cuda;
+use nanoddp::backend::cuda::STANDIN_DIR;
 use nanoddp::kernels::{MODULES, PREBUILT};
 
 #[test]
@@ -149,6 +155,7 @@ fn bad_settings_and_output_paths_are_refused_before_the_first_step() {
         (&["--lr=-1"], "--lr"),
         (&["--lr=1e30"], "--lr"),
         (&["--lr", "0"], "--lr"),
+        (&["--lr", "-0.1"], "--lr -0.1 is out of range"),
         (&["--momentum", "5"], "--momentum"),
         (&["--momentum", "1"], "--momentum"),
         (&["--weight-decay=-3"], "--weight-decay"),
@@ -171,32 +178,6 @@ fn bad_settings_and_output_paths_are_refused_before_the_first_step() {
         .unwrap()
         .file_type()
         .is_char_device());
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[test]
-fn a_diverging_run_stops_with_an_error_and_keeps_the_last_checkpoint() {
-    let dir = scratch("diverge");
-    let ckpt = dir.join("run.safetensors");
-    std::fs::write(&ckpt, b"the previous checkpoint").unwrap();
-    // Weights with a NaN: the loss is NaN from the first step, as after a divergence.
-    let init = dir.join("nan.safetensors");
-    let mut weights = nanoddp::train::initial_weights(nanoddp::train::Recipe::Default, 1);
-    weights[6][0] = f32::NAN;
-    nanoddp::train::checkpoint::save(&init, &nanoddp::train::from_weights(weights)).unwrap();
-    let (code, err) = train_with(&[
-        "--init",
-        &init.to_string_lossy(),
-        "--save",
-        &ckpt.to_string_lossy(),
-    ]);
-    // Found while running: exit code 1.
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains("diverged") && !err.contains("panicked"),
-        "{err}"
-    );
-    assert_eq!(std::fs::read(&ckpt).unwrap(), b"the previous checkpoint");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -609,4 +590,684 @@ fn resume_continues_only_its_own_run_and_keeps_its_metrics() {
     );
     assert_eq!(checkpoint::load(&ckpt).unwrap().step, 6);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped: a disk that fills. Mounting
+/// needs root; CI runs as root, so there (and wherever `NANODDP_EXPECT_TMPFS=1`) a mount
+/// that fails fails the test. Elsewhere the test says it skipped and returns early.
+struct TmpFs(std::path::PathBuf);
+
+impl TmpFs {
+    fn mount(at: &std::path::Path, kib: usize) -> Option<TmpFs> {
+        std::fs::create_dir_all(at).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let required = root || std::env::var_os("NANODDP_EXPECT_TMPFS").is_some_and(|v| v == "1");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(at)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(TmpFs(at.to_path_buf())),
+            other => {
+                assert!(
+                    !required,
+                    "a tmpfs could not be mounted at {} (running as root, or NANODDP_EXPECT_TMPFS=1): {other:?}",
+                    at.display()
+                );
+                eprintln!("skipped: mounting a tmpfs needs root");
+                None
+            }
+        }
+    }
+
+    /// Fills the file system: a file as large as it takes.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
+        while f.write_all(&[0u8; 1024]).is_ok() {}
+    }
+}
+
+impl Drop for TmpFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// LeNet's initial weights with `fc2.weight` at 1e38: finite, but every forward pass
+/// overflows, so the loss is NaN from the first step (fp16/bf16 skip such steps and keep the
+/// weights finite, as after a divergence).
+fn overflowing_weights() -> nanoddp::train::checkpoint::Checkpoint {
+    let mut weights = nanoddp::train::initial_weights(nanoddp::train::Recipe::Default, 1);
+    let fc2 = nanoddp::model::PARAMS
+        .iter()
+        .position(|p| p.name == "fc2.weight")
+        .unwrap();
+    weights[fc2].iter_mut().for_each(|w| *w = 1e38);
+    nanoddp::train::from_weights(weights)
+}
+
+/// Runs `train` with `args` on the shipped subset; returns (exit code, stdout, stderr).
+fn train_output(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = train_command(args).output().expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `epoch N` lines a run printed.
+fn epoch_lines(stdout: &str) -> usize {
+    stdout.lines().filter(|l| l.starts_with("epoch ")).count()
+}
+
+/// Every line of a metrics file is a whole JSON record, the last one ended by its newline.
+fn assert_whole_records(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.is_empty() || text.ends_with('\n'), "torn: {text}");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect()
+}
+
+#[test]
+fn outputs_that_are_one_file_or_an_unwritten_format_are_refused_before_any_work() {
+    let dir = scratch("outputs");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let at = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let (ckpt, metrics, notes, nan) = (
+        at("x.safetensors"),
+        at("m.jsonl"),
+        at("notes.txt"),
+        at("nan.safetensors"),
+    );
+    let dotted = logs.join("../x.safetensors").to_string_lossy().into_owned();
+    std::fs::write(&metrics, "{}\n").unwrap();
+    std::fs::write(&notes, "my notes\n").unwrap();
+    let hard = at("hard.jsonl");
+    std::fs::hard_link(&metrics, &hard).unwrap();
+    let mut weights = nanoddp::train::initial_weights(nanoddp::train::Recipe::Default, 1);
+    weights[2][5] = f32::NAN;
+    nanoddp::train::checkpoint::save(
+        std::path::Path::new(&nan),
+        &nanoddp::train::from_weights(weights),
+    )
+    .unwrap();
+    let table: &[(&[&str], &str)] = &[
+        (
+            &["train", "--plot", &at("p.txt")],
+            "end the name in .png or .svg",
+        ),
+        (
+            &["train", "--plot", &at("curves")],
+            "end the name in .png or .svg",
+        ),
+        (
+            &["train", "--save", &ckpt, "--metrics", &ckpt],
+            "are the same file",
+        ),
+        (
+            &["train", "--save", &dotted, "--metrics", &ckpt],
+            "are the same file",
+        ),
+        (
+            &["train", "--metrics", &at("p.png"), "--plot", &at("p.png")],
+            "are the same file",
+        ),
+        (
+            &["train", "--save", &hard, "--metrics", &metrics],
+            "are the same file",
+        ),
+        (
+            &["train", "--metrics", &nan, "--init", &nan],
+            "are the same file",
+        ),
+        (&["train", "--save", &notes], "not a nanoddp checkpoint"),
+        (
+            &["train", "--save", &metrics, "--plot", &at("p.png")],
+            "not a nanoddp checkpoint",
+        ),
+        (
+            &["train", "--init", &nan],
+            "`conv2.weight` holds a value that is not finite",
+        ),
+        (
+            &["train", "--resume", &nan],
+            "`conv2.weight` holds a value that is not finite",
+        ),
+        (
+            &["eval", "--checkpoint", &nan],
+            "`conv2.weight` holds a value that is not finite",
+        ),
+        (
+            &["schedule", "--svg", &at("ring.png")],
+            "end the name in .svg",
+        ),
+    ];
+    for (args, mention) in table {
+        let args: Vec<&str> = if args[0] == "train" {
+            [&args[..1], &["--data", SUBSET], &args[1..]].concat()
+        } else {
+            args.to_vec()
+        };
+        assert_refused(&args, mention);
+    }
+    // Nothing was touched.
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes\n");
+    assert_eq!(std::fs::read_to_string(&metrics).unwrap(), "{}\n");
+    assert!(!std::path::Path::new(&ckpt).exists());
+    // --overwrite says the unrelated file may go.
+    let (code, _, err) = train_output(&[
+        "--max-steps",
+        "1",
+        "--test-images",
+        "10",
+        "--save",
+        &notes,
+        "--overwrite",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let saved = nanoddp::train::checkpoint::load(std::path::Path::new(&notes)).unwrap();
+    assert_eq!(saved.step, 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_failing_side_output_stops_the_run_at_once_and_never_costs_the_checkpoint() {
+    let dir = scratch("side-output");
+    let Some(disk) = TmpFs::mount(&dir.join("full"), 8) else {
+        return;
+    };
+    let ckpt = dir.join("run.safetensors");
+    let ckpt_text = ckpt.to_string_lossy().into_owned();
+    // The plot's disk is full from the start: the first epoch's checkpoint is written, then
+    // the plot fails and the run stops there.
+    disk.fill();
+    let plot = disk.0.join("curves.png").to_string_lossy().into_owned();
+    let (code, out, err) = train_output(&[
+        "--epochs",
+        "3",
+        "--test-images",
+        "50",
+        "--save",
+        &ckpt_text,
+        "--plot",
+        &plot,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("writing the plot") && err.contains("No space left"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("holds the last good state: epoch 1"), "{err}");
+    assert_eq!(epoch_lines(&out), 1, "stopped after the failure: {out}");
+    assert_eq!(nanoddp::train::checkpoint::load(&ckpt).unwrap().epoch, 1);
+    assert!(!disk.0.join("curves.png").exists());
+    std::fs::remove_file(disk.0.join("filler")).unwrap();
+    // The metrics' disk (8 KiB) fills in the fourth epoch or so: the run stops at the next
+    // step, every record in the file is whole, and the checkpoint holds the last epoch
+    // whose record was written before it.
+    std::fs::remove_file(&ckpt).unwrap();
+    let metrics = disk.0.join("m.jsonl");
+    let (code, out, err) = train_output(&[
+        "--epochs",
+        "9",
+        "--test-images",
+        "50",
+        "--save",
+        &ckpt_text,
+        "--metrics",
+        &metrics.to_string_lossy(),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("writing the metrics") && err.contains("No space left"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    let records = assert_whole_records(&metrics);
+    let saved = nanoddp::train::checkpoint::load(&ckpt).unwrap();
+    assert!((2..9).contains(&saved.epoch), "{saved:?}");
+    assert_eq!(
+        epoch_lines(&out),
+        saved.epoch,
+        "no epoch after the failure: {out}"
+    );
+    assert!(
+        err.contains(&format!("epoch {}, step {}", saved.epoch, saved.step)),
+        "{err}"
+    );
+    let last_step = records
+        .iter()
+        .filter_map(|r| r["step"].as_u64())
+        .max()
+        .unwrap();
+    assert!(
+        last_step as usize >= saved.step,
+        "{last_step} {}",
+        saved.step
+    );
+    std::fs::remove_dir_all(dir.join("full")).ok();
+    drop(disk);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_picture_written_over_a_good_one_on_a_full_disk_leaves_it_whole() {
+    let dir = scratch("svg-full");
+    let Some(disk) = TmpFs::mount(&dir.join("full"), 64) else {
+        return;
+    };
+    let svg = disk.0.join("ring.svg");
+    let svg_text = svg.to_string_lossy().into_owned();
+    succeeds(nanoddp().args(["schedule", "--svg", &svg_text]));
+    let good = std::fs::read(&svg).unwrap();
+    disk.fill();
+    let (code, _, err) = nanoddp_with(&["schedule", "-n", "16", "--svg", &svg_text]);
+    assert_eq!(
+        code,
+        Some(1),
+        "a failed write is a failure while running: {err}"
+    );
+    assert!(err.contains("No space left"), "{err}");
+    assert_eq!(
+        std::fs::read(&svg).unwrap(),
+        good,
+        "the old picture is intact"
+    );
+    let names: Vec<_> = std::fs::read_dir(&disk.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "no temporary file left: {names:?}");
+    drop(disk);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn divergence_stops_the_run_at_the_step_it_shows_and_never_replaces_a_good_checkpoint() {
+    let dir = scratch("diverge");
+    let ckpt = dir.join("run.safetensors");
+    let ckpt_text = ckpt.to_string_lossy().into_owned();
+    let metrics = dir.join("m.jsonl");
+    let metrics_text = metrics.to_string_lossy().into_owned();
+    // lr 100 with momentum: an epoch or so of finite losses, then NaN.
+    let (code, out, err) = train_output(&[
+        "--lr",
+        "100",
+        "--epochs",
+        "4",
+        "--test-images",
+        "50",
+        "--save",
+        &ckpt_text,
+        "--metrics",
+        &metrics_text,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    let step: usize = err
+        .split("diverged at step ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("names the step: {err}"));
+    // Stopped at that step: its record is the metrics' last, with the loss as null.
+    let records = assert_whole_records(&metrics);
+    let last = records.last().unwrap();
+    assert_eq!(
+        (last["step"].as_u64(), last["loss"].is_null()),
+        (Some(step as u64), true)
+    );
+    // The checkpoint is the last epoch before the divergence, and the message says so.
+    let spe = 3000usize.div_ceil(256);
+    let good_epochs = (step - 1) / spe;
+    assert_eq!(epoch_lines(&out), good_epochs, "{out}");
+    if good_epochs == 0 {
+        assert!(!ckpt.exists());
+        assert!(err.contains("nothing was saved"), "{err}");
+    } else {
+        let saved = nanoddp::train::checkpoint::load(&ckpt).unwrap();
+        assert_eq!(saved.epoch, good_epochs);
+        assert!(
+            err.contains(&format!(
+                "{ckpt_text} holds the last good state: epoch {good_epochs},"
+            )),
+            "{err}"
+        );
+    }
+    // In every precision, a NaN loss from the first step (16-bit formats skip such steps and
+    // keep finite weights) stops the run there and leaves the existing checkpoint alone.
+    let init = dir.join("overflowing.safetensors");
+    nanoddp::train::checkpoint::save(&init, &overflowing_weights()).unwrap();
+    succeeds(&mut train_command(&[
+        "--max-steps",
+        "2",
+        "--test-images",
+        "10",
+        "--save",
+        &ckpt_text,
+    ]));
+    let good = std::fs::read(&ckpt).unwrap();
+    for precision in ["fp32", "fp16", "bf16"] {
+        let (code, out, err) = train_output(&[
+            "--precision",
+            precision,
+            "--epochs",
+            "3",
+            "--init",
+            &init.to_string_lossy(),
+            "--save",
+            &ckpt_text,
+            "--metrics",
+            &metrics_text,
+            "--overwrite",
+        ]);
+        assert_eq!(code, Some(1), "{precision}: {err}");
+        assert!(
+            err.contains("diverged at step 1 (epoch 1)"),
+            "{precision}: {err}"
+        );
+        assert!(
+            err.contains(&format!("{ckpt_text} is as it was (epoch 0, step 2)")),
+            "{err}"
+        );
+        assert_eq!(epoch_lines(&out), 0, "{precision}: {out}");
+        assert_eq!(
+            assert_whole_records(&metrics).len(),
+            1,
+            "{precision}: one step"
+        );
+        assert_eq!(std::fs::read(&ckpt).unwrap(), good, "{precision}: kept");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_save_removes_the_temporary_files_of_an_interrupted_one() {
+    let dir = scratch("orphans");
+    // A process that has ended: its pid names a save that was killed mid-write.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let live = std::process::id();
+    let orphan = dir.join(format!(".tmp.{dead}.0.run.safetensors"));
+    let kept = [
+        dir.join(format!(".tmp.{live}.0.run.safetensors")), // a live process's save
+        dir.join(format!(".tmp.{dead}.0.other.safetensors")), // another target's
+        dir.join(".tmp.x.0.run.safetensors"),               // not one of ours
+    ];
+    for f in kept.iter().chain([&orphan]) {
+        std::fs::write(f, vec![0u8; 1 << 20]).unwrap();
+    }
+    succeeds(&mut train_command(&[
+        "--max-steps",
+        "1",
+        "--test-images",
+        "10",
+        "--save",
+        &dir.join("run.safetensors").to_string_lossy(),
+    ]));
+    assert!(!orphan.exists(), "the killed save's file is removed");
+    for f in &kept {
+        assert!(f.exists(), "{} kept", f.display());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// Memory checks read the limits that apply to the process, not only the machine's free
+// memory: a sweep past `ulimit -v` is refused before any work (exit code 2, one line naming
+// the limit) instead of aborting on a failed allocation (exit 134).
+
+/// The address-space limit the tests set, in KiB (`ulimit -v` counts KiB): about 1.9 GiB.
+const LIMIT_KIB: u64 = 2_000_000;
+
+/// Runs `nanoddp args...` under `ulimit -v LIMIT_KIB`.
+fn under_ulimit(args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {LIMIT_KIB} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_nanoddp"))
+        .args(args)
+        .output()
+        .expect("runs sh")
+}
+
+#[test]
+fn a_sweep_past_the_address_space_limit_is_refused_naming_the_limit() {
+    // 2 ranks x 7 copies of 256 MiB: 3.5 GiB, far past the 1.9 GiB the limit allows.
+    let out = under_ulimit(&["bench", "allreduce", "-n", "2", "-b", "256M", "-e", "256M"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "refused as bad input, not aborted (134): {stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("lower -e or -n"), "{stderr}");
+    assert!(
+        !stdout.contains("memory copy bandwidth"),
+        "refused before any work: {stdout}"
+    );
+    // Where another limit is tighter still (a small cgroup or machine), that one is named.
+    let others = nanoddp::system::memory_bound().expect("Linux reports free memory");
+    if others.bytes > LIMIT_KIB * 1024 {
+        assert!(
+            stderr.contains("address-space limit (ulimit -v) leaves 1.9 GiB"),
+            "names the limit that binds: {stderr}"
+        );
+    } else {
+        eprintln!("note: {others}, below the ulimit: that limit is the one named");
+    }
+}
+
+#[test]
+fn a_sweep_within_the_address_space_limit_still_runs() {
+    // What the process maps already is counted, but not so generously that a small sweep
+    // (and the 2 x 256 MiB copy-bandwidth probe before it) is refused under the limit.
+    let out = under_ulimit(&["bench", "allreduce", "-n", "2", "-b", "4K", "-e", "4K"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.lines().any(|l| l.trim_start().starts_with("4096")),
+        "a row for 4 KiB: {stdout}"
+    );
+}
+
+// Environment variables that set behaviour are validated like flags: a bad value is refused
+// before any work (exit code 2) by an error naming the variable and the values it accepts,
+// never silently replaced by a default. A data folder that is not one is reported as what
+// it is (a file, a symbolic-link loop), not as "not found".
+
+/// The stand-in's settings, removed from every child so that the CI's own (such as
+/// `NANODDP_STANDIN_EXEC=ptx`) do not mix with the one a test sets.
+const STANDIN_SETTINGS: [&str; 4] = [
+    "NANODDP_STANDIN_GPUS",
+    "NANODDP_STANDIN_EXEC",
+    "NANODDP_STANDIN_JIT_MS",
+    "NANODDP_KERNEL_TIMEOUT_S",
+];
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts that `out` is a refusal (exit code 2) whose stderr holds every one of `mentions`.
+fn assert_refused_with(out: &Output, mentions: &[&str]) {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code: {stderr}");
+    for m in mentions {
+        assert!(stderr.contains(m), "expected {m:?} in: {stderr}");
+    }
+}
+
+#[test]
+fn a_cpu_isa_name_it_does_not_know_is_refused_naming_the_variable() {
+    let out = nanoddp()
+        .arg("info")
+        .env(ISA_ENV, "avx2")
+        .output()
+        .expect("runs");
+    assert_refused_with(
+        &out,
+        &["NANODDP_CPU_ISA=avx2: expected `portable`", "`native`"],
+    );
+}
+
+#[test]
+fn a_cpu_isa_level_is_honoured_where_the_cpu_has_it_and_refused_where_not() {
+    if std::env::var_os(ISA_ENV).is_some() {
+        eprintln!(
+            "skipped: {ISA_ENV} is set for this process, so what the CPU has is unknown here"
+        );
+        return;
+    }
+    let cpu = nanoddp::backend::cpu::isa::isa();
+    for (level, has) in [("avx512", cpu.avx512), ("avx512bf16", cpu.avx512_bf16)] {
+        let out = nanoddp()
+            .arg("info")
+            .env(ISA_ENV, level)
+            .output()
+            .expect("runs");
+        if has {
+            assert!(
+                out.status.success(),
+                "{level}, which this CPU has, is accepted: {}",
+                text(&out.stderr)
+            );
+        } else {
+            assert_refused_with(
+                &out,
+                &[
+                    &format!("{ISA_ENV}={level}: this CPU lacks"),
+                    "expected `portable`",
+                ],
+            );
+            assert!(
+                !text(&out.stderr).contains(&format!("`{level}`")),
+                "the level it lacks is not offered: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+}
+
+/// `nanoddp args...` on the CPU stand-in for the CUDA driver, with `var=value` and no other
+/// stand-in setting.
+fn on_standin(args: &[&str], var: &str, value: &str) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nanoddp"));
+    cmd.args(args).env("LD_LIBRARY_PATH", STANDIN_DIR);
+    for v in STANDIN_SETTINGS {
+        cmd.env_remove(v);
+    }
+    cmd.env(var, value).output().expect("runs")
+}
+
+#[test]
+fn a_bad_standin_setting_makes_the_driver_refuse_naming_the_variable() {
+    let gpus = "a whole number of GPUs from 0 to 16 (default 4)";
+    let table = [
+        ("NANODDP_STANDIN_GPUS", "abc", gpus),
+        ("NANODDP_STANDIN_GPUS", "99", gpus),
+        ("NANODDP_STANDIN_GPUS", "2.5", gpus),
+        ("NANODDP_STANDIN_GPUS", "-1", gpus),
+        (
+            "NANODDP_STANDIN_EXEC",
+            "sass",
+            "`simt` (the default) or `ptx`",
+        ),
+        ("NANODDP_KERNEL_TIMEOUT_S", "soon", "seconds"),
+        ("NANODDP_STANDIN_JIT_MS", "1ms", "milliseconds"),
+    ];
+    for (var, value, expected) in table {
+        let out = on_standin(&["bench", "kernels", "--backend", "cuda"], var, value);
+        assert_refused_with(
+            &out,
+            &[
+                &format!("error: the CUDA driver refused to start: {var}={value}: expected"),
+                expected,
+            ],
+        );
+    }
+}
+
+#[test]
+fn a_good_standin_setting_is_honoured() {
+    // Three GPUs, not the default four: the value is used, not replaced.
+    let out = on_standin(&["info"], "NANODDP_STANDIN_GPUS", "3");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("GPU 2:"), "{stdout}");
+    assert!(!stdout.contains("GPU 3:"), "{stdout}");
+}
+
+#[test]
+fn a_file_or_a_link_loop_given_as_data_is_reported_as_what_it_is() {
+    let dir = scratch("cli-env-data");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "not a data set").expect("write");
+    let a = dir.join("loop-a");
+    let b = dir.join("loop-b");
+    std::os::unix::fs::symlink(&b, &a).expect("link");
+    std::os::unix::fs::symlink(&a, &b).expect("link");
+    for (path, what) in [
+        (&file, "is a file, not a folder"),
+        (&a, "too many levels of symbolic links"),
+    ] {
+        let path = path.to_str().expect("a UTF-8 temporary path");
+        let out = nanoddp()
+            .args(["train", "--data", path, "--max-steps", "1"])
+            .output()
+            .expect("runs");
+        assert_refused_with(&out, &[&format!("--data {path}: {what}")]);
+        assert!(!text(&out.stderr).contains("not found"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_mistyped_nanoddp_data_is_refused_naming_the_variable() {
+    let out = nanoddp()
+        .args(["train", "--max-steps", "1"])
+        .env("NANODDP_DATA", "/nonexistent/nanoddp-data")
+        .output()
+        .expect("runs");
+    assert_refused_with(
+        &out,
+        &[
+            "NANODDP_DATA=/nonexistent/nanoddp-data: no such file or folder",
+            "NANODDP_DATA must name a folder",
+        ],
+    );
+    assert!(
+        !text(&out.stdout).contains("training on the small subset"),
+        "no fall-back to the shipped subset"
+    );
+}
+
+#[test]
+fn a_nanoddp_font_naming_no_font_is_refused_naming_the_variable() {
+    let dir = scratch("cli-env-font");
+    let plot = dir.join("p.png");
+    let not_a_font = dir.join("notes.txt");
+    std::fs::write(&not_a_font, "not a font").expect("write");
+    for (font, what) in [
+        ("/nonexistent/font.ttf", "no such file or directory"),
+        (not_a_font.to_str().expect("UTF-8"), "not a TrueType font"),
+    ] {
+        let out = nanoddp()
+            .args(["train", "--data", SUBSET, "--max-steps", "1", "--plot"])
+            .arg(&plot)
+            .env("NANODDP_FONT", font)
+            .output()
+            .expect("runs");
+        assert_refused_with(&out, &[&format!("NANODDP_FONT={font}: {what}")]);
+        assert!(!plot.exists(), "refused before any work");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -490,22 +490,31 @@ fn bf16_trains_without_loss_scaling_and_skips_non_finite_steps() {
         );
     }
 
-    // A learning rate that blows the weights up: the loss turns non-finite, and from then on
-    // every step's gradients are, so every such step is skipped and the weights stay finite
-    // (an f32 run with no check would end in NaN).
+    // A learning rate that blows the run up: bf16 skips the steps whose gradients are not
+    // finite, so the weights stay finite, but the loss shows it, and the run stops at the
+    // first step whose loss is not finite (on every rank at once), handing out no state.
     let wild = TrainConfig {
         precision: DType::BF16,
         lr: 1e6,
         ..config(64, 1, Some(8))
     };
-    let (finals, losses, _) = run(vec![CpuDevice::new(); 2], &data, &wild);
+    let start = from_weights(initial_weights(wild.recipe, wild.seed));
+    let (mut losses, mut epochs) = (Vec::new(), 0);
+    let stopped = train(vec![CpuDevice::new(); 2], &data, start, &wild, |e| {
+        match e {
+            Event::Step(s) => losses.push(s.loss),
+            Event::Epoch(..) => epochs += 1,
+            _ => {}
+        }
+        Ok::<(), TrainError>(())
+    });
+    let Err(TrainError::Diverged { step, epoch, .. }) = stopped else {
+        panic!("the run must diverge and stop: {stopped:?}, losses {losses:?}");
+    };
+    assert_eq!((step, epoch, epochs), (losses.len(), 1, 0), "{losses:?}");
     assert!(
-        losses.iter().any(|l| !l.is_finite()),
-        "the test must overflow: {losses:?}"
-    );
-    assert!(
-        finals[0].iter().flatten().all(|w| w.is_finite()),
-        "skipped steps leave the weights finite"
+        losses[..step - 1].iter().all(|l| l.is_finite()) && !losses[step - 1].is_finite(),
+        "stopped at the first step whose loss is not finite: {losses:?}"
     );
 }
 

@@ -17,6 +17,14 @@ pub enum BackendError {
         /// What the driver said.
         reason: String,
     },
+    /// The driver refused to start and said why: nanoddp's CPU stand-in does so over a
+    /// setting of its environment (`NANODDP_STANDIN_GPUS`, `NANODDP_STANDIN_EXEC`, ...) it
+    /// does not accept, naming the variable and its allowed values.
+    #[error("the CUDA driver refused to start: {reason}")]
+    DriverRefused {
+        /// The driver's explanation.
+        reason: String,
+    },
     /// A device ordinal past the last GPU.
     #[error("GPU {ordinal} does not exist: this machine has {count} GPU(s), numbered from 0")]
     NoSuchDevice {

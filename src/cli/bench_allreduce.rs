@@ -180,16 +180,16 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
     // The largest message decides the peak: every rank holds its buffers at once.
     let largest = sizes.last().copied().unwrap_or(0);
     let need = ranks as u64 * host_bytes_per_rank(backend, largest);
-    if let Some(available) = system::available_memory() {
-        if need > available / 10 * 9 {
+    // The least of free memory, the address-space limit (`ulimit -v`) and the cgroup's: an
+    // allocation past any of them aborts the process (or wakes the OOM killer) mid-sweep.
+    if let Some(bound) = system::memory_bound() {
+        if need > bound.bytes / 10 * 9 {
             let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
             return Err(CliError::Input(format!(
                 "this sweep needs about {:.1} GiB of memory at -e {largest} ({ranks} ranks x {} \
-                 copies of the message), more than the {:.1} GiB this machine has available: \
-                 lower -e or -n",
+                 copies of the message), but {bound}: lower -e or -n",
                 gib(need),
                 host_bytes_per_rank(backend, 1),
-                gib(available)
             )));
         }
     }
@@ -212,15 +212,17 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
             algo.algorithm(),
         )?,
         BackendArg::Cuda => {
-            if let Some(executor) = nanoddp::backend::cuda::standin_executor() {
-                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under its {executor}); timings mean nothing")?;
-            }
             let devices = (0..ranks)
                 .map(CudaDevice::new)
                 .collect::<Result<Vec<_>, _>>()
                 // A GPU that is not there is bad input, refused before any work (exit code 2),
-                // as bench kernels and train refuse it (this path used to exit 1).
+                // as bench kernels and train refuse it (this path used to exit 1); so is a
+                // setting the CPU stand-in refuses.
                 .map_err(CliError::Device)?;
+            // Named once the driver has started: the executor is the one it accepted.
+            if let Some(executor) = nanoddp::backend::cuda::standin_executor() {
+                writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under its {executor}); timings mean nothing")?;
+            }
             sweep_on(devices, sizes.clone(), algo.algorithm())?
         }
     };

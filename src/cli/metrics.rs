@@ -28,6 +28,36 @@ pub fn epoch_record(e: &EpochReport) -> String {
     .to_string()
 }
 
+/// The metrics file, written a whole record at a time: a record that cannot be written
+/// whole (a full disk) is cut off again, so the file always ends with a complete line.
+#[derive(Debug)]
+pub struct Recorder {
+    file: std::fs::File,
+    /// The file's length after the last whole record.
+    len: u64,
+}
+
+impl Recorder {
+    /// Takes a file opened for appending.
+    pub fn new(file: std::fs::File) -> std::io::Result<Recorder> {
+        let len = file.metadata()?.len();
+        Ok(Recorder { file, len })
+    }
+
+    /// Appends `record` and a newline in one write, or leaves the file as it was.
+    pub fn write(&mut self, record: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        let line = format!("{record}\n");
+        if let Err(e) = self.file.write_all(line.as_bytes()) {
+            // Best effort: the failure reported is the write's.
+            let _ = self.file.set_len(self.len);
+            return Err(e);
+        }
+        self.len += line.len() as u64;
+        Ok(())
+    }
+}
+
 /// What a resumed run keeps of its metrics file.
 #[derive(Debug, Default)]
 pub struct History {

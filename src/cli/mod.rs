@@ -9,6 +9,7 @@ pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod nccl_table;
+pub mod outputs;
 pub mod plot;
 pub mod schedule;
 pub mod train;

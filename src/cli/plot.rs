@@ -59,52 +59,93 @@ fn finite_runs(points: impl Iterator<Item = (f64, f64)>) -> Vec<Vec<(f64, f64)>>
 }
 
 /// Registers the font once; a missing font is an error the user can act on, reported before
-/// training starts.
+/// training starts. `NANODDP_FONT`, when set (and not empty), is the only font considered:
+/// a value that names no readable TrueType file is an error naming the variable, never a
+/// silent fall-back to DejaVu Sans.
 pub fn load_font() -> Result<(), String> {
-    let candidates: Vec<PathBuf> = std::env::var_os("NANODDP_FONT")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(FONT_PATHS.iter().map(PathBuf::from))
-        .collect();
-    let Some(path) = candidates.iter().find(|p| p.is_file()) else {
+    if let Some(named) = std::env::var_os("NANODDP_FONT").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(named);
+        return register_font(&path).map_err(|why| {
+            format!(
+                "NANODDP_FONT={}: {why}; it must name a TrueType font file (such as \
+                 DejaVuSans.ttf), or be unset to use DejaVu Sans from {}",
+                path.display(),
+                FONT_PATHS.join(", ")
+            )
+        });
+    }
+    let Some(path) = FONT_PATHS.iter().map(Path::new).find(|p| p.is_file()) else {
         return Err(format!(
             "--plot needs a TrueType font for its labels and found none (tried {}): install one \
              (Debian/Ubuntu: apt-get install fonts-dejavu-core) or set NANODDP_FONT=FILE.ttf",
             FONT_PATHS.join(", ")
         ));
     };
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    register_font(path).map_err(|why| format!("{}: {why}", path.display()))
+}
+
+/// Reads the font file at `path` and registers it as the plots' sans-serif face; the error
+/// is a clause saying what the path is instead ("no such file or directory", "is a folder",
+/// "not a TrueType font plotters can read").
+fn register_font(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("is a folder, not a font file".into());
+    }
+    let bytes = std::fs::read(path).map_err(|e| {
+        // "No such file or directory (os error 2)" as a clause: lower case, no error number.
+        let text = e.to_string();
+        let text = text.split(" (os error").next().unwrap_or(&text);
+        let mut chars = text.chars();
+        chars
+            .next()
+            .map(|c| c.to_lowercase().chain(chars).collect::<String>())
+            .unwrap_or_default()
+    })?;
     // plotters keeps fonts for the life of the process; this runs once per run.
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| format!("{}: not a TrueType font plotters can read", path.display()))
+        .map_err(|_| "not a TrueType font plotters can read".to_string())
 }
 
-/// Draws `curves` into `path` (PNG, or SVG for `*.svg`), replacing it atomically: a crash
-/// mid-draw leaves the previous picture.
+/// Draws `curves` into `path` (PNG, or SVG for `*.svg`; the run checks the name before it
+/// starts), replacing it atomically: the picture is drawn in memory, then written to a
+/// temporary file renamed over `path`, so a crash or a full disk leaves the previous
+/// picture. Errors are one line: what failed, and the system's reason.
 pub fn draw(path: &Path, curves: &Curves) -> Result<(), String> {
     let svg = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    let mut failure = None;
-    let written = nanoddp::train::checkpoint::replace_file(path, |tmp, _| {
-        let result = if svg {
-            let root = SVGBackend::new(tmp, SIZE).into_drawing_area();
-            panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))
-        } else {
-            let root = BitMapBackend::new(tmp, SIZE).into_drawing_area();
-            panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))
-        };
-        result.map_err(|e| {
-            failure = Some(e);
-            std::io::Error::other("drawing failed")
-        })
-    });
-    match (written, failure) {
-        (_, Some(e)) => Err(format!("drawing {}: {e}", path.display())),
-        (Err(e), None) => Err(format!("drawing {e}")),
-        (Ok(()), None) => Ok(()),
-    }
+    let bytes = if svg {
+        let mut text = String::new();
+        {
+            let root = SVGBackend::with_string(&mut text, SIZE).into_drawing_area();
+            panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))?;
+        }
+        text.into_bytes()
+    } else {
+        let (w, h) = SIZE;
+        let mut rgb = vec![0u8; 3 * w as usize * h as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+            panels(&root, curves).and_then(|()| root.present().map_err(|e| e.to_string()))?;
+        }
+        encode_png(&rgb, SIZE).map_err(|e| format!("encoding the plot as PNG: {e}"))?
+    };
+    nanoddp::train::checkpoint::replace_file(path, |_, f| {
+        use std::io::Write;
+        f.write_all(&bytes)
+    })
+    .map_err(|e| format!("writing the plot to {e}"))
+}
+
+/// An 8-bit RGB picture of `size` as PNG bytes.
+fn encode_png(rgb: &[u8], (w, h): (u32, u32)) -> Result<Vec<u8>, png::EncodingError> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, w, h);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.write_header()?.write_image_data(rgb)?;
+    Ok(out)
 }
 
 /// Color of the per-step loss (light) and of the epoch train figures.

@@ -10,7 +10,10 @@ use nanoddp::comm::schedule::{all_reduce, Buffer};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::ValueEnum;
 
+use nanoddp::train::checkpoint;
+
 use super::args::AlgoArg;
+use super::outputs::{check_format, check_outputs, Named};
 use super::CliError;
 
 /// The algorithms a schedule exists for: `--algo`'s values less `auto` (picked per size at
@@ -43,7 +46,8 @@ pub struct ScheduleArgs {
     /// Out of place (input and output distinct) instead of in place.
     #[arg(long)]
     pub out_of_place: bool,
-    /// Write the picture here (SVG); without it the steps are printed as text.
+    /// Write the picture here, as SVG (the name ends in .svg), replacing the file atomically;
+    /// without it the steps are printed as text.
     #[arg(long)]
     pub svg: Option<PathBuf>,
 }
@@ -58,6 +62,14 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), CliError> {
     };
     if args.ranks == 0 || args.ranks > 64 {
         return Err(CliError::Input("-n must be between 1 and 64".into()));
+    }
+    if let Some(path) = &args.svg {
+        let svg = Named {
+            flag: "--svg",
+            path,
+        };
+        check_format(svg, &["svg"])?;
+        check_outputs(&[svg], &[], &[])?;
     }
     let count = args.count.unwrap_or(4 * args.ranks);
     let slice = args.slice.unwrap_or(count).max(1);
@@ -81,8 +93,10 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), CliError> {
     );
     match &args.svg {
         Some(path) => {
-            std::fs::write(path, schedule_svg(&schedule, count, &title))
-                .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+            let picture = schedule_svg(&schedule, count, &title);
+            // A failed write leaves the previous file whole: exit 1, a failure while running.
+            checkpoint::replace_file(path, |_, f| f.write_all(picture.as_bytes()))
+                .map_err(|e| CliError::Running(format!("writing the picture: {e}")))?;
             writeln!(out, "{title}: drawn to {}", path.display())?;
         }
         None => {

@@ -1,7 +1,7 @@
 //! `nanoddp train`: LeNet on Fashion-MNIST, data-parallel over N devices of one backend.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::ValueEnum;
@@ -75,13 +75,13 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 256)]
     pub batch: usize,
     /// Learning rate (default: 0.2 for the chapter recipe, 0.05 for ours).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f32>,
     /// Momentum (default: 0 for the chapter recipe, 0.9 for ours).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub momentum: Option<f32>,
     /// L2 weight decay (default: 0 for the chapter recipe, 5e-4 for ours).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub weight_decay: Option<f32>,
     /// Seed of the initial weights and the data order.
     #[arg(long, default_value_t = 0)]
@@ -101,17 +101,22 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = DType::F32)]
     pub precision: DType,
     /// Folder with the four IDX(.gz) files (default: $NANODDP_DATA, then
-    /// /usr/share/datasets/fashion-mnist, then ./data/fashion-mnist).
+    /// /usr/share/datasets/fashion-mnist, then ./data/fashion-mnist). A folder named here or
+    /// in $NANODDP_DATA must hold them: it is never passed over for another.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Write one JSON record per step and per epoch here.
+    /// Write one JSON record per step and per epoch here (JSON lines, each record written
+    /// whole or not at all).
     #[arg(long)]
     pub metrics: Option<PathBuf>,
-    /// Draw the loss and accuracy curves here after every epoch (PNG; SVG if the name ends
-    /// in .svg). Needs a TrueType font: DejaVu Sans (fonts-dejavu-core) or $NANODDP_FONT.
+    /// Draw the loss and accuracy curves here after every epoch, as PNG or SVG by the name's
+    /// ending (.png, .svg). Needs a TrueType font: DejaVu Sans (fonts-dejavu-core) or
+    /// $NANODDP_FONT.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Save a safetensors checkpoint here after every epoch (atomically).
+    /// Save a safetensors checkpoint here after every epoch, atomically, before any other
+    /// output of the epoch. An existing file is replaced only if it is a nanoddp checkpoint
+    /// (else --overwrite); a run that diverges never saves over it.
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Start from the weights in this safetensors checkpoint (a fresh run otherwise).
@@ -124,14 +129,14 @@ pub struct TrainArgs {
     /// is refused, naming it. --metrics keeps the earlier records and appends.
     #[arg(long)]
     pub resume: Option<PathBuf>,
-    /// Replace an existing --metrics file (a new run refuses to, so that an earlier run's
-    /// record is not lost by accident).
+    /// Replace an existing --metrics file, or a --save file that is not a nanoddp
+    /// checkpoint (a new run refuses to, so that nothing is lost by accident).
     #[arg(long)]
     pub overwrite: bool,
     /// Seconds a device waits for the others in a collective before the run fails with an
     /// error (a hang is never silent). Time the whole process was stopped (Ctrl-Z, kill
     /// -STOP, a paused VM) is not counted.
-    #[arg(long, value_name = "SECONDS", default_value_t = CommConfig::default().timeout.as_secs_f64())]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, default_value_t = CommConfig::default().timeout.as_secs_f64())]
     pub timeout: f64,
 }
 
@@ -254,7 +259,8 @@ fn load_data(
 ) -> Result<Dataset, DataError> {
     match find_dataset(explicit) {
         Ok(d) => Ok(d),
-        Err(e) if explicit.is_none() => {
+        // Only when nobody named a folder: a bad --data or NANODDP_DATA is an error (exit 2).
+        Err(e) if locate::named_folder(explicit).is_none() => {
             let subset = locate::shipped_subset();
             // The note is a courtesy: a reader that went away does not stop the run.
             let _ = writeln!(
@@ -307,7 +313,10 @@ struct Prepared {
     data: Dataset,
     start: checkpoint::Checkpoint,
     /// The metrics file, opened for appending (rank 0 only).
-    metrics: Option<std::io::BufWriter<std::fs::File>>,
+    metrics: Option<super::metrics::Recorder>,
+    /// What the --save file held before the run, if it was a nanoddp checkpoint: (epoch,
+    /// step).
+    saved_before: Option<(usize, usize)>,
     /// The curves so far (a resumed run's earlier part included).
     curves: super::plot::Curves,
     /// Replicas over all processes.
@@ -326,22 +335,7 @@ enum Plan {
 fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result<Plan, CliError> {
     let lead = mpi_rank(mpi) == 0;
     check_settings(args).map_err(CliError::Input)?;
-    // Every output file is checked before the first step: a typo must not cost the run.
-    for path in [&args.save, &args.plot, &args.metrics]
-        .into_iter()
-        .flatten()
-    {
-        checkpoint::check_destination(path)?;
-    }
-    if let (Some(m), None, false) = (&args.metrics, &args.resume, args.overwrite) {
-        if std::fs::metadata(m).is_ok_and(|meta| meta.len() > 0) {
-            return Err(CliError::Input(format!(
-                "{} already holds a run's metrics: continue that run with --resume CHECKPOINT \
-                 (its metrics are kept), replace them with --overwrite, or name another file",
-                m.display()
-            )));
-        }
-    }
+    let saved_before = check_outputs(args)?;
     let recipe = match args.recipe {
         RecipeArg::Chapter => Recipe::Chapter,
         RecipeArg::Default => Recipe::Default,
@@ -439,7 +433,9 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
             let (file, curves) =
                 open_metrics(path, args.resume.is_some(), start.step, steps_per_epoch)
                     .map_err(CliError::Input)?;
-            (Some(std::io::BufWriter::new(file)), curves)
+            let recorder = super::metrics::Recorder::new(file)
+                .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+            (Some(recorder), curves)
         }
         _ => (None, super::plot::Curves::default()),
     };
@@ -448,10 +444,65 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
         data,
         start,
         metrics,
+        saved_before,
         curves,
         ranks,
         resume_note,
     })))
+}
+
+/// Checks every file the run writes before any work ([`super::outputs`]): each can be
+/// written where it is named, the plot's name gives a format it is drawn in, no two are one
+/// file (nor one a checkpoint the run reads, but for --save over the checkpoint it starts
+/// from), and --save replaces only a nanoddp checkpoint unless --overwrite says otherwise.
+/// Returns where the --save file's checkpoint stood, if there was one.
+fn check_outputs(args: &TrainArgs) -> Result<Option<(usize, usize)>, CliError> {
+    use super::outputs::{check_format, check_outputs, Named};
+    fn named<'a>(flag: &'static str, path: &'a Option<PathBuf>) -> Option<Named<'a>> {
+        path.as_deref().map(|path| Named { flag, path })
+    }
+    let outputs: Vec<Named<'_>> = [
+        named("--save", &args.save),
+        named("--metrics", &args.metrics),
+        named("--plot", &args.plot),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let inputs: Vec<Named<'_>> = [named("--init", &args.init), named("--resume", &args.resume)]
+        .into_iter()
+        .flatten()
+        .collect();
+    if let Some(plot) = named("--plot", &args.plot) {
+        check_format(plot, &["png", "svg"])?;
+    }
+    check_outputs(
+        &outputs,
+        &inputs,
+        &[("--save", "--init"), ("--save", "--resume")],
+    )?;
+    if let (Some(m), None, false) = (&args.metrics, &args.resume, args.overwrite) {
+        if std::fs::metadata(m).is_ok_and(|meta| meta.len() > 0) {
+            return Err(CliError::Input(format!(
+                "{} already holds a run's metrics: continue that run with --resume CHECKPOINT \
+                 (its metrics are kept), replace them with --overwrite, or name another file",
+                m.display()
+            )));
+        }
+    }
+    let Some(save) = &args.save else {
+        return Ok(None);
+    };
+    let before = checkpoint::position(save);
+    let occupied = std::fs::metadata(save).is_ok_and(|meta| meta.len() > 0);
+    if occupied && before.is_none() && !args.overwrite {
+        return Err(CliError::Input(format!(
+            "--save {}: the file exists and is not a nanoddp checkpoint: name another file, or \
+             replace it with --overwrite",
+            save.display()
+        )));
+    }
+    Ok(before)
 }
 
 /// Opens the metrics file: empty for a new run; for a resumed one, the earlier run's records
@@ -496,10 +547,13 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
         data,
         start,
         mut metrics,
+        saved_before,
         mut curves,
         ranks,
         resume_note,
     } = prepared;
+    // Where the --save file stands: what it held before the run, then each epoch saved.
+    let mut saved = saved_before;
     // Printing is a courtesy: a reader that went away (`| head -1`) ends the printing, not
     // the run; the epochs still train and the checkpoints are still written.
     let _ = writeln!(
@@ -546,20 +600,15 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
             .progress_chars("=> "),
     );
     let mut on_event = |event: Event| -> Result<(), TrainError> {
-        let io = |source: std::io::Error| TrainError::Io {
-            what: "the metrics".into(),
+        let metrics_failed = |source: std::io::Error| TrainError::Io {
+            what: format!(
+                "the metrics to {}",
+                args.metrics.as_deref().unwrap_or(Path::new("")).display()
+            ),
             source,
         };
         match event {
             Event::Step(s) => {
-                if !s.loss.is_finite() {
-                    // Diverged: stop before an epoch's checkpoint could save it (the last one
-                    // written stays as it was).
-                    return Err(TrainError::Diverged(format!(
-                        "the loss is {} at step {} (epoch {})",
-                        s.loss, s.step, s.epoch
-                    )));
-                }
                 if bar.length() != Some(steps_per_epoch) {
                     bar.set_length(steps_per_epoch);
                     bar.reset_eta();
@@ -571,7 +620,8 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
                     .step_loss
                     .push((s.step as f64 / steps_per_epoch as f64, s.loss));
                 if let Some(m) = metrics.as_mut() {
-                    writeln!(m, "{}", super::metrics::step_record(&s)).map_err(io)?;
+                    m.write(&super::metrics::step_record(&s))
+                        .map_err(metrics_failed)?;
                 }
             }
             Event::Evaluating { done, total } => {
@@ -584,13 +634,12 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
                 bar.set_message("test images evaluated");
             }
             Event::Epoch(e, state) => {
-                // A NaN can sit in the weights while the reported loss stays finite: never
-                // save such a state over the last good checkpoint.
-                if state.weights.iter().flatten().any(|w| !w.is_finite()) {
-                    return Err(TrainError::Diverged(format!(
-                        "the weights are not finite after epoch {}",
-                        e.epoch
-                    )));
+                // The library hands out only finite states (a diverged run stops with an
+                // error at the step it shows), so this one may replace the last checkpoint.
+                // It is written first: no other output's failure can cost it.
+                if let Some(path) = &save_path {
+                    checkpoint::save(path, &state)?;
+                    saved = Some((state.epoch, state.step));
                 }
                 let line = format!(
                     "epoch {:>3}{}  loss {:.4}  train acc {:.4}  test acc {:.4}  {:.1} s  {:.0} img/s  allreduce {:.1}%",
@@ -612,8 +661,8 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
                 bar.set_length(steps_per_epoch);
                 bar.reset();
                 if let Some(m) = metrics.as_mut() {
-                    writeln!(m, "{}", super::metrics::epoch_record(&e)).map_err(io)?;
-                    m.flush().map_err(io)?;
+                    m.write(&super::metrics::epoch_record(&e))
+                        .map_err(metrics_failed)?;
                 }
                 curves.epochs.push(super::plot::EpochPoint {
                     at: e.step as f64 / steps_per_epoch as f64,
@@ -623,12 +672,7 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
                     test_acc: e.test_acc,
                 });
                 if let Some(path) = &plot_path {
-                    super::plot::draw(path, &curves).map_err(|e| {
-                        TrainError::Handler(format!("drawing the plot: {e}").into())
-                    })?;
-                }
-                if let Some(path) = &save_path {
-                    checkpoint::save(path, &state)?;
+                    super::plot::draw(path, &curves).map_err(|e| TrainError::Handler(e.into()))?;
                 }
             }
             _ => {}
@@ -659,6 +703,19 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
         }
     };
     bar.finish_and_clear();
+    // What the --save file holds now, truly: said whenever the run ends early.
+    let kept = match (&save_path, saved) {
+        (None, _) => "no checkpoint was written (no --save)".to_string(),
+        (Some(path), None) => format!("nothing was saved to {}", path.display()),
+        (Some(path), Some((epoch, step))) if saved == saved_before => format!(
+            "{} is as it was (epoch {epoch}, step {step})",
+            path.display()
+        ),
+        (Some(path), Some((epoch, step))) => format!(
+            "{} holds the last good state: epoch {epoch}, step {step}",
+            path.display()
+        ),
+    };
     match trained {
         Ok(_) => Ok(()),
         Err(TrainError::Comm(e)) if e.is_timeout() => Err(CliError::Running(format!(
@@ -668,10 +725,16 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
                  with --save, --resume continues from the last checkpoint",
             args.timeout
         ))),
-        Err(e @ TrainError::Diverged(_)) => Err(CliError::Running(format!(
-            "{e}: lower --lr, or resume from the last checkpoint (kept as it was) with a \
-             smaller one"
+        Err(e @ TrainError::Diverged { .. }) => Err(CliError::Running(format!(
+            "{e}; {kept}{}",
+            match saved {
+                Some(_) => "; start again from it with --init and a lower --lr",
+                None => "; lower --lr",
+            }
         ))),
+        Err(e @ (TrainError::Io { .. } | TrainError::Handler(_))) => {
+            Err(CliError::Running(format!("{e}; {kept}")))
+        }
         Err(e) => Err(CliError::Train(e)),
     }
 }

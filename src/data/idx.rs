@@ -33,6 +33,15 @@ pub enum DataError {
         /// Every folder tried.
         searched: String,
     },
+    /// The folder named by `--data` or `NANODDP_DATA` (the only one then considered) is not
+    /// a data folder: not there, a file, unreadable, or without the four files.
+    #[error("{given}: {problem}")]
+    NamedFolder {
+        /// How it was named: `--data DIR` or `NANODDP_DATA=DIR`.
+        given: String,
+        /// What it is instead, and what it should be.
+        problem: String,
+    },
     /// A folder holds some of the four files but not all.
     #[error("{dir}: no {missing} (.gz or uncompressed); a data folder holds all four Fashion-MNIST files")]
     MissingFiles {

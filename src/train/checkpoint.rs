@@ -57,6 +57,32 @@ pub struct Checkpoint {
 /// Metadata key prefix of [`Checkpoint::settings`].
 const SETTING: &str = "run.";
 
+/// The `model` metadata [`save`] writes: how a file is known as one of nanoddp's checkpoints.
+const MODEL: &str = "nanoddp LeNet";
+
+/// The name of the first tensor of `tensors` (laid out as [`PARAMS`]) holding a value that is
+/// not finite, if any.
+pub fn first_not_finite(tensors: &[Vec<f32>]) -> Option<&'static str> {
+    PARAMS
+        .iter()
+        .zip(tensors)
+        .find(|(_, t)| t.iter().any(|v| !v.is_finite()))
+        .map(|(p, _)| p.name)
+}
+
+/// Where a checkpoint written by [`save`] stands: (epochs completed, steps taken). `None` if
+/// `path` cannot be read or holds anything else (another program's safetensors included).
+pub fn position(path: &Path) -> Option<(usize, usize)> {
+    let bytes = std::fs::read(path).ok()?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).ok()?;
+    let meta = meta.metadata().as_ref()?;
+    if meta.get("model").map(String::as_str) != Some(MODEL) {
+        return None;
+    }
+    let number = |key: &str| meta.get(key)?.parse().ok();
+    Some((number("epoch")?, number("step")?))
+}
+
 /// Checks that a checkpoint (or any output file) can be written to `path` without
 /// destroying anything it must not: the folder exists and takes new files, and `path` is
 /// absent or a regular file. A run calls this before its first step, so a typo costs
@@ -129,21 +155,65 @@ fn folder_of(path: &Path) -> std::path::PathBuf {
     }
 }
 
+/// The name of `path`'s file, as temporary files beside it end.
+fn target_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "checkpoint".into())
+}
+
+/// The process that made `file_name` if it is one of [`create_temp`]'s temporary files for a
+/// target named `target` (`.tmp.<pid>.<n>.<target>`).
+fn temp_owner(file_name: &str, target: &str) -> Option<u32> {
+    let rest = file_name.strip_prefix(".tmp.")?.strip_suffix(target)?;
+    let rest = rest.strip_suffix('.')?;
+    let (pid, n) = rest.split_once('.')?;
+    n.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
+/// Whether process `pid` is alive (or might be: one we may not signal still exists).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 sends nothing; kill only checks that the process exists.
+    let sent = unsafe { libc::kill(pid, 0) } == 0;
+    sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Removes the temporary files beside `path` that a save to the same name left when its
+/// process was killed mid-write (Ctrl-C, a crash): their process is gone. Another live
+/// process's files, and every other file, are left alone. Best effort: a folder that cannot
+/// be listed keeps them.
+fn remove_orphaned_temps(path: &Path) {
+    let target = target_name(path);
+    let Ok(entries) = std::fs::read_dir(folder_of(path)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = temp_owner(&name.to_string_lossy(), &target) else {
+            continue;
+        };
+        if pid != std::process::id() && !process_alive(pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// A new file beside `path`, named for this process and unique within it (never an existing
 /// file: `create_new`), so concurrent runs and a crashed run's leftovers never collide.
 fn create_temp(path: &Path) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "checkpoint".into());
     // The name ends as the target's does: writers that pick a format by extension (the
     // plots) see the right one.
     let tmp = folder_of(path).join(format!(
-        ".tmp.{}.{}.{name}",
+        ".tmp.{}.{}.{}",
         std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        target_name(path)
     ));
     let file = std::fs::OpenOptions::new()
         .write(true)
@@ -194,7 +264,7 @@ pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
     let mut metadata = HashMap::from([
         ("epoch".to_string(), ckpt.epoch.to_string()),
         ("step".to_string(), ckpt.step.to_string()),
-        ("model".to_string(), "nanoddp LeNet".to_string()),
+        ("model".to_string(), MODEL.to_string()),
     ]);
     if let Some((scale, clean)) = ckpt.loss_scale {
         metadata.insert("loss_scale".to_string(), scale.to_string());
@@ -213,7 +283,8 @@ pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
 /// beside `path` (its path and an open handle: write through either), which is then synced,
 /// renamed over `path`, and the folder synced. Refuses to replace anything but a regular
 /// file; on any failure the previous file at `path` is intact and the temporary file is
-/// removed. Checkpoints, and the CLI's plots and rewritten metrics, are written this way.
+/// removed. Checkpoints, and the CLI's plots, schedule pictures and rewritten metrics, are
+/// written this way.
 pub fn replace_file(
     path: &Path,
     fill: impl FnOnce(&Path, &mut std::fs::File) -> std::io::Result<()>,
@@ -224,6 +295,7 @@ pub fn replace_file(
         source,
     };
     check_destination(path)?;
+    remove_orphaned_temps(path);
     let (tmp, mut f) = create_temp(path).map_err(io)?;
     let written = fill(&tmp, &mut f)
         .and_then(|()| f.sync_all())
@@ -303,6 +375,13 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
         .iter()
         .map(|p| read(p.name, p.shape))
         .collect::<Result<Vec<_>, _>>()?;
+    // A diverged state is not a starting point: refuse it here, before any work.
+    if let Some(name) = first_not_finite(&weights) {
+        return Err(invalid(format!(
+            "tensor `{name}` holds a value that is not finite (NaN or infinity): the weights \
+             of a diverged run"
+        )));
+    }
     let has_velocity = st
         .names()
         .iter()
@@ -317,6 +396,12 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     } else {
         None
     };
+    if let Some(name) = velocity.as_deref().and_then(first_not_finite) {
+        return Err(invalid(format!(
+            "tensor `optimizer.velocity.{name}` holds a value that is not finite (NaN or \
+             infinity): the optimizer state of a diverged run"
+        )));
+    }
     let text = |key: &str| meta.metadata().as_ref().and_then(|m| m.get(key).cloned());
     let loss_scale = match (text("loss_scale"), text("loss_scale_clean_steps")) {
         (None, None) => None,

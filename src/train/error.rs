@@ -45,9 +45,21 @@ pub enum TrainError {
     /// The thread that reduces a rank's gradients during the backward pass panicked.
     #[error("the gradient communication thread of a rank panicked")]
     CommThreadPanicked,
-    /// The loss or the weights are no longer finite numbers.
-    #[error("training diverged: {0}")]
-    Diverged(String),
+    /// The loss or the weights are no longer finite numbers: the run stopped at that step.
+    #[error("training diverged at step {step} (epoch {epoch}): {problem}")]
+    Diverged {
+        /// The step (from 1) whose loss, or the epoch whose weights, showed it.
+        step: usize,
+        /// The epoch of that step (from 1).
+        epoch: usize,
+        /// What is not finite.
+        problem: String,
+    },
+    /// The caller's event handler (on global rank 0's process) failed, so the ranks stopped
+    /// together at their next step. Where the handler runs, its own error is what
+    /// [`train`](super::train) returns; other processes of an MPI run return this.
+    #[error("stopped with rank 0, whose outputs failed (rank 0 reports why)")]
+    Stopped,
     /// Saving or loading a checkpoint failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),

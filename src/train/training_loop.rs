@@ -3,6 +3,7 @@
 //! epoch's evaluation and report; [`train`] and [`train_ranks`] run it on every rank, and
 //! [`test_accuracy`] evaluates weights data-parallel.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -50,18 +51,29 @@ pub fn check_data(data: &Dataset) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// Sums `stats` over all ranks. The buffer lives on the rank's own queue, which the
-/// collective waits for before peers read it.
-fn reduce_stats<C: Collective>(rank: &mut C, s: ShardStats) -> Result<ShardStats, TrainError> {
+/// Sums `stats` over all ranks, and with them whether any rank asks the run to stop
+/// (`stop`): every rank gets the same answer at the same step, so all stop together. The
+/// buffer lives on the rank's own queue, which the collective waits for before peers read it.
+fn reduce_stats<C: Collective>(
+    rank: &mut C,
+    s: ShardStats,
+    stop: bool,
+) -> Result<(ShardStats, bool), TrainError> {
     let dev = rank.device().clone();
-    let mut buf = dev.upload(&[s.loss_sum as f32, s.correct as f32, s.count as f32])?;
+    let mut buf = dev.upload(&[
+        s.loss_sum as f32,
+        s.correct as f32,
+        s.count as f32,
+        f32::from(u8::from(stop)),
+    ])?;
     rank.sum(&mut buf, Some(Algorithm::OneShot))?;
     let v = dev.download(&buf)?;
-    Ok(ShardStats {
+    let all = ShardStats {
         loss_sum: v[0] as f64,
         correct: v[1] as usize,
         count: v[2] as usize,
-    })
+    };
+    Ok((all, v[3] != 0.0))
 }
 
 /// Evaluates the test set, sharded over the ranks; returns the global accuracy.
@@ -92,7 +104,7 @@ fn evaluate<C: Collective, T: Precision>(
             });
         }
     }
-    let all = reduce_stats(rank, mine)?;
+    let (all, _) = reduce_stats(rank, mine, false)?;
     Ok(all.correct as f64 / all.count.max(1) as f64)
 }
 
@@ -168,6 +180,7 @@ fn run_rank<C: Collective, T: Precision>(
     data: &Dataset,
     cfg: &TrainConfig,
     events: &mpsc::Sender<Event>,
+    stop: &AtomicBool,
 ) -> Result<Vec<Vec<f32>>, TrainError>
 where
     <C::Device as Memory>::Buffer<f32>: Send,
@@ -259,19 +272,36 @@ where
             } else {
                 replica.update(sgd, None)?;
             }
-            let s = reduce_stats(&mut rank, local)?;
+            // Rank 0's thread carries the caller's request to stop (its event handler failed)
+            // into the step's reduction.
+            let asked = me == 0 && stop.load(Ordering::Relaxed);
+            let (s, stopping) = reduce_stats(&mut rank, local, asked)?;
+            if stopping {
+                return Err(TrainError::Stopped);
+            }
             epoch_stats.loss_sum += s.loss_sum;
             epoch_stats.correct += s.correct;
             epoch_stats.count += s.count;
             step += 1;
+            let loss = s.loss_sum / s.count.max(1) as f64;
             if me == 0 {
                 let _ = events.send(Event::Step(StepReport {
                     step,
                     epoch,
-                    loss: s.loss_sum / s.count.max(1) as f64,
+                    loss,
                     lr,
                     loss_scale,
                 }));
+            }
+            // Every rank holds the same reduced loss, so every rank stops at this step. In
+            // fp16/bf16 a diverged step is skipped and the weights stay finite, but the loss
+            // says it: the run never goes on to checkpoint such a state.
+            if !loss.is_finite() {
+                return Err(TrainError::Diverged {
+                    step,
+                    epoch,
+                    problem: format!("the loss is {loss}"),
+                });
             }
         }
         let seconds = start.elapsed().as_secs_f64();
@@ -299,8 +329,18 @@ where
                 .iter()
                 .map(|v| replica.dev.download(v))
                 .collect::<Result<Vec<_>, _>>()?;
+            let weights = replica.weights()?;
+            // A NaN can sit in the weights while the loss stays finite: such a state is never
+            // handed out to be saved.
+            if let Some(name) = checkpoint::first_not_finite(&weights) {
+                return Err(TrainError::Diverged {
+                    step,
+                    epoch,
+                    problem: format!("`{name}` holds a value that is not finite"),
+                });
+            }
             let state = checkpoint::Checkpoint {
-                weights: replica.weights()?,
+                weights,
                 velocity: Some(velocity),
                 epoch: step / steps_per_epoch,
                 step,
@@ -371,6 +411,7 @@ where
     }
     cfg.check_resume(&start, total, data.train_labels.len())?;
     let (tx, rx) = mpsc::channel();
+    let stop = AtomicBool::new(false);
     let local = ranks.len();
     // Pinned only where every rank is in this process (see rank_cores).
     let allowed = if local > 1 && local == total {
@@ -384,15 +425,15 @@ where
             .enumerate()
             .map(|(i, rank)| {
                 let tx = tx.clone();
-                let start = &start;
+                let (start, stop) = (&start, &stop);
                 let cores = rank_cores::cores_of(i, local, &allowed);
                 scope.spawn(move || {
                     rank_cores::pin_current_thread(cores);
                     let _pool = rank_thread_pool(local, cores.len());
                     match cfg.precision {
-                        DType::F32 => run_rank::<C, f32>(rank, start, data, cfg, &tx),
-                        DType::F16 => run_rank::<C, f16>(rank, start, data, cfg, &tx),
-                        DType::BF16 => run_rank::<C, bf16>(rank, start, data, cfg, &tx),
+                        DType::F32 => run_rank::<C, f32>(rank, start, data, cfg, &tx, stop),
+                        DType::F16 => run_rank::<C, f16>(rank, start, data, cfg, &tx, stop),
+                        DType::BF16 => run_rank::<C, bf16>(rank, start, data, cfg, &tx, stop),
                     }
                 })
             })
@@ -400,8 +441,13 @@ where
         drop(tx);
         let mut failure = None;
         for event in rx {
-            if let Err(e) = on_event(event) {
-                failure.get_or_insert(e);
+            // After the handler fails, the ranks stop at their next step; the events still
+            // on their way are not handed to it.
+            if failure.is_none() {
+                if let Err(e) = on_event(event) {
+                    failure = Some(e);
+                    stop.store(true, Ordering::Relaxed);
+                }
             }
         }
         let mut finals = Vec::new();

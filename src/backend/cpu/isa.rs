@@ -9,7 +9,8 @@
 //! Lake servers), and `NANODDP_CPU_ISA=avx512bf16` takes the bf16 products through
 //! AVX512-BF16 wherever the CPU has it, also where [`Isa::bf16_products`] would not (Intel's
 //! cores: see there), and never through AMX ([`Isa::amx`]). `NANODDP_CPU_ISA=native` (or
-//! unset) uses what the CPU has, as this module judges best.
+//! unset) uses what the CPU has, as this module judges best. A level the CPU lacks, or a
+//! name not listed here, is an error ([`requested`]), never quietly replaced by another.
 
 use std::sync::OnceLock;
 
@@ -97,38 +98,95 @@ impl Isa {
     }
 }
 
+/// Why `NANODDP_CPU_ISA` cannot be honoured: a name it does not know, or a level this CPU
+/// lacks. Either way it names the variable and the values this CPU accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IsaError {
+    /// Not one of the names.
+    #[error("{ISA_ENV}={value}: expected {}", allowed(.cpu))]
+    Unknown {
+        /// The variable's value (lossily, if it is not Unicode).
+        value: String,
+        /// What this CPU offers.
+        cpu: Isa,
+    },
+    /// A level this CPU cannot run.
+    #[error("{ISA_ENV}={value}: this CPU lacks {lacks}; expected {}", allowed(.cpu))]
+    Unsupported {
+        /// The level asked for.
+        value: String,
+        /// The instructions it needs that the CPU does not have.
+        lacks: &'static str,
+        /// What this CPU offers.
+        cpu: Isa,
+    },
+}
+
+/// The values of `NANODDP_CPU_ISA` a CPU offering `cpu` accepts, as a phrase.
+fn allowed(cpu: &Isa) -> String {
+    let mut names = vec!["`portable`"];
+    if cpu.avx512 {
+        names.push("`avx512`");
+    }
+    if cpu.avx512_bf16 {
+        names.push("`avx512bf16`");
+    }
+    let last = "`native` (the default)";
+    format!("{} or {last}", names.join(", "))
+}
+
 /// What `NANODDP_CPU_ISA` asks for, or why it cannot be honoured (the command line refuses
 /// such a value before any work; see [`isa`] for the library).
-pub fn requested() -> Result<Isa, String> {
-    match std::env::var(ISA_ENV).as_deref() {
-        Ok("portable") => Ok(Isa::PORTABLE),
-        Ok("avx512") => Ok(Isa {
+pub fn requested() -> Result<Isa, IsaError> {
+    let value = match std::env::var(ISA_ENV) {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
+    };
+    choose(value.as_deref(), Isa::detect)
+}
+
+/// The paths `value` (of `NANODDP_CPU_ISA`; `None`: unset) selects on a CPU that `detect`
+/// describes (called only where needed: `portable` does not probe the CPU, nor ask Linux
+/// for AMX).
+fn choose(value: Option<&str>, detect: impl FnOnce() -> Isa) -> Result<Isa, IsaError> {
+    if value == Some("portable") {
+        return Ok(Isa::PORTABLE);
+    }
+    let cpu = detect();
+    let unsupported = |lacks| IsaError::Unsupported {
+        value: value.unwrap_or_default().to_string(),
+        lacks,
+        cpu,
+    };
+    match value {
+        Some("avx512") if !cpu.avx512 => Err(unsupported("AVX-512 (F, VL, BW and DQ)")),
+        Some("avx512") => Ok(Isa {
             avx512_bf16: false,
             bf16_products: false,
             amx: false,
-            ..Isa::detect()
+            ..cpu
         }),
-        Ok("avx512bf16") => {
-            let isa = Isa::detect();
-            Ok(Isa {
-                bf16_products: isa.avx512_bf16,
-                amx: false,
-                ..isa
-            })
+        Some("avx512bf16") if !cpu.avx512_bf16 => {
+            Err(unsupported("AVX512-BF16 (with AVX-512 F, VL, BW and DQ)"))
         }
-        Ok("native") | Ok("") | Err(std::env::VarError::NotPresent) => Ok(Isa::detect()),
-        Ok(other) => Err(format!(
-            "{ISA_ENV}={other}: expected `portable`, `avx512`, `avx512bf16` or `native`"
-        )),
-        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
-            "{ISA_ENV}={v:?}: expected `portable`, `avx512`, `avx512bf16` or `native`"
-        )),
+        Some("avx512bf16") => Ok(Isa {
+            bf16_products: true,
+            amx: false,
+            ..cpu
+        }),
+        Some("native") | Some("") | None => Ok(cpu),
+        Some(other) => Err(IsaError::Unknown {
+            value: other.to_string(),
+            cpu,
+        }),
     }
 }
 
 /// The instruction sets in use, decided on first use: what the CPU has, unless
-/// `NANODDP_CPU_ISA=portable`. A value it does not know is reported on stderr once and
-/// ignored (a library must not panic on its environment).
+/// `NANODDP_CPU_ISA` chooses fewer. A value it does not know, or a level the CPU lacks, is
+/// reported on stderr once and ignored (a library must not panic on its environment; the
+/// command line refuses it through [`requested`]).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
@@ -152,4 +210,63 @@ fn is_intel() -> bool {
 pub(super) fn lanes(n: usize) -> std::arch::x86_64::__mmask16 {
     debug_assert!(n <= 16);
     ((1u32 << n) - 1) as std::arch::x86_64::__mmask16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AVX512_ONLY: Isa = Isa {
+        avx512: true,
+        fma: true,
+        avx512_bf16: false,
+        bf16_products: false,
+        amx: false,
+    };
+
+    #[test]
+    fn a_level_the_cpu_lacks_is_refused_naming_what_it_offers() {
+        let old = Isa {
+            fma: true,
+            ..Isa::PORTABLE
+        };
+        let err = choose(Some("avx512"), || old).expect_err("no AVX-512 here");
+        assert!(matches!(err, IsaError::Unsupported { .. }));
+        assert_eq!(
+            err.to_string(),
+            "NANODDP_CPU_ISA=avx512: this CPU lacks AVX-512 (F, VL, BW and DQ); expected \
+             `portable` or `native` (the default)"
+        );
+        let err = choose(Some("avx512bf16"), || AVX512_ONLY).expect_err("no AVX512-BF16 here");
+        let text = err.to_string();
+        assert!(text.contains("lacks AVX512-BF16"), "{text}");
+        assert!(
+            text.contains("`avx512`") && !text.contains("`avx512bf16`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_name_is_refused_and_known_ones_choose_their_paths() {
+        let err = choose(Some("avx2"), || AVX512_ONLY).expect_err("not a level");
+        assert_eq!(
+            err.to_string(),
+            "NANODDP_CPU_ISA=avx2: expected `portable`, `avx512` or `native` (the default)"
+        );
+        // `portable` needs nothing of the CPU: it is not probed (nor AMX requested).
+        assert_eq!(
+            choose(Some("portable"), || panic!("probed the CPU")),
+            Ok(Isa::PORTABLE)
+        );
+        assert_eq!(choose(None, || AVX512_ONLY), Ok(AVX512_ONLY));
+        assert_eq!(choose(Some("native"), || AVX512_ONLY), Ok(AVX512_ONLY));
+        let full = Isa {
+            avx512_bf16: true,
+            amx: true,
+            ..AVX512_ONLY
+        };
+        assert_eq!(choose(Some("avx512"), || full), Ok(AVX512_ONLY));
+        let bf16 = choose(Some("avx512bf16"), || full).expect("the CPU has it");
+        assert!(bf16.bf16_products && !bf16.amx);
+    }
 }

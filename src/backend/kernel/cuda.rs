@@ -158,8 +158,10 @@ pub fn driver_version() -> Result<(i32, i32), BackendError> {
     Ok((v / 1000, (v % 1000) / 10))
 }
 
-/// Number of GPUs the driver sees. Errors (never panics) when there is no driver, and
-/// returns [`BackendError::NoGpu`] when the driver works but sees no GPU.
+/// Number of GPUs the driver sees. Errors (never panics) when there is no driver, returns
+/// [`BackendError::NoGpu`] when the driver works but sees no GPU, and
+/// [`BackendError::DriverRefused`] when the CPU stand-in refuses a setting of its
+/// environment (naming the variable and what it accepts).
 pub fn device_count() -> Result<usize, BackendError> {
     require_driver()?;
     match CudaContext::device_count() {
@@ -167,8 +169,15 @@ pub fn device_count() -> Result<usize, BackendError> {
         Ok(_) => Err(BackendError::NoGpu {
             reason: "device count is 0".into(),
         }),
-        Err(e) => Err(BackendError::NoGpu {
-            reason: e.to_string(),
+        // cuInit failed: the stand-in says why when a setting of its environment is bad (the
+        // only cuInit failure it explains).
+        Err(e) => Err(match standin_diagnostic(None) {
+            Some(reason) if e.0 == sys::CUresult::CUDA_ERROR_INVALID_VALUE => {
+                BackendError::DriverRefused { reason }
+            }
+            _ => BackendError::NoGpu {
+                reason: e.to_string(),
+            },
         }),
     }
 }
