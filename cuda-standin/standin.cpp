@@ -251,6 +251,61 @@ CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
 
 thread_local Context* tls_current = nullptr;
 
+// ------------------------------------------------------------------------------ the call audit
+// With NANODDP_STANDIN_STATS=1, every driver entry point counts its calls per GPU (the
+// calling thread's current context's; "-" for a thread with none), and at exit the counts
+// are printed to stderr, one line each, for scripts and tests to read:
+//     [cuda stand-in] calls <entry point> <gpu or -> <count>
+// sorted by entry point, then GPU. An entry point that only forwards to another (the `_v2`
+// aliases, cuStreamCreateWithPriority, cuModuleLoad) is counted as the one it reaches. Off
+// (the default) it costs one branch per call.
+class Audit {
+public:
+    Audit() {
+        const char* on = std::getenv("NANODDP_STANDIN_STATS");
+        enabled_ = on && *on && std::strcmp(on, "0") != 0;
+    }
+    Audit(const Audit&) = delete;
+    Audit& operator=(const Audit&) = delete;
+    void count(const char* entry) {
+        if (!enabled_) return;
+        Context* ctx = tls_current;
+        int gpu = ctx && ctx->dev ? ctx->dev->ordinal : -1;
+        std::lock_guard<std::mutex> lock(mu_);
+        ++counts_[{entry, gpu}];
+    }
+    ~Audit() {
+        if (!enabled_) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        std::string out;
+        char line[256];
+        for (const auto& [key, n] : counts_) {
+            if (key.second < 0) {
+                std::snprintf(line, sizeof line, "[cuda stand-in] calls %s - %llu\n", key.first.c_str(), static_cast<unsigned long long>(n));
+            } else {
+                std::snprintf(line, sizeof line, "[cuda stand-in] calls %s %d %llu\n", key.first.c_str(), key.second, static_cast<unsigned long long>(n));
+            }
+            out += line;
+        }
+        // One write: lines of a process that exits while others print stay whole.
+        std::fwrite(out.data(), 1, out.size(), stderr);
+        std::fflush(stderr);
+    }
+
+private:
+    bool enabled_ = false;
+    std::mutex mu_;
+    std::map<std::pair<std::string, int>, std::uint64_t> counts_;
+};
+
+// The process's audit, made on first use and printed when the library is unloaded at exit.
+Audit& audit() {
+    static Audit a;
+    return a;
+}
+
+#define AUDIT() audit().count(__func__)
+
 // The kernel executing now (set under the exec lock), for the fault explainer.
 struct Executing {
     const Op* op = nullptr;
@@ -833,18 +888,21 @@ bool standin::explain_fault(std::uintptr_t addr, bool is_write, char* message, s
 // ================================================================================ driver API
 // ---- initialization, version, devices
 STANDIN_API CUresult cuInit(unsigned flags) {
+    AUDIT();
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     std::call_once(init_once, init);
     return init_result;
 }
 
 STANDIN_API CUresult cuDriverGetVersion(int* version) {
+    AUDIT();
     if (!version) return CUDA_ERROR_INVALID_VALUE;
     *version = static_cast<int>(env_double("NANODDP_STANDIN_DRIVER_VERSION", 13000));
     return CUDA_SUCCESS;
 }
 
 STANDIN_API CUresult cuDeviceGetCount(int* count) {
+    AUDIT();
     REQUIRE_INIT();
     if (!count) return CUDA_ERROR_INVALID_VALUE;
     *count = g->config.gpus;
@@ -852,6 +910,7 @@ STANDIN_API CUresult cuDeviceGetCount(int* count) {
 }
 
 STANDIN_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+    AUDIT();
     REQUIRE_INIT();
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     if (!device_of(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
@@ -860,6 +919,7 @@ STANDIN_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 }
 
 STANDIN_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+    AUDIT();
     REQUIRE_INIT();
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!device_of(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -868,6 +928,7 @@ STANDIN_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 }
 
 STANDIN_API CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice dev) {
+    AUDIT();
     REQUIRE_INIT();
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     if (!device_of(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -876,6 +937,7 @@ STANDIN_API CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice dev) {
 }
 
 STANDIN_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+    AUDIT();
     REQUIRE_INIT();
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     if (!device_of(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -888,6 +950,7 @@ STANDIN_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
 STANDIN_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 
 STANDIN_API CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice dev) {
+    AUDIT();
     REQUIRE_INIT();
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     if (!device_of(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -934,6 +997,7 @@ STANDIN_API CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice de
 }
 
 STANDIN_API CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+    AUDIT();
     REQUIRE_INIT();
     if (!can) return CUDA_ERROR_INVALID_VALUE;
     if (!device_of(dev) || !device_of(peer)) return CUDA_ERROR_INVALID_DEVICE;
@@ -943,6 +1007,7 @@ STANDIN_API CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer
 
 // ---- contexts
 STANDIN_API CUresult cuDevicePrimaryCtxRetain(CUcontext* out, CUdevice dev) {
+    AUDIT();
     REQUIRE_INIT();
     if (!out) return CUDA_ERROR_INVALID_VALUE;
     Device* d = device_of(dev);
@@ -956,6 +1021,7 @@ STANDIN_API CUresult cuDevicePrimaryCtxRetain(CUcontext* out, CUdevice dev) {
 }
 
 STANDIN_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    AUDIT();
     REQUIRE_INIT();
     Device* d = device_of(dev);
     if (!d) return CUDA_ERROR_INVALID_DEVICE;
@@ -967,12 +1033,14 @@ STANDIN_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 
 STANDIN_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+    AUDIT();
     REQUIRE_INIT();
     tls_current = reinterpret_cast<Context*>(ctx);
     return CUDA_SUCCESS;
 }
 
 STANDIN_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
+    AUDIT();
     REQUIRE_INIT();
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
     *ctx = reinterpret_cast<CUcontext>(tls_current);
@@ -980,6 +1048,7 @@ STANDIN_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
 }
 
 STANDIN_API CUresult cuCtxGetDevice(CUdevice* dev) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (!dev) return CUDA_ERROR_INVALID_VALUE;
     *dev = ctx->dev->ordinal;
@@ -987,6 +1056,7 @@ STANDIN_API CUresult cuCtxGetDevice(CUdevice* dev) {
 }
 
 STANDIN_API CUresult cuCtxSynchronize() {
+    AUDIT();
     REQUIRE_INIT();
     Context* ctx = tls_current;
     if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
@@ -1000,6 +1070,7 @@ STANDIN_API CUresult cuCtxSynchronize() {
 }
 
 STANDIN_API CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+    AUDIT();
     REQUIRE_INIT();
     if (least) *least = 0;
     if (greatest) *greatest = 0;
@@ -1007,6 +1078,7 @@ STANDIN_API CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 }
 
 STANDIN_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     auto* p = reinterpret_cast<Context*>(peer);
     if (!p || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1018,6 +1090,7 @@ STANDIN_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
 }
 
 STANDIN_API CUresult cuCtxDisablePeerAccess(CUcontext peer) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     auto* p = reinterpret_cast<Context*>(peer);
     if (!p) return CUDA_ERROR_INVALID_VALUE;
@@ -1029,6 +1102,7 @@ STANDIN_API CUresult cuCtxDisablePeerAccess(CUcontext peer) {
 
 // ---- streams and events
 STANDIN_API CUresult cuStreamCreate(CUstream* out, unsigned flags) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (!out || (flags & ~1u)) return CUDA_ERROR_INVALID_VALUE;
     *out = reinterpret_cast<CUstream>(new_stream(ctx, (flags & CU_STREAM_NON_BLOCKING) == 0, false));
@@ -1041,6 +1115,7 @@ STANDIN_API CUresult cuStreamCreateWithPriority(CUstream* out, unsigned flags, i
 }
 
 STANDIN_API CUresult cuStreamDestroy_v2(CUstream h) {
+    AUDIT();
     REQUIRE_INIT();
     Stream* s = reinterpret_cast<Stream*>(h);
     if (!s || s->legacy) return CUDA_ERROR_INVALID_HANDLE;
@@ -1053,6 +1128,7 @@ STANDIN_API CUresult cuStreamDestroy_v2(CUstream h) {
 }
 
 STANDIN_API CUresult cuStreamSynchronize(CUstream h) {
+    AUDIT();
     REQUIRE_INIT();
     Stream* s = stream_of(h, tls_current);
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
@@ -1060,6 +1136,7 @@ STANDIN_API CUresult cuStreamSynchronize(CUstream h) {
 }
 
 STANDIN_API CUresult cuStreamQuery(CUstream h) {
+    AUDIT();
     REQUIRE_INIT();
     Stream* s = stream_of(h, tls_current);
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
@@ -1080,6 +1157,7 @@ STANDIN_API CUresult cuStreamQuery(CUstream h) {
 }
 
 STANDIN_API CUresult cuEventCreate(CUevent* out, unsigned flags) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (!out) return CUDA_ERROR_INVALID_VALUE;
     auto* e = new Event;
@@ -1090,6 +1168,7 @@ STANDIN_API CUresult cuEventCreate(CUevent* out, unsigned flags) {
 }
 
 STANDIN_API CUresult cuEventDestroy_v2(CUevent h) {
+    AUDIT();
     REQUIRE_INIT();
     if (!h) return CUDA_ERROR_INVALID_HANDLE;
     // Freed lazily: a stream may still wait on it (leaked; events are small).
@@ -1097,6 +1176,7 @@ STANDIN_API CUresult cuEventDestroy_v2(CUevent h) {
 }
 
 STANDIN_API CUresult cuEventRecord(CUevent h, CUstream hs) {
+    AUDIT();
     REQUIRE_INIT();
     auto* e = reinterpret_cast<Event*>(h);
     Stream* s = stream_of(hs, tls_current);
@@ -1122,6 +1202,7 @@ STANDIN_API CUresult cuEventRecord(CUevent h, CUstream hs) {
 }
 
 STANDIN_API CUresult cuEventSynchronize(CUevent h) {
+    AUDIT();
     REQUIRE_INIT();
     auto* e = reinterpret_cast<Event*>(h);
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
@@ -1132,6 +1213,7 @@ STANDIN_API CUresult cuEventSynchronize(CUevent h) {
 }
 
 STANDIN_API CUresult cuEventQuery(CUevent h) {
+    AUDIT();
     REQUIRE_INIT();
     auto* e = reinterpret_cast<Event*>(h);
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
@@ -1151,6 +1233,7 @@ STANDIN_API CUresult cuEventQuery(CUevent h) {
 }
 
 STANDIN_API CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+    AUDIT();
     REQUIRE_INIT();
     auto* a = reinterpret_cast<Event*>(start);
     auto* b = reinterpret_cast<Event*>(end);
@@ -1166,6 +1249,7 @@ STANDIN_API CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end
 }
 
 STANDIN_API CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned flags) {
+    AUDIT();
     REQUIRE_INIT();
     auto* e = reinterpret_cast<Event*>(h);
     Stream* s = stream_of(hs, tls_current);
@@ -1188,12 +1272,14 @@ STANDIN_API CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned flags) {
 
 // ---- memory
 STANDIN_API CUresult cuMemAlloc_v2(CUdeviceptr* out, std::size_t bytes) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (!out || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     return allocate(*ctx->dev, bytes, AllocKind::Plain, out);
 }
 
 STANDIN_API CUresult cuMemFree_v2(CUdeviceptr ptr) {
+    AUDIT();
     REQUIRE_INIT();
     if (ptr == 0) return CUDA_SUCCESS;
     Allocation* a = live_range(ptr, 0);
@@ -1215,6 +1301,7 @@ STANDIN_API CUresult cuMemFree_v2(CUdeviceptr ptr) {
 }
 
 STANDIN_API CUresult cuMemAllocAsync(CUdeviceptr* out, std::size_t bytes, CUstream hs) {
+    AUDIT();
     REQUIRE_INIT();
     Stream* s = stream_of(hs, tls_current);
     if (!out) return CUDA_ERROR_INVALID_VALUE;
@@ -1234,6 +1321,7 @@ STANDIN_API CUresult cuMemAllocAsync(CUdeviceptr* out, std::size_t bytes, CUstre
 }
 
 STANDIN_API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream hs) {
+    AUDIT();
     REQUIRE_INIT();
     Stream* s = stream_of(hs, tls_current);
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
@@ -1250,6 +1338,7 @@ STANDIN_API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream hs) {
 }
 
 STANDIN_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     std::lock_guard<std::mutex> lock(g->api);
     if (free_bytes) *free_bytes = GPU_MEMORY - ctx->dev->live_bytes;
@@ -1258,6 +1347,7 @@ STANDIN_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total
 }
 
 STANDIN_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+    AUDIT();
     REQUIRE_INIT();
     Device* d = device_of(dev);
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
@@ -1269,6 +1359,7 @@ STANDIN_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev)
 STANDIN_API CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
 
 STANDIN_API CUresult cuMemPoolSetAccess(CUmemoryPool hp, const CUmemAccessDesc* map, std::size_t count) {
+    AUDIT();
     REQUIRE_INIT();
     auto* pool = reinterpret_cast<Pool*>(hp);
     if (!pool || (!map && count)) return CUDA_ERROR_INVALID_VALUE;
@@ -1290,6 +1381,7 @@ STANDIN_API CUresult cuMemPoolSetAccess(CUmemoryPool hp, const CUmemAccessDesc* 
 }
 
 STANDIN_API CUresult cuMemPoolGetAccess(int* flags, CUmemoryPool hp, CUmemLocation* location) {
+    AUDIT();
     REQUIRE_INIT();
     auto* pool = reinterpret_cast<Pool*>(hp);
     if (!flags || !pool || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE || !device_of(location->id))
@@ -1300,12 +1392,14 @@ STANDIN_API CUresult cuMemPoolGetAccess(int* flags, CUmemoryPool hp, CUmemLocati
 }
 
 STANDIN_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value) {
+    AUDIT();
     (void)attr;
     (void)value;  // release thresholds and reuse policies do not change what a program sees
     return pool ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 STANDIN_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, std::size_t keep) {
+    AUDIT();
     (void)keep;
     return pool ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -1403,34 +1497,40 @@ Stream* resolve(CUstream hs) { return stream_of(hs, tls_current); }
     if (!s) return CUDA_ERROR_INVALID_CONTEXT
 
 STANDIN_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, std::size_t bytes, CUstream hs) {
+    AUDIT();
     STREAM_OR_FAIL(s, hs);
     return copy_async(dst, true, reinterpret_cast<std::uintptr_t>(src), false, bytes, s, "cuMemcpyHtoDAsync");
 }
 
 STANDIN_API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, std::size_t bytes, CUstream hs) {
+    AUDIT();
     STREAM_OR_FAIL(s, hs);
     return copy_async(reinterpret_cast<std::uintptr_t>(dst), false, src, true, bytes, s, "cuMemcpyDtoHAsync");
 }
 
 STANDIN_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream hs) {
+    AUDIT();
     STREAM_OR_FAIL(s, hs);
     return copy_async(dst, true, src, true, bytes, s, "cuMemcpyDtoDAsync");
 }
 
 STANDIN_API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
                                        std::size_t bytes, CUstream hs) {
+    AUDIT();
     STREAM_OR_FAIL(s, hs);
     if (!dst_ctx || !src_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     return copy_async(dst, true, src, true, bytes, s, "cuMemcpyPeerAsync");
 }
 
 STANDIN_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, std::size_t count, CUstream hs) {
+    AUDIT();
     STREAM_OR_FAIL(s, hs);
     return memset_async(dst, value, count, s);
 }
 
 // The synchronous forms: the legacy NULL stream of the current context, then wait.
 STANDIN_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size_t bytes) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (CUresult r = copy_async(dst, true, reinterpret_cast<std::uintptr_t>(src), false, bytes, ctx->legacy,
                                 "cuMemcpyHtoD"))
@@ -1439,6 +1539,7 @@ STANDIN_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size
 }
 
 STANDIN_API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t bytes) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (CUresult r = copy_async(reinterpret_cast<std::uintptr_t>(dst), false, src, true, bytes, ctx->legacy,
                                 "cuMemcpyDtoH"))
@@ -1447,12 +1548,14 @@ STANDIN_API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t byt
 }
 
 STANDIN_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (CUresult r = copy_async(dst, true, src, true, bytes, ctx->legacy, "cuMemcpyDtoD")) return r;
     return drain(ctx->legacy);
 }
 
 STANDIN_API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, std::size_t count) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (CUresult r = memset_async(dst, value, count, ctx->legacy)) return r;
     return drain(ctx->legacy);
@@ -1501,6 +1604,7 @@ int supported_ptx_isa(int version) {
 }  // namespace
 
 STANDIN_API CUresult cuModuleLoadData(CUmodule* out, const void* image) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
     const auto* p = static_cast<const unsigned char*>(image);
@@ -1561,6 +1665,7 @@ STANDIN_API CUresult cuModuleLoad(CUmodule* out, const char* path) {
 }
 
 STANDIN_API CUresult cuModuleUnload(CUmodule h) {
+    AUDIT();
     REQUIRE_INIT();
     if (!h) return CUDA_ERROR_INVALID_HANDLE;
     // Kept alive: queued launches may still name its functions.
@@ -1568,6 +1673,7 @@ STANDIN_API CUresult cuModuleUnload(CUmodule h) {
 }
 
 STANDIN_API CUresult cuModuleGetFunction(CUfunction* out, CUmodule h, const char* name) {
+    AUDIT();
     REQUIRE_INIT();
     auto* m = reinterpret_cast<Module*>(h);
     if (!out || !m || !name) return CUDA_ERROR_INVALID_VALUE;
@@ -1584,6 +1690,7 @@ STANDIN_API CUresult cuModuleGetFunction(CUfunction* out, CUmodule h, const char
 }
 
 STANDIN_API CUresult cuFuncGetAttribute(int* value, int attribute, CUfunction h) {
+    AUDIT();
     REQUIRE_INIT();
     auto* f = reinterpret_cast<Function*>(h);
     if (!value || !f) return CUDA_ERROR_INVALID_VALUE;
@@ -1602,6 +1709,7 @@ STANDIN_API CUresult cuFuncGetAttribute(int* value, int attribute, CUfunction h)
 }
 
 STANDIN_API CUresult cuFuncSetAttribute(CUfunction h, int attribute, int value) {
+    AUDIT();
     REQUIRE_INIT();
     auto* f = reinterpret_cast<Function*>(h);
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
@@ -1612,12 +1720,14 @@ STANDIN_API CUresult cuFuncSetAttribute(CUfunction h, int attribute, int value) 
 }
 
 STANDIN_API CUresult cuFuncSetCacheConfig(CUfunction h, int config) {
+    AUDIT();
     (void)config;
     return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 STANDIN_API CUresult cuLaunchKernel(CUfunction h, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shared, CUstream hs, void** params, void** extra) {
+    AUDIT();
     CURRENT_CONTEXT(ctx);
     auto* f = reinterpret_cast<Function*>(h);
     Stream* s = stream_of(hs, ctx);
@@ -1711,6 +1821,7 @@ STANDIN_API CUresult cuLaunchKernel(CUfunction h, unsigned gx, unsigned gy, unsi
 }
 
 STANDIN_API CUresult cuGetErrorName(CUresult code, const char** out) {
+    AUDIT();
     if (!out) return CUDA_ERROR_INVALID_VALUE;
     switch (code) {
 #define NAME(c) \
@@ -1747,6 +1858,7 @@ STANDIN_API CUresult cuGetErrorName(CUresult code, const char** out) {
 }
 
 STANDIN_API CUresult cuGetErrorString(CUresult code, const char** out) {
+    AUDIT();
     if (!out) return CUDA_ERROR_INVALID_VALUE;
     switch (code) {
         case CUDA_SUCCESS: *out = "no error"; break;
@@ -1850,6 +1962,7 @@ STANDIN_API int nanoddpStandinSetKernelTimeout(int device, double seconds) {
 // them) look for a loaded libcuda and ask it for its export tables; without these two
 // entry points NVRTC dereferences a null table and crashes. There are none here.
 STANDIN_API CUresult cuGetExportTable(const void** table, const void* id) {
+    AUDIT();
     (void)id;
     if (table) *table = nullptr;
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -1857,6 +1970,7 @@ STANDIN_API CUresult cuGetExportTable(const void** table, const void* id) {
 
 STANDIN_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags,
                                          int* status) {
+    AUDIT();
     (void)symbol;
     (void)version;
     (void)flags;

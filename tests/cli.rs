@@ -1271,3 +1271,105 @@ fn a_nanoddp_font_naming_no_font_is_refused_naming_the_variable() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The stand-in's call audit of `train --backend cuda` for `steps` steps at batch 4 on
+/// `devices` stand-in GPUs: (entry point, GPU or `-`) -> calls, read from stderr.
+fn audited_training(
+    steps: usize,
+    devices: usize,
+) -> std::collections::BTreeMap<(String, String), u64> {
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let (steps, devices) = (steps.to_string(), devices.to_string());
+    let mut cmd = train_command(&[
+        "--backend",
+        "cuda",
+        "--devices",
+        &devices,
+        "--batch",
+        "4",
+        "--epochs",
+        "1",
+        "--max-steps",
+        &steps,
+        "--test-images",
+        "4",
+    ]);
+    cmd.env("LD_LIBRARY_PATH", format!("{STANDIN_DIR}:{path}"))
+        .env("NANODDP_STANDIN_STATS", "1");
+    let out = succeeds(&mut cmd);
+    let mut calls = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        let Some(rest) = line.strip_prefix("[cuda stand-in] calls ") else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split(' ').collect();
+        assert_eq!(f.len(), 3, "entry, GPU, count: {line}");
+        let n = f[2].parse().unwrap_or_else(|e| panic!("{e}: {line}"));
+        calls.insert((f[0].to_string(), f[1].to_string()), n);
+    }
+    calls
+}
+
+/// `later - earlier`, per key; polling calls (queries) left out, as their number depends on
+/// timing.
+fn calls_between(
+    earlier: &std::collections::BTreeMap<(String, String), u64>,
+    later: &std::collections::BTreeMap<(String, String), u64>,
+) -> std::collections::BTreeMap<(String, String), i64> {
+    later
+        .iter()
+        .filter(|((entry, _), _)| !entry.ends_with("Query"))
+        .map(|(k, &n)| (k.clone(), n as i64 - *earlier.get(k).unwrap_or(&0) as i64))
+        .filter(|(_, d)| *d != 0)
+        .collect()
+}
+
+#[test]
+fn the_standin_audit_counts_a_steady_step_alike_on_every_gpu_and_one_device_makes_no_rendezvous() {
+    let runs: Vec<_> = (1..=3).map(|steps| audited_training(steps, 2)).collect();
+    assert!(
+        runs[0].contains_key(&("cuInit".to_string(), "-".to_string())),
+        "cuInit is called before any context: {:?}",
+        runs[0]
+    );
+    let second = calls_between(&runs[0], &runs[1]);
+    let third = calls_between(&runs[1], &runs[2]);
+    assert_eq!(second, third, "every steady step makes the same calls");
+    for gpu in ["0", "1"] {
+        let launches = second.get(&("cuLaunchKernel".to_string(), gpu.to_string()));
+        assert!(
+            launches.is_some_and(|&n| n > 0),
+            "GPU {gpu} launches: {second:?}"
+        );
+    }
+    // The two ranks are alike: each GPU sees the same calls.
+    let of = |gpu: &str| -> Vec<(&String, i64)> {
+        second
+            .iter()
+            .filter(|((_, g), _)| g == gpu)
+            .map(|((e, _), &n)| (e, n))
+            .collect()
+    };
+    assert_eq!(of("0"), of("1"), "{second:?}");
+    // One device has nothing to reduce: its steady step starts no communication thread
+    // (which would bind a context: cuCtxSetCurrent), records and waits for no events, and
+    // synchronizes its stream only to read the loss back (twice).
+    let alone = calls_between(&audited_training(1, 1), &audited_training(2, 1));
+    let count = |entry: &str| -> i64 {
+        alone
+            .iter()
+            .filter(|((e, _), _)| e == entry)
+            .map(|(_, &n)| n)
+            .sum()
+    };
+    for entry in [
+        "cuCtxSetCurrent",
+        "cuEventCreate",
+        "cuEventRecord",
+        "cuEventSynchronize",
+    ] {
+        assert_eq!(count(entry), 0, "{entry} at one device: {alone:?}");
+    }
+    assert!(count("cuStreamSynchronize") <= 2, "{alone:?}");
+    assert!(count("cuLaunchKernel") > 0, "{alone:?}");
+}

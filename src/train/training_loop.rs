@@ -59,6 +59,15 @@ fn reduce_stats<C: Collective>(
     s: ShardStats,
     stop: bool,
 ) -> Result<(ShardStats, bool), TrainError> {
+    // One rank holds the sums already: no upload, collective or read back (the loss rounded
+    // to f32 as the reduction carries it, so one rank reports what it always did).
+    if rank.size() == 1 {
+        let s = ShardStats {
+            loss_sum: f64::from(s.loss_sum as f32),
+            ..s
+        };
+        return Ok((s, stop));
+    }
     let dev = rank.device().clone();
     let mut buf = dev.upload(&[
         s.loss_sum as f32,
@@ -128,6 +137,11 @@ where
     // The replica computes on its own queue (a fork of the rank's device handle): each bucket
     // travels with a fence marking the backward work that produced it, and the communication
     // thread waits for that fence, not for the whole queue, before the peers may read it.
+    // One rank has nothing to reduce: no communication thread, no fences, no waits.
+    if rank.size() == 1 {
+        let stats = replica.step_with(images, labels, Some(grad_scale), |_, _| {})?;
+        return Ok((stats, 0.0));
+    }
     let compute = replica.dev.clone();
     type Bucket<'b, D> = (
         Vec<&'b mut <D as Memory>::Buffer<f32>>,
