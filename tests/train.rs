@@ -185,7 +185,7 @@ fn the_simt_backend_trains_like_the_cpu_backend() {
 }
 
 #[test]
-fn the_cuda_backend_trains_like_the_cpu_on_1_2_and_4_devices() {
+fn the_cuda_backend_trains_like_the_cpu_on_1_2_and_4_gpus_and_4_ranks_on_one() {
     // On the CPU stand-in for the driver when there is no GPU: lazy streams, the gradients'
     // reduction on its own queue overlapping backward (one tensor per bucket, the most
     // overlap), peer access per allocation kind. Replicas bitwise identical, losses and
@@ -201,24 +201,32 @@ fn the_cuda_backend_trains_like_the_cpu_on_1_2_and_4_devices() {
         bucket_bytes: 1,
         ..config(if lean { 16 } else { 32 }, 1, Some(2))
     };
-    // Never none: the stand-in shows 8 GPUs, a real machine at least one.
+    // Never none: the stand-in shows 8 GPUs, a real machine at least one. Each placement
+    // lists the GPU of every rank; four ranks sharing GPU 0 run the multi-rank path on any
+    // machine with a GPU (ranks on one GPU need no peer access).
     let gpus = common::cuda_gpus();
-    let devices: Vec<usize> = if lean {
-        vec![gpus.min(4)]
+    let placements: Vec<Vec<usize>> = if lean {
+        vec![(0..gpus.min(4)).collect()]
     } else {
-        [1, 2, 4].into_iter().filter(|&n| n <= gpus).collect()
+        [1, 2, 4]
+            .into_iter()
+            .filter(|&n| n <= gpus)
+            .map(|n| (0..n).collect())
+            .chain([vec![0; 4]])
+            .collect()
     };
-    for n in devices {
-        let devices = (0..n).map(common::cuda_device).collect();
+    for placement in placements {
+        let n = placement.len();
+        let devices = placement.iter().map(|&g| common::cuda_device(g)).collect();
         let (cuda, losses_cuda, accs) = run(devices, &data, &cfg);
         for (r, w) in cuda.iter().enumerate() {
             assert_eq!(
                 w, &cuda[0],
-                "{n} devices: replica {r} differs from replica 0"
+                "GPUs {placement:?}: replica {r} differs from replica 0"
             );
         }
         let (cpu, losses_cpu, _) = run(vec![CpuDevice::new(); n], &data, &cfg);
-        let what = format!("cuda, {n} devices");
+        let what = format!("cuda, ranks on GPUs {placement:?}");
         assert_trains_like_the_cpu(&what, (&cuda, &losses_cuda), (&cpu, &losses_cpu));
         assert!(accs.iter().all(|a| a.is_finite() && *a > 0.0), "{accs:?}");
     }

@@ -48,8 +48,10 @@ pub struct TrainArgs {
     #[arg(long, default_value = "cpu", value_parser = backend_values([
         "The native CPU backend, one thread per device",
         "The CUDA kernels under the SIMT emulator (slow: for studying the kernels)",
-        "GPUs 0..devices (without a GPU: LD_LIBRARY_PATH=target/release/cuda-standin runs this \
-         path on nanoddp's CPU stand-in for the CUDA driver, slowly)",
+        "GPUs 0..devices; with fewer GPUs than devices the ranks share them round-robin (one \
+         GPU runs --devices 4 for real). Without a GPU: \
+         LD_LIBRARY_PATH=target/release/cuda-standin runs this path on nanoddp's CPU stand-in \
+         for the CUDA driver, slowly",
     ]))]
     pub backend: BackendArg,
     /// Gradient allreduce algorithm.
@@ -554,11 +556,23 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
     } = prepared;
     // Where the --save file stands: what it held before the run, then each epoch saved.
     let mut saved = saved_before;
+    // The GPUs this process's ranks run on. No GPU is the command line's problem: exit code 2.
+    let gpus = match args.backend {
+        BackendArg::Cuda => {
+            let (node_rank, node_size) = mpi_node_slot(mpi);
+            let visible = nanoddp::backend::cuda::device_count().map_err(CliError::Device)?;
+            Some(
+                mpi_gpu_ordinals(node_rank, node_size, args.devices, visible)
+                    .map_err(CliError::Input)?,
+            )
+        }
+        _ => None,
+    };
     // Printing is a courtesy: a reader that went away (`| head -1`) ends the printing, not
     // the run; the epochs still train and the checkpoints are still written.
     let _ = writeln!(
         out,
-        "LeNet on {} ({} train / {} test images): {ranks} {} device{}, batch {}, {} epoch{}, \
+        "LeNet on {} ({} train / {} test images): {ranks} {} device{}{}, batch {}, {} epoch{}, \
          recipe {} (lr {}, momentum {}, weight decay {}), precision {}, allreduce {}, seed {}, \
          collective timeout {} s",
         data.dir.display(),
@@ -566,6 +580,11 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
         data.test_labels.len(),
         flag_value(&args.backend),
         if ranks == 1 { "" } else { "s" },
+        match (&gpus, mpi_size(mpi)) {
+            (Some(g), 1) => format!(" ({})", placement(g)),
+            (Some(g), _) => format!(" (this process's {})", placement(g)),
+            _ => String::new(),
+        },
         cfg.batch,
         cfg.epochs,
         if cfg.epochs == 1 { "" } else { "s" },
@@ -690,13 +709,10 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
         BackendArg::Cpu => run.go(vec![CpuDevice::new(); n], start, &mut on_event),
         BackendArg::Simt => run.go((0..n).map(SimtDevice::new).collect(), start, &mut on_event),
         BackendArg::Cuda => {
-            // No GPU, or not enough, is the command line's problem: exit code 2.
-            let (node_rank, node_size) = mpi_node_slot(mpi);
-            let visible = nanoddp::backend::cuda::device_count().map_err(CliError::Device)?;
-            let devices = mpi_gpu_ordinals(node_rank, node_size, n, visible)
-                .map_err(CliError::Input)?
-                .into_iter()
-                .map(CudaDevice::new)
+            let devices = gpus
+                .iter()
+                .flatten()
+                .map(|&ordinal| CudaDevice::new(ordinal))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(CliError::Device)?;
             run.go(devices, start, &mut on_event)
@@ -773,7 +789,7 @@ fn mpi_node_slot(_: MpiHandle<'_>) -> (usize, usize) {
 }
 
 /// The GPU ordinals for the process of node rank `local_rank` among `local_size` processes
-/// on its node, each driving `per_process` GPUs, when it sees `visible` GPUs.
+/// on its node, each driving `per_process` ranks, when it sees `visible` GPUs.
 ///
 /// Launchers show a process its GPUs in one of two ways. A plain `mpirun` shows every
 /// process all the node's GPUs: then process p takes p·n .. p·n + n - 1, so that the node's
@@ -781,7 +797,9 @@ fn mpi_node_slot(_: MpiHandle<'_>) -> (usize, usize) {
 /// rank, shows each process only its own, numbered from 0: then every process takes
 /// 0 .. n - 1 (by node rank, all but the first would ask for GPUs they cannot see). Seeing
 /// enough GPUs for the whole node is taken as the first view, else enough for one process
-/// as the second.
+/// as the second. With fewer GPUs than ranks, ranks share them round-robin: the node's rank
+/// slot s = p·n + i runs on visible GPU s mod visible (ranks on one GPU need no peer
+/// access), so one GPU runs the multi-rank path for real.
 fn mpi_gpu_ordinals(
     local_rank: usize,
     local_size: usize,
@@ -793,28 +811,42 @@ fn mpi_gpu_ordinals(
             "node rank {local_rank} is not below the node's {local_size} process(es)"
         ));
     }
+    if visible == 0 {
+        return Err(
+            "this process sees no GPU; CUDA_VISIBLE_DEVICES, when set, hides every GPU it does \
+             not list"
+                .into(),
+        );
+    }
     let node_wide = local_size.saturating_mul(per_process);
+    let first = local_rank * per_process; // < node_wide
     if visible >= node_wide {
-        let first = local_rank * per_process; // < node_wide <= visible
         return Ok((first..first + per_process).collect());
     }
     if visible >= per_process {
         return Ok((0..per_process).collect());
     }
-    Err(if local_size == 1 {
-        format!(
-            "this process sees {visible} GPU(s) but --devices asks for {per_process}; \
-             CUDA_VISIBLE_DEVICES, when set, hides every GPU it does not list"
-        )
-    } else {
-        format!(
-            "process {local_rank} of the {local_size} on this node sees {visible} GPU(s), but \
-             --devices {per_process} needs either {node_wide} (every GPU of the node visible to \
-             every process, split by node rank) or {per_process} of its own (as Slurm's GPU \
-             binding or a per-rank CUDA_VISIBLE_DEVICES gives); check CUDA_VISIBLE_DEVICES and \
-             the launcher's GPU options"
-        )
-    })
+    Ok((first..first + per_process).map(|s| s % visible).collect())
+}
+
+/// Where each rank runs, for the run's first line: `rank 0 on GPU 0, ...`, runs of ranks on
+/// one GPU folded (`ranks 0-3 on GPU 0`).
+fn placement(ordinals: &[usize]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < ordinals.len() {
+        let mut j = i + 1;
+        while j < ordinals.len() && ordinals[j] == ordinals[i] {
+            j += 1;
+        }
+        parts.push(if j - i == 1 {
+            format!("rank {i} on GPU {}", ordinals[i])
+        } else {
+            format!("ranks {i}-{} on GPU {}", j - 1, ordinals[i])
+        });
+        i = j;
+    }
+    parts.join(", ")
 }
 
 /// What every backend's training run shares.
@@ -861,7 +893,7 @@ impl Run<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::mpi_gpu_ordinals;
+    use super::{mpi_gpu_ordinals, placement};
 
     #[test]
     fn node_wide_and_per_process_views_both_give_each_process_its_own_gpus() {
@@ -889,27 +921,32 @@ mod tests {
     }
 
     #[test]
-    fn too_few_gpus_is_an_error_that_says_what_was_seen_and_needed() {
+    fn fewer_gpus_than_ranks_are_shared_round_robin_and_none_is_an_error() {
         let cases = [
-            (
-                (0, 1, 2, 1),
-                ["sees 1 GPU", "asks for 2", "CUDA_VISIBLE_DEVICES"],
-            ),
-            (
-                (1, 2, 2, 1),
-                ["sees 1 GPU", "needs either 4", "CUDA_VISIBLE_DEVICES"],
-            ),
-            (
-                (1, 4, 4, 3),
-                ["process 1 of the 4", "or 4 of its own", "Slurm"],
-            ),
-            ((2, 2, 1, 8), ["node rank 2", "2 process", "not below"]),
+            ((0, 1, 4, 1), vec![0, 0, 0, 0]), // one GPU runs all four ranks
+            ((0, 1, 4, 3), vec![0, 1, 2, 0]), // three GPUs, four ranks
+            ((1, 2, 2, 1), vec![0, 0]),       // a bound process's one GPU, two ranks
+            ((1, 4, 4, 3), vec![1, 2, 0, 1]), // slots 4..7 over three GPUs
         ];
-        for ((rank, size, per, visible), says) in cases {
-            let e = mpi_gpu_ordinals(rank, size, per, visible).expect_err("not enough GPUs");
-            for s in says {
-                assert!(e.contains(s), "{s:?} missing from: {e}");
-            }
+        for ((rank, size, per, visible), want) in cases {
+            assert_eq!(mpi_gpu_ordinals(rank, size, per, visible), Ok(want));
         }
+        let e = mpi_gpu_ordinals(0, 1, 2, 0).expect_err("no GPU");
+        assert!(
+            e.contains("sees no GPU") && e.contains("CUDA_VISIBLE_DEVICES"),
+            "{e}"
+        );
+        let e = mpi_gpu_ordinals(2, 2, 1, 8).expect_err("bad node rank");
+        assert!(e.contains("node rank 2") && e.contains("not below"), "{e}");
+    }
+
+    #[test]
+    fn the_placement_line_folds_ranks_that_share_a_gpu() {
+        assert_eq!(placement(&[0, 0, 0, 0]), "ranks 0-3 on GPU 0");
+        assert_eq!(placement(&[0, 1]), "rank 0 on GPU 0, rank 1 on GPU 1");
+        assert_eq!(
+            placement(&[0, 1, 2, 0]),
+            "rank 0 on GPU 0, rank 1 on GPU 1, rank 2 on GPU 2, rank 3 on GPU 0"
+        );
     }
 }
