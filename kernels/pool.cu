@@ -88,9 +88,14 @@ __device__ __forceinline__ void avg_pool_forward(const T* __restrict__ x, T* __r
     }
 }
 
+// With `y` (the pooled ReLU's output, the size of dx), also the ReLU's backward: dx = 0
+// where y <= 0. One pass instead of two and no workspace between them: the fused form reads
+// |y| more and writes |dx| once (fp32 LeNet conv2 at batch 256: 3.3 MB read, 1.6 MB written,
+// about 2.5 µs at an H100's 3.35 TB/s).
 template <class T>
-__device__ __forceinline__ void avg_pool_backward(const T* __restrict__ dy, T* __restrict__ dx, int planes, int in_h,
-                                                  int in_w, int k_h, int k_w, int stride, int out_h, int out_w) {
+__device__ __forceinline__ void avg_pool_backward_masked(const T* __restrict__ dy, const T* __restrict__ y,
+                                                         T* __restrict__ dx, int planes, int in_h, int in_w, int k_h,
+                                                         int k_w, int stride, int out_h, int out_w) {
     const long long total = (long long)planes * in_h * in_w;
     const float inv = 1.0f / (float)(k_h * k_w);
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
@@ -101,8 +106,21 @@ __device__ __forceinline__ void avg_pool_backward(const T* __restrict__ dy, T* _
         for (int p = first_window(ih, k_h, stride); p <= min(ih / stride, out_h - 1); ++p)
             for (int q = first_window(iw, k_w, stride); q <= min(iw / stride, out_w - 1); ++q)
                 acc += (float)dy[(plane * out_h + p) * out_w + q];
-        dx[t] = (T)(acc * inv);
+        dx[t] = y == nullptr || (float)y[t] > 0.0f ? (T)(acc * inv) : (T)0.0f;
     }
+}
+
+template <class T>
+__device__ __forceinline__ void avg_pool_backward(const T* __restrict__ dy, T* __restrict__ dx, int planes, int in_h,
+                                                  int in_w, int k_h, int k_w, int stride, int out_h, int out_w) {
+    avg_pool_backward_masked<T>(dy, nullptr, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
+}
+
+template <class T>
+__device__ __forceinline__ void avg_pool_relu_backward(const T* __restrict__ dy, const T* __restrict__ y,
+                                                       T* __restrict__ dx, int planes, int in_h, int in_w, int k_h,
+                                                       int k_w, int stride, int out_h, int out_w) {
+    avg_pool_backward_masked<T>(dy, y, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w);
 }
 
 // ---------------------------------------------------------------- entry points
@@ -126,3 +144,8 @@ NANODDP_ENTRY_EACH_TYPE(avg_pool_backward, (256),
     (const T* __restrict__ dy, T* __restrict__ dx, int planes, int in_h, int in_w, int k_h, int k_w, int stride,
      int out_h, int out_w),
     (dy, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))
+
+NANODDP_ENTRY_EACH_TYPE(avg_pool_relu_backward, (256),
+    (const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, int planes, int in_h, int in_w,
+     int k_h, int k_w, int stride, int out_h, int out_w),
+    (dy, y, dx, planes, in_h, in_w, k_h, k_w, stride, out_h, out_w))

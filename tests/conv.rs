@@ -227,8 +227,18 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         // backend keeps it in f32: the looser of the two tolerances.
         let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
         let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
-        dev.conv2d_relu_avg_pool_backward(&s, &pool, &x_, &act_, &dp_, &mut dw, &mut db)
-            .unwrap();
+        let mut workspace = dev.upload(&poison(ys)).unwrap();
+        dev.conv2d_relu_avg_pool_backward(
+            &s,
+            &pool,
+            &x_,
+            &act_,
+            &dp_,
+            &mut dw,
+            &mut db,
+            &mut workspace,
+        )
+        .unwrap();
         let loose = Tol {
             atol: tol.atol.max(tol_reduce.atol),
             rtol: tol.rtol.max(tol_reduce.rtol),

@@ -14,7 +14,7 @@ use super::op::{
     MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
 };
 use super::precision::Precision;
-use super::{BackendError, DeviceBuffer, Memory};
+use super::{BackendError, Memory};
 
 /// What every backend operation returns.
 pub type OpResult = Result<(), BackendError>;
@@ -92,26 +92,12 @@ pub trait BackendImpl: Memory + Sized {
         run(self, pooling, Self::avg_pool_forward)
     }
 
-    /// Default: the pool's backward into a workspace the size of `y`, then the ReLU's.
+    /// The pool's backward and the ReLU's in one pass (every backend implements it: the
+    /// kernel backends with one kernel, the CPU backend fused into its loops).
     fn avg_pool_relu_backward<T: Precision>(
         &self,
         op: Checked<AvgPoolReluBackward<'_, Self, T>>,
-    ) -> OpResult {
-        let op = op.into_inner();
-        let unmasked = &mut self.alloc_zeros::<T>(op.y.len())?;
-        let unpool = AvgPoolBackward {
-            shape: op.pool,
-            dy: op.d_pooled,
-            dx: &mut *unmasked,
-        };
-        run(self, unpool, Self::avg_pool_backward)?;
-        let relu = ReluBackward {
-            y: op.y,
-            dy: &*unmasked,
-            dx: op.dx,
-        };
-        run(self, relu, Self::relu_backward)
-    }
+    ) -> OpResult;
 
     /// Default: filter and bias gradients, then the input gradient.
     fn conv2d_backward<T: Precision>(&self, op: Checked<Conv2dBackward<'_, Self, T>>) -> OpResult {
@@ -133,14 +119,14 @@ pub trait BackendImpl: Memory + Sized {
         run(self, input, Self::conv2d_backward_input)
     }
 
-    /// Default: the convolution's output gradient into a workspace the size of `y`
+    /// Default: the convolution's output gradient into the op's workspace
     /// ([`BackendImpl::avg_pool_relu_backward`]), then its filter and bias gradients.
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, Self, T>>,
     ) -> OpResult {
         let op = op.into_inner();
-        let d_y = &mut self.alloc_zeros::<T>(op.y.len())?;
+        let d_y = op.workspace;
         let unpool = AvgPoolReluBackward {
             pool: op.pool,
             d_pooled: op.d_pooled,

@@ -408,6 +408,8 @@ pub struct Conv2dReluAvgPoolBackward<'a, B: Memory, T: DeviceScalar> {
     pub d_pooled: &'a Buf<B, T>,
     pub dw: &'a mut Buf<B, f32>,
     pub db: &'a mut Buf<B, f32>,
+    /// The size of `y`: where a backend that does not fuse holds the conv's output gradient.
+    pub workspace: &'a mut Buf<B, T>,
 }
 
 impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolBackward<'_, B, T> {
@@ -419,7 +421,12 @@ impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolBackward<'_, B, T> {
             Some(self.db.len()),
         )?;
         let (y, d_pooled) = (self.y.len(), self.d_pooled.len());
-        check::pool("avg_pool_backward", self.pool, y, d_pooled, None)
+        check::pool("avg_pool_backward", self.pool, y, d_pooled, None)?;
+        check::same_len(
+            "conv2d_relu_avg_pool_backward workspace",
+            self.workspace.len(),
+            y,
+        )
     }
 }
 

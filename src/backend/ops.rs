@@ -194,7 +194,9 @@ pub trait Backend: Memory {
     /// The backward of [`Backend::conv2d_relu_avg_pool_forward`] for a first layer (no
     /// input gradient): the filter and bias gradients from the gradient at the pool's
     /// output, through the pool and the ReLU whose output `y` is. Backends that fuse it
-    /// compute the convolution's output gradient a few images at a time where it is used.
+    /// compute the convolution's output gradient a few images at a time where it is used;
+    /// the others hold it in `workspace` (the size of `y`, its contents undefined after), so
+    /// a training step allocates nothing: the caller keeps it from step to step.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
@@ -205,6 +207,7 @@ pub trait Backend: Memory {
         d_pooled: &Buf<Self, T>,
         dw: &mut Buf<Self, f32>,
         db: &mut Buf<Self, f32>,
+        workspace: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
 
     /// Per-row softmax cross-entropy loss, optionally its logits' gradient times
@@ -514,6 +517,7 @@ impl<B: BackendImpl> Backend for B {
         d_pooled: &Buf<B, T>,
         dw: &mut Buf<B, f32>,
         db: &mut Buf<B, f32>,
+        workspace: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
         let op = Conv2dReluAvgPoolBackward {
             conv,
@@ -523,6 +527,7 @@ impl<B: BackendImpl> Backend for B {
             d_pooled,
             dw,
             db,
+            workspace,
         };
         run(self, op, BackendImpl::conv2d_relu_avg_pool_backward)
     }

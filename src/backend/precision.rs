@@ -28,6 +28,8 @@ pub enum PrecisionOp {
     AvgPoolForward,
     /// `avg_pool_backward_*`
     AvgPoolBackward,
+    /// `avg_pool_relu_backward_*`
+    AvgPoolReluBackward,
     /// `softmax_cross_entropy_*`
     SoftmaxCrossEntropy,
     /// `relu_backward_*`
@@ -57,6 +59,7 @@ impl PrecisionOp {
             Self::MaxPoolBackward => &pool::MAX_POOL_BACKWARD,
             Self::AvgPoolForward => &pool::AVG_POOL_FORWARD,
             Self::AvgPoolBackward => &pool::AVG_POOL_BACKWARD,
+            Self::AvgPoolReluBackward => &pool::AVG_POOL_RELU_BACKWARD,
             Self::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY,
             Self::ReluBackward => &elementwise::RELU_BACKWARD,
             Self::CastFromF32 => &elementwise::CAST_FROM_F32,

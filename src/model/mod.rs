@@ -167,6 +167,8 @@ struct Activations<B: Backend, T: Precision> {
     d_p2: B::Buffer<T>,
     d_c2: B::Buffer<T>,
     d_p1: B::Buffer<T>,
+    /// conv1's output gradient, where a backend that does not fuse its backward holds it.
+    d_c1: B::Buffer<T>,
 }
 
 impl<B: Backend, T: Precision> Activations<B, T> {
@@ -194,6 +196,7 @@ impl<B: Backend, T: Precision> Activations<B, T> {
             d_p2: f(p2)?,
             d_c2: f(c2)?,
             d_p1: f(p1)?,
+            d_c1: f(c1)?,
         })
     }
 }
@@ -453,7 +456,16 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         ready(weight(CONV2), g_w2);
         ready(bias(CONV2), g_b2);
         // pool1, conv1's ReLU, conv1 (no gradient for the images).
-        dev.conv2d_relu_avg_pool_backward(&conv1(n), &pool1(n), &a.x, &a.c1, &a.d_p1, g_w1, g_b1)?;
+        dev.conv2d_relu_avg_pool_backward(
+            &conv1(n),
+            &pool1(n),
+            &a.x,
+            &a.c1,
+            &a.d_p1,
+            g_w1,
+            g_b1,
+            &mut a.d_c1,
+        )?;
         ready(weight(CONV1), g_w1);
         ready(bias(CONV1), g_b1);
         Ok(stats)

@@ -9,9 +9,9 @@
 use super::{KernelArg, KernelDevice, LaunchConfig};
 use crate::backend::backend_impl::{run, OpResult};
 use crate::backend::op::{
-    Add, AvgPoolBackward, AvgPoolForward, Axpy, Cast, Checked, Conv2dBackwardBias,
-    Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward, Fill, Gemm, GradCheck,
-    MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+    Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
+    Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward, Fill, Gemm,
+    GradCheck, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
 };
 use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Pool2dShape, Precision,
@@ -349,6 +349,20 @@ impl<D: KernelDevice> BackendImpl for D {
         let buffers = [KernelArg::buffer(op.dy), KernelArg::buffer_mut(op.dx)];
         // SAFETY: see the module docs.
         unsafe { launch_pool::<D, T>(self, PrecisionOp::AvgPoolBackward, op.shape, &buffers) }
+    }
+
+    fn avg_pool_relu_backward<T: Precision>(
+        &self,
+        op: Checked<AvgPoolReluBackward<'_, D, T>>,
+    ) -> OpResult {
+        let op = op.into_inner();
+        let buffers = [
+            KernelArg::buffer(op.d_pooled),
+            KernelArg::buffer(op.y),
+            KernelArg::buffer_mut(op.dx),
+        ];
+        // SAFETY: see the module docs; `y` has the length of `dx` (checked).
+        unsafe { launch_pool::<D, T>(self, PrecisionOp::AvgPoolReluBackward, op.pool, &buffers) }
     }
 
     fn softmax_cross_entropy<T: Precision>(
