@@ -279,8 +279,9 @@ where
                 replica.dev.write(&[0], &mut found)?;
                 replica.check_gradients(&mut found)?;
                 replica.update(sgd, Some(&found))?;
-                let skipped = replica.dev.download(&found)?[0] != 0;
+                // Only fp16's dynamic scaling needs to know on the host (bf16 reads nothing).
                 if scaler.enabled {
+                    let skipped = replica.dev.download(&found)?[0] != 0;
                     scaler.update(skipped);
                 }
             } else {
