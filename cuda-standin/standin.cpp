@@ -1406,6 +1406,62 @@ STANDIN_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, std::size_t keep) {
 
 namespace {
 
+// ------------------------------------------------------------------------------ pinned host memory
+// Page-locked host memory, as the driver knows it: allocated by cuMemAllocHost/cuMemHostAlloc
+// (owned: cuMemFreeHost frees it) or registered by cuMemHostRegister (the caller's: only
+// forgotten by cuMemHostUnregister). An async copy whose host side lies in it is a DMA the
+// stream performs when it gets there: it reads (or writes) the host buffer then, not at the
+// call, so a program that changes the buffer after enqueuing a copy sees the copy take the
+// new bytes, as on a GPU. Pageable memory keeps the staging of copy_async.
+struct PinnedRange {
+    std::size_t bytes;
+    bool owned;  // allocated here (cuMemFreeHost), else registered (cuMemHostUnregister)
+};
+std::mutex pinned_lock;
+std::map<std::uintptr_t, PinnedRange> pinned;  // by first byte
+
+// Whether [addr, addr + bytes) lies inside one pinned range.
+bool is_pinned(std::uintptr_t addr, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(pinned_lock);
+    auto it = pinned.upper_bound(addr);
+    if (it == pinned.begin()) return false;
+    --it;
+    return addr + bytes <= it->first + it->second.bytes;
+}
+
+// Whether [addr, addr + bytes) overlaps a pinned range.
+bool overlaps_pinned(std::uintptr_t addr, std::size_t bytes) {
+    auto it = pinned.lower_bound(addr + bytes);
+    if (it == pinned.begin()) return false;
+    --it;
+    return it->first + it->second.bytes > addr;
+}
+
+CUresult pin(void** out, std::size_t bytes, bool owned, void* given) {
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lock(pinned_lock);
+    void* p = given;
+    if (owned) {
+        p = std::aligned_alloc(PAGE, (bytes + PAGE - 1) / PAGE * PAGE);
+        if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (overlaps_pinned(reinterpret_cast<std::uintptr_t>(p), bytes)) {
+        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    pinned[reinterpret_cast<std::uintptr_t>(p)] = PinnedRange{bytes, owned};
+    if (out) *out = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult unpin(void* p, bool owned) {
+    std::lock_guard<std::mutex> lock(pinned_lock);
+    auto it = pinned.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == pinned.end() || it->second.owned != owned)
+        return owned ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    pinned.erase(it);
+    if (owned) std::free(p);
+    return CUDA_SUCCESS;
+}
+
 // A copy or memset between device memory (checked now, addressed through the alias when it
 // runs, so copies never need the MMU view) and host memory.
 struct Range {
@@ -1439,7 +1495,15 @@ CUresult copy_async(std::uintptr_t dst, bool dst_device, std::uintptr_t src, boo
     auto op = std::make_shared<Op>();
     op->what = std::string(name) + " of " + std::to_string(bytes) + " bytes";
     if (CUresult r = check_ranges({{dst, bytes, dst_device, true}, {src, bytes, src_device, false}}, *op)) return r;
-    if (!src_device) {
+    if (!src_device && is_pinned(src, bytes)) {
+        // Pinned host source: read when the stream gets there.
+        op->body = [dst, src, bytes](Op&) {
+            char* to = alias_of(dst);
+            if (!to) return freed_outcome(dst);
+            std::memcpy(to, reinterpret_cast<const char*>(src), bytes);
+            return LaunchOutcome{};
+        };
+    } else if (!src_device) {
         // Pageable host source: staged now, so the caller may reuse its buffer at once.
         auto staged = std::make_shared<std::vector<char>>(reinterpret_cast<const char*>(src),
                                                           reinterpret_cast<const char*>(src) + bytes);
@@ -1526,6 +1590,42 @@ STANDIN_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, std::
     AUDIT();
     STREAM_OR_FAIL(s, hs);
     return memset_async(dst, value, count, s);
+}
+
+// ---- pinned host memory (see is_pinned)
+STANDIN_API CUresult cuMemAllocHost_v2(void** pp, std::size_t bytes) {
+    AUDIT();
+    REQUIRE_INIT();
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    return pin(pp, bytes, true, nullptr);
+}
+
+STANDIN_API CUresult cuMemHostAlloc(void** pp, std::size_t bytes, unsigned flags) {
+    AUDIT();
+    REQUIRE_INIT();
+    // CU_MEMHOSTALLOC_PORTABLE, _DEVICEMAP, _WRITECOMBINED: all hosts' memory is alike here.
+    if (!pp || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+    return pin(pp, bytes, true, nullptr);
+}
+
+STANDIN_API CUresult cuMemFreeHost(void* p) {
+    AUDIT();
+    REQUIRE_INIT();
+    return unpin(p, true);
+}
+
+STANDIN_API CUresult cuMemHostRegister_v2(void* p, std::size_t bytes, unsigned flags) {
+    AUDIT();
+    REQUIRE_INIT();
+    // CU_MEMHOSTREGISTER_PORTABLE, _DEVICEMAP, _IOMEMORY, _READ_ONLY.
+    if (!p || (flags & ~0xFu) != 0) return CUDA_ERROR_INVALID_VALUE;
+    return pin(nullptr, bytes, false, p);
+}
+
+STANDIN_API CUresult cuMemHostUnregister(void* p) {
+    AUDIT();
+    REQUIRE_INIT();
+    return unpin(p, false);
 }
 
 // The synchronous forms: the legacy NULL stream of the current context, then wait.
@@ -2004,10 +2104,6 @@ NOT_SUPPORTED(cuLaunchHostFunc)
 NOT_SUPPORTED(cuMemAdvise_v2)
 NOT_SUPPORTED(cuMemAllocFromPoolAsync)
 NOT_SUPPORTED(cuMemAllocManaged)
-NOT_SUPPORTED(cuMemHostAlloc)
-NOT_SUPPORTED(cuMemAllocHost_v2)
-NOT_SUPPORTED(cuMemFreeHost)
-NOT_SUPPORTED(cuMemHostRegister_v2)
 NOT_SUPPORTED(cuMemPoolCreate)
 NOT_SUPPORTED(cuMemPoolDestroy)
 NOT_SUPPORTED(cuMemPoolGetAttribute)

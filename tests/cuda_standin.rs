@@ -14,7 +14,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{sys, CudaContext, CudaStream, DriverError, PushKernelArg};
+use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtrMut, DriverError, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use nanoddp::backend::cuda::{self, CudaDevice};
 use nanoddp::backend::{BackendError, DeviceBuffer, KernelArg, KernelDevice, LaunchConfig, Memory};
@@ -117,6 +117,97 @@ fn streams_are_lazy_and_a_pageable_download_is_not_there_until_synchronized() {
     );
     stream.synchronize().expect("sync");
     assert_eq!(host, data);
+}
+
+#[test]
+fn a_copy_from_pinned_memory_reads_it_when_the_stream_gets_there_and_pinning_is_checked() {
+    if !on_standin() {
+        return;
+    }
+    let (ctx, stream) = raw_stream(1);
+    ctx.bind_to_thread().expect("bind");
+    let n = 256usize;
+    let bytes = n * 4;
+    let mut dev = stream.alloc_zeros::<f32>(n).expect("alloc");
+    // A download into pageable memory is there once the stream is synchronized.
+    let read = |d: &cudarc::driver::CudaSlice<f32>| {
+        let mut out = vec![0.0f32; n];
+        stream.memcpy_dtoh(d, &mut out).expect("queued");
+        stream.synchronize().expect("sync");
+        out
+    };
+    let raw_stream = stream.cu_stream();
+    // Pinned (cuMemHostAlloc): the copy is a DMA that reads the buffer when it runs, so what
+    // the host writes after enqueuing it, before the stream runs (streams are lazy), arrives.
+    let mut pinned: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the driver allocates `bytes` bytes.
+    unsafe { sys::cuMemHostAlloc(&mut pinned, bytes, 0) }
+        .result()
+        .expect("cuMemHostAlloc");
+    // SAFETY: `pinned` holds `bytes` bytes, f32-aligned (page-aligned).
+    let host = unsafe { std::slice::from_raw_parts_mut(pinned.cast::<f32>(), n) };
+    host.fill(1.0);
+    {
+        let (dptr, _guard) = dev.device_ptr_mut(&stream);
+        // SAFETY: `dptr` holds `bytes` bytes; `pinned` stays allocated until after the sync.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dptr, pinned, bytes, raw_stream) }
+            .result()
+            .expect("queued");
+    }
+    host.fill(2.0);
+    assert_eq!(
+        read(&dev),
+        vec![2.0; n],
+        "a pinned source is read when the copy runs"
+    );
+    // Pageable: staged at the call, so the later write does not arrive.
+    let mut pageable = vec![3.0f32; n];
+    stream.memcpy_htod(&pageable, &mut dev).expect("queued");
+    pageable.fill(4.0);
+    assert_eq!(
+        read(&dev),
+        vec![3.0; n],
+        "a pageable source is staged at the call"
+    );
+    // The driver's rules: cuMemFreeHost takes only what it allocated; a range registers once;
+    // unregistering what was never registered fails.
+    let code = |r: sys::CUresult| r;
+    let p = pageable.as_mut_ptr().cast::<std::ffi::c_void>();
+    // SAFETY: every pointer is live; the calls only record or check ranges.
+    unsafe {
+        assert_eq!(
+            code(sys::cuMemFreeHost(p)),
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            code(sys::cuMemHostRegister_v2(p, bytes, 0)),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            code(sys::cuMemHostRegister_v2(
+                p.cast::<u8>().add(4).cast(),
+                8,
+                0
+            )),
+            sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+        );
+        assert_eq!(
+            code(sys::cuMemHostUnregister(p)),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            code(sys::cuMemHostUnregister(p)),
+            sys::CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+        );
+        assert_eq!(
+            code(sys::cuMemFreeHost(pinned)),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            code(sys::cuMemFreeHost(pinned)),
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE
+        );
+    }
 }
 
 #[test]
