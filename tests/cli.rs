@@ -1352,6 +1352,18 @@ fn the_standin_audit_counts_a_steady_step_alike_on_every_gpu_and_one_device_wait
             .collect()
     };
     assert_eq!(of("0"), of("1"), "{second:?}");
+    // Every buffer a step uses is kept from step to step, at any number of ranks.
+    for entry in [
+        "cuMemAllocAsync",
+        "cuMemAlloc_v2",
+        "cuMemFreeAsync",
+        "cuMemsetD8Async",
+    ] {
+        assert!(
+            second.keys().all(|(e, _)| e != entry),
+            "{entry} in a steady step: {second:?}"
+        );
+    }
     // One device has nothing to reduce: its steady step starts no communication thread
     // (which would bind a context: cuCtxSetCurrent), records and waits for no events, and
     // synchronizes its stream only to read the loss back (twice). Its workspaces are kept

@@ -53,9 +53,11 @@ pub fn check_data(data: &Dataset) -> Result<(), TrainError> {
 
 /// Sums `stats` over all ranks, and with them whether any rank asks the run to stop
 /// (`stop`): every rank gets the same answer at the same step, so all stop together. The
-/// buffer lives on the rank's own queue, which the collective waits for before peers read it.
+/// buffer (`buf`, made at the first call and kept by the caller, so a step allocates nothing)
+/// lives on the rank's own queue, which the collective waits for before peers read it.
 fn reduce_stats<C: Collective>(
     rank: &mut C,
+    buf: &mut Option<StatsBuffer<C>>,
     s: ShardStats,
     stop: bool,
 ) -> Result<(ShardStats, bool), TrainError> {
@@ -69,14 +71,21 @@ fn reduce_stats<C: Collective>(
         return Ok((s, stop));
     }
     let dev = rank.device().clone();
-    let mut buf = dev.upload(&[
+    let values = [
         s.loss_sum as f32,
         s.correct as f32,
         s.count as f32,
         f32::from(u8::from(stop)),
-    ])?;
-    rank.sum(&mut buf, Some(Algorithm::OneShot))?;
-    let v = dev.download(&buf)?;
+    ];
+    let buf = match buf {
+        Some(b) => {
+            dev.write(&values, b)?;
+            b
+        }
+        None => buf.insert(dev.upload(&values)?),
+    };
+    rank.sum(buf, Some(Algorithm::OneShot))?;
+    let v = dev.download(buf)?;
     let all = ShardStats {
         loss_sum: v[0] as f64,
         correct: v[1] as usize,
@@ -85,9 +94,13 @@ fn reduce_stats<C: Collective>(
     Ok((all, v[3] != 0.0))
 }
 
+/// The statistics' reduction buffer of a rank ([`reduce_stats`]).
+type StatsBuffer<C> = <<C as Collective>::Device as Memory>::Buffer<f32>;
+
 /// Evaluates the test set, sharded over the ranks; returns the global accuracy.
 fn evaluate<C: Collective, T: Precision>(
     rank: &mut C,
+    stats: &mut Option<StatsBuffer<C>>,
     replica: &mut Replica<C::Device, T>,
     data: &Dataset,
     batch: usize,
@@ -113,7 +126,7 @@ fn evaluate<C: Collective, T: Precision>(
             });
         }
     }
-    let (all, _) = reduce_stats(rank, mine, false)?;
+    let (all, _) = reduce_stats(rank, stats, mine, false)?;
     Ok(all.correct as f64 / all.count.max(1) as f64)
 }
 
@@ -207,6 +220,7 @@ where
         _ => LossScaler::new(T::DTYPE.needs_loss_scaling()),
     };
     let mut found = replica.dev.alloc_zeros::<i32>(1)?;
+    let mut stats_buf = None;
     if let Some(velocity) = &start.velocity {
         for (buf, v) in replica.velocity.iter_mut().zip(velocity) {
             replica.dev.write(v, buf)?;
@@ -290,7 +304,7 @@ where
             // Rank 0's thread carries the caller's request to stop (its event handler failed)
             // into the step's reduction.
             let asked = me == 0 && stop.load(Ordering::Relaxed);
-            let (s, stopping) = reduce_stats(&mut rank, local, asked)?;
+            let (s, stopping) = reduce_stats(&mut rank, &mut stats_buf, local, asked)?;
             if stopping {
                 return Err(TrainError::Stopped);
             }
@@ -322,6 +336,7 @@ where
         let seconds = start.elapsed().as_secs_f64();
         let test_acc = evaluate(
             &mut rank,
+            &mut stats_buf,
             &mut replica,
             data,
             cfg.batch,
@@ -521,7 +536,7 @@ where
     let ranks = communicator(devices, CommConfig::default())?;
     let accuracies = on_each_rank(ranks, |mut rank| -> Result<f64, TrainError> {
         let mut replica = Replica::<D, f32>::new(rank.device().clone(), weights)?;
-        evaluate(&mut rank, &mut replica, data, batch.max(1), None)
+        evaluate(&mut rank, &mut None, &mut replica, data, batch.max(1), None)
     })
     .map_err(|RankPanicked(i)| TrainError::RankPanicked(i))?;
     // Every rank computed the same (reduced) accuracy; any rank's failure is the result.
