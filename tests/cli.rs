@@ -895,6 +895,17 @@ fn divergence_stops_the_run_at_the_step_it_shows_and_never_replaces_a_good_check
     let ckpt_text = ckpt.to_string_lossy().into_owned();
     let metrics = dir.join("m.jsonl");
     let metrics_text = metrics.to_string_lossy().into_owned();
+    // Another run's checkpoint at the same place (epoch 1, step 12) as this run's first
+    // save: the message must tell a replaced file from one left as it was.
+    succeeds(&mut train_command(&[
+        "--max-steps",
+        "12",
+        "--test-images",
+        "10",
+        "--save",
+        &ckpt_text,
+    ]));
+    let before = std::fs::read(&ckpt).unwrap();
     // lr 100 with momentum: an epoch or so of finite losses, then NaN.
     let (code, out, err) = train_output(&[
         "--lr",
@@ -927,9 +938,14 @@ fn divergence_stops_the_run_at_the_step_it_shows_and_never_replaces_a_good_check
     let good_epochs = (step - 1) / spe;
     assert_eq!(epoch_lines(&out), good_epochs, "{out}");
     if good_epochs == 0 {
-        assert!(!ckpt.exists());
-        assert!(err.contains("nothing was saved"), "{err}");
+        assert_eq!(std::fs::read(&ckpt).unwrap(), before);
+        assert!(err.contains("is as it was (epoch 1, step 12)"), "{err}");
     } else {
+        assert_ne!(
+            std::fs::read(&ckpt).unwrap(),
+            before,
+            "replaced by this run's epoch"
+        );
         let saved = nanoddp::train::checkpoint::load(&ckpt).unwrap();
         assert_eq!(saved.epoch, good_epochs);
         assert!(

@@ -554,8 +554,8 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
         ranks,
         resume_note,
     } = prepared;
-    // Where the --save file stands: what it held before the run, then each epoch saved.
-    let mut saved = saved_before;
+    // The last (epoch, step) this run saved to --save.
+    let mut saved = None;
     // The GPUs this process's ranks run on. No GPU is the command line's problem: exit code 2.
     let gpus = match args.backend {
         BackendArg::Cuda => {
@@ -720,17 +720,18 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
     };
     bar.finish_and_clear();
     // What the --save file holds now, truly: said whenever the run ends early.
-    let kept = match (&save_path, saved) {
-        (None, _) => "no checkpoint was written (no --save)".to_string(),
-        (Some(path), None) => format!("nothing was saved to {}", path.display()),
-        (Some(path), Some((epoch, step))) if saved == saved_before => format!(
-            "{} is as it was (epoch {epoch}, step {step})",
-            path.display()
-        ),
-        (Some(path), Some((epoch, step))) => format!(
+    let kept = match (&save_path, saved, saved_before) {
+        (None, ..) if args.save.is_some() => "rank 0 writes the checkpoint".to_string(),
+        (None, ..) => "no checkpoint was written (no --save)".to_string(),
+        (Some(path), Some((epoch, step)), _) => format!(
             "{} holds the last good state: epoch {epoch}, step {step}",
             path.display()
         ),
+        (Some(path), None, Some((epoch, step))) => format!(
+            "{} is as it was (epoch {epoch}, step {step})",
+            path.display()
+        ),
+        (Some(path), None, None) => format!("nothing was saved to {}", path.display()),
     };
     match trained {
         Ok(_) => Ok(()),
@@ -743,9 +744,9 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
         ))),
         Err(e @ TrainError::Diverged { .. }) => Err(CliError::Running(format!(
             "{e}; {kept}{}",
-            match saved {
-                Some(_) => "; start again from it with --init and a lower --lr",
-                None => "; lower --lr",
+            match (&save_path, saved.or(saved_before)) {
+                (Some(_), Some(_)) => "; start again from it with --init and a lower --lr",
+                _ => "; lower --lr",
             }
         ))),
         Err(e @ (TrainError::Io { .. } | TrainError::Handler(_))) => {
