@@ -1,7 +1,7 @@
 //! The files a subcommand writes, checked together before any work: each may be written
 //! where it is named ([`checkpoint::check_destination`]), its name gives a format the
 //! subcommand writes ([`check_format`]), and no two name the same file, nor an output a file
-//! the run reads ([`check_distinct`]). A typo then costs nothing, and one output never
+//! the run reads ([`check_outputs`]). A typo then costs nothing, and one output never
 //! replaces another (the checkpoint's rename over the metrics, say).
 
 use std::ffi::OsStr;
@@ -98,10 +98,7 @@ struct FileId {
 impl FileId {
     fn of(path: &Path) -> FileId {
         let resolved = std::fs::canonicalize(path).ok().or_else(|| {
-            let folder = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
+            let folder = checkpoint::folder_of(path);
             Some(std::fs::canonicalize(folder).ok()?.join(path.file_name()?))
         });
         let inode = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));

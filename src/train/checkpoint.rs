@@ -148,7 +148,7 @@ fn describe_file_type(t: &std::fs::FileType) -> &'static str {
 }
 
 /// The folder `path` lives in (`.` for a bare file name).
-fn folder_of(path: &Path) -> std::path::PathBuf {
+pub fn folder_of(path: &Path) -> std::path::PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),
