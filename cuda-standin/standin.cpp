@@ -36,6 +36,9 @@
 //   * Every launch runs under a watchdog (NANODDP_KERNEL_TIMEOUT_S, default 300 s): a kernel
 //     that never finishes becomes a sticky CUDA_ERROR_LAUNCH_TIMEOUT naming where its
 //     threads are.
+//   * Streams can be captured into graphs and the graphs replayed (see "stream capture"): the
+//     driver's capture rules are enforced with its error codes, and a replay enqueues the
+//     graph's nodes as eager work is enqueued, so every rule above holds for it too.
 //   * Driver entry points it does not implement return CUDA_ERROR_NOT_SUPPORTED.
 //
 // nanoddp-specific extensions (absent from the real driver, looked up with dlsym):
@@ -107,6 +110,8 @@ int to_mprotect(int prot) { return prot == RW ? PROT_READ | PROT_WRITE : prot ==
 struct Context;
 struct Stream;
 struct Op;
+struct Capture;
+struct Node;
 
 enum class AllocKind { Plain, Pool };
 
@@ -208,13 +213,26 @@ struct Stream {
     std::uint64_t demand = 0;     // guarded by m
     bool closing = false;         // guarded by m
     std::vector<std::uint64_t> clock;  // for the next operation; guarded by the API lock
+    // Stream capture (guarded by the API lock): the capture this stream records into (null:
+    // none, work runs), and the nodes the next captured node will depend on.
+    Capture* capture = nullptr;
+    std::vector<Node*> capture_tail;
+    std::vector<CUgraphEdgeData> capture_edges;    // cuStreamGetCaptureInfo's edge data
 };
 
-struct Event {
-    Context* ctx = nullptr;
-    Stream* stream = nullptr;  // null until recorded
+// A point in a stream's order: what an operation that waits for it depends on.
+struct Point {
+    Stream* stream = nullptr;  // null: nothing to wait for
     std::uint64_t seq = 0;
-    std::vector<std::uint64_t> clock;
+    std::vector<std::uint64_t> clock;  // the vector clock there, the stream's own entry included
+};
+
+struct Event : Point {
+    Context* ctx = nullptr;
+    // Recorded on a capturing stream: the capture (by id, 0: none) and the nodes the record
+    // stood after. Such an event is a captured event until it is recorded outside a capture.
+    std::uint64_t capture_id = 0;
+    std::vector<Node*> capture_tail;
     bool timing = true;
     std::chrono::steady_clock::time_point when{};
     std::atomic<bool> happened{false};
@@ -601,10 +619,14 @@ void nudge(Stream* s, std::uint64_t seq) {
     }
 }
 
-// The host has seen `s` complete up to `seq`: every later operation is ordered after those.
-void observe(Stream* s, std::uint64_t seq) {
+// The host has seen `s` complete up to `seq`: every later operation is ordered after those,
+// and after everything they were ordered after (`clock`, the vector clock at `seq`, when the
+// caller knows it: work of other streams that `s` waited for is complete too).
+void observe(Stream* s, std::uint64_t seq, const std::vector<std::uint64_t>& clock = {}) {
     std::lock_guard<std::mutex> lock(g->api);
     if (g->observed[static_cast<std::size_t>(s->id)] < seq) g->observed[static_cast<std::size_t>(s->id)] = seq;
+    for (std::size_t i = 0; i < clock.size() && i < g->observed.size(); ++i)
+        g->observed[i] = std::max(g->observed[i], clock[i]);
     while (!g->pending.empty()) {
         const Op& front = *g->pending.front();
         if (front.seq > g->observed[static_cast<std::size_t>(front.stream->id)]) break;
@@ -674,7 +696,7 @@ void stream_thread(Stream* s) {
 
 // Enqueues `op` on `s`: vector clock, hazard restrictions, queue. Returns the sticky error
 // of the stream's context if it is dead (nothing is enqueued then).
-CUresult enqueue(Stream* s, std::shared_ptr<Op> op, const std::vector<const Event*>& waits = {}) {
+CUresult enqueue(Stream* s, std::shared_ptr<Op> op, const std::vector<const Point*>& waits = {}) {
     op->stream = s;
     std::uint64_t seq;
     {
@@ -684,7 +706,7 @@ CUresult enqueue(Stream* s, std::shared_ptr<Op> op, const std::vector<const Even
         std::vector<std::uint64_t>& clock = s->clock;
         clock.resize(n, 0);
         for (std::size_t i = 0; i < n; ++i) clock[i] = std::max(clock[i], g->observed[i]);
-        for (const Event* e : waits) {
+        for (const Point* e : waits) {
             if (!e->stream) continue;
             op->deps.emplace_back(e->stream, e->seq);
             for (std::size_t i = 0; i < e->clock.size() && i < n; ++i) clock[i] = std::max(clock[i], e->clock[i]);
@@ -752,16 +774,231 @@ CUresult enqueue(Stream* s, std::shared_ptr<Op> op, const std::vector<const Even
     return CUDA_SUCCESS;
 }
 
+// The point after everything enqueued on `s` so far.
+Point tail_of(Stream* s) {
+    Point p;
+    std::lock_guard<std::mutex> api(g->api);
+    std::lock_guard<std::mutex> lock(s->m);
+    p.stream = s;
+    p.seq = s->enqueued;
+    p.clock = s->clock;
+    return p;
+}
+
 // Runs everything `s` holds and records that the host has seen it.
 CUresult drain(Stream* s) {
-    std::uint64_t seq;
-    {
-        std::lock_guard<std::mutex> lock(s->m);
-        seq = s->enqueued;
-    }
-    complete_up_to(s, seq);
-    observe(s, seq);
+    Point tail = tail_of(s);
+    complete_up_to(s, tail.seq);
+    observe(s, tail.seq, tail.clock);
     return sticky_of(s->ctx);
+}
+
+// ------------------------------------------------------------------------------ stream capture
+// While a stream captures (cuStreamBeginCapture_v2 to cuStreamEndCapture), what is enqueued on it
+// does not run: each launch, copy and memset becomes a node of a graph that depends on the nodes
+// the stream's earlier work became. An event recorded on a capturing stream makes no node: it
+// remembers the stream's last nodes, and a stream that waits for it depends on them, joining the
+// capture if it was not in one (a fork), as the driver does. The rules the driver documents for
+// what may happen meanwhile, and their errors, are enforced here; a call that breaks one
+// invalidates the capture, so its cuStreamEndCapture fails with
+// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. cuGraphLaunch turns the nodes back into operations
+// through enqueue, so a replay meets every check eager work meets.
+
+// One unit of stream work as the call that asked for it describes it: what runs at once, or what
+// a captured graph node turns into an operation again at every launch (make_op).
+struct Work {
+    enum class Kind { Kernel, Copy, Memset } kind = Kind::Copy;
+    std::string name;        // the entry point, for diagnostics
+    Function* fn = nullptr;  // kernels
+    LaunchShape shape{};
+    std::shared_ptr<std::vector<std::uint64_t>> values;  // argument bytes, copied at the call
+    std::uintptr_t dst = 0, src = 0;                     // copies and memsets
+    bool dst_device = true, src_device = true;
+    std::size_t bytes = 0;
+    unsigned char value = 0;
+};
+
+struct Node {
+    std::size_t index = 0;  // in capture order: a node depends only on earlier ones
+    int lane = 0;           // the capturing stream it came from (0: the capture's origin)
+    std::vector<Node*> deps;
+    Work work;
+    std::vector<void*> params;  // kernels: pointers into work.values (cuGraphKernelNodeGetParams)
+    int type() const {
+        return work.kind == Work::Kind::Kernel ? CU_GRAPH_NODE_TYPE_KERNEL
+               : work.kind == Work::Kind::Copy ? CU_GRAPH_NODE_TYPE_MEMCPY
+                                               : CU_GRAPH_NODE_TYPE_MEMSET;
+    }
+};
+
+// A captured graph's nodes. Immutable once its capture ends: the CUgraph and every CUgraphExec
+// made from it share them (the stand-in has no calls that edit a graph).
+struct GraphData {
+    Context* ctx = nullptr;
+    std::deque<Node> nodes;  // a deque: node handles stay valid while the capture adds nodes
+    int lanes = 1;           // streams that took part in the capture
+};
+
+struct Graph {
+    std::shared_ptr<GraphData> data;
+};
+
+struct Capture {
+    std::uint64_t id = 0;  // unique in the process, as cuStreamGetCaptureInfo reports it
+    int mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    std::thread::id thread;  // the one that began it
+    Stream* origin = nullptr;
+    std::vector<Stream*> streams;  // lane i is streams[i]; the origin is lane 0
+    Graph* graph = nullptr;        // what cuStreamEndCapture hands out when the capture is sound
+    bool invalidated = false;
+    std::string why;  // the error that invalidated it
+};
+
+// Active captures by id (guarded by g->api), and their number, read without the lock so that
+// eager calls pay one load while nothing captures.
+std::map<std::uint64_t, Capture*> captures;
+std::uint64_t next_capture_id = 1;
+std::atomic<int> active_captures{0};
+// The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode).
+thread_local int tls_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+const char* mode_name(int mode) {
+    return mode == CU_STREAM_CAPTURE_MODE_GLOBAL         ? "GLOBAL"
+           : mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ? "THREAD_LOCAL"
+                                                         : "RELAXED";
+}
+
+std::string stream_name(const Stream* s) {
+    return (s->legacy ? "the legacy NULL stream" : "stream " + std::to_string(s->id)) + " of GPU " +
+           std::to_string(s->ctx->dev->ordinal);
+}
+
+std::string capture_name(const Capture* c) {
+    return "the " + std::string(mode_name(c->mode)) + " capture begun on " + stream_name(c->origin);
+}
+
+// Invalidates `c` (the first reason is the one cuStreamEndCapture gives). Caller holds g->api.
+void invalidate_locked(Capture* c, const std::string& why) {
+    if (c->invalidated) return;
+    c->invalidated = true;
+    c->why = why;
+}
+
+// Reports a capture rule broken by `why` and returns `code`; invalidates `c` unless null.
+// Caller holds g->api.
+CUresult capture_error_locked(CUresult code, Capture* c, const std::string& why) {
+    if (c) invalidate_locked(c, why);
+    report(why);
+    return code;
+}
+
+Capture* capture_by_id_locked(std::uint64_t id) {
+    auto it = captures.find(id);
+    return it == captures.end() ? nullptr : it->second;
+}
+
+// A capture running on a blocking stream of `ctx`: what the legacy NULL stream, which waits for
+// every blocking stream, would have to wait for. Caller holds g->api.
+Capture* blocking_capture_locked(Context* ctx) {
+    for (Stream* t : ctx->streams)
+        if (t->capture && t->blocking && !t->legacy) return t->capture;
+    return nullptr;
+}
+
+// `entry` on the legacy stream `s` while a blocking stream of its context captures:
+// CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, invalidating that capture (unless `invalidate` is false,
+// as for cuStreamIsCapturing); CUDA_SUCCESS otherwise. Caller holds g->api.
+CUresult legacy_rule_locked(Stream* s, const std::string& entry, bool invalidate = true) {
+    if (!s->legacy) return CUDA_SUCCESS;
+    Capture* c = blocking_capture_locked(s->ctx);
+    if (!c) return CUDA_SUCCESS;
+    return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, invalidate ? c : nullptr,
+                                entry + " on " + stream_name(s) + " while " + capture_name(c) +
+                                    " is active: the legacy stream waits for every blocking stream, so it "
+                                    "would depend on captured work (use a stream created non-blocking, or "
+                                    "another stream than the NULL one)");
+}
+
+// Ends `c`: its streams capture no more. Caller holds g->api.
+void terminate_locked(Capture* c) {
+    for (Stream* t : c->streams) {
+        t->capture = nullptr;
+        t->capture_tail.clear();
+    }
+    captures.erase(c->id);
+    active_captures.store(static_cast<int>(captures.size()));
+}
+
+// `entry` may synchronize with the device implicitly (allocating or freeing memory, a
+// synchronous copy or memset, synchronizing the context, querying or synchronizing an event):
+// the driver calls it potentially unsafe, and prohibits it while the calling thread's mode is
+// GLOBAL and it began a capture that is not RELAXED or another thread began a GLOBAL one, or
+// while its mode is THREAD_LOCAL and it began a capture that is not RELAXED. Then:
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the captures that prohibit it are invalidated.
+CUresult unsafe_call(const char* entry) {
+    if (active_captures.load() == 0) return CUDA_SUCCESS;
+    int mode = tls_capture_mode;
+    if (mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+    std::lock_guard<std::mutex> api(g->api);
+    std::thread::id me = std::this_thread::get_id();
+    std::vector<Capture*> prohibiting;
+    for (auto& [id, c] : captures) {
+        bool own = c->thread == me && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+        bool others = mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->thread != me && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        if (own || others) prohibiting.push_back(c);
+    }
+    if (prohibiting.empty()) return CUDA_SUCCESS;
+    Capture* c = prohibiting.front();
+    bool own = c->thread == me;
+    std::string why = std::string(entry) + " while " + capture_name(c) + " (by " +
+                      (own ? "this thread" : "another thread") +
+                      ") is active: a call that may synchronize implicitly is prohibited " +
+                      (own ? "on the thread of a " + std::string(mode_name(c->mode)) + " capture"
+                           : std::string("on every thread in GLOBAL mode during a GLOBAL capture")) +
+                      " (make it before or after the capture, " +
+                      (own ? "or switch this thread to RELAXED with cuThreadExchangeStreamCaptureMode)"
+                           : "capture in THREAD_LOCAL mode, or switch this thread to RELAXED with "
+                             "cuThreadExchangeStreamCaptureMode)");
+    for (Capture* p : prohibiting) invalidate_locked(p, why);
+    report(why);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+// Where work `entry` enqueues on `s` goes while captures exist. True when the call is done:
+// `w` became a node of s's capture (code CUDA_SUCCESS), or the capture rules refused it (code
+// says why). False when it runs. `w` null: work no graph node of the stand-in holds (`refusal`
+// says what), refused on a capturing stream with CUDA_ERROR_NOT_SUPPORTED.
+bool captured(Stream* s, const Work* w, const std::string& entry, CUresult& code, const char* refusal = nullptr) {
+    code = CUDA_SUCCESS;
+    if (active_captures.load() == 0) return false;
+    std::lock_guard<std::mutex> api(g->api);
+    Capture* c = s->capture;
+    if (!c) {
+        code = legacy_rule_locked(s, entry);
+        return code != CUDA_SUCCESS;
+    }
+    if (c->invalidated) {
+        code = capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, nullptr,
+                                    entry + " on " + stream_name(s) + ", whose capture was invalidated: " + c->why);
+        return true;
+    }
+    if (!w) {
+        code = capture_error_locked(CUDA_ERROR_NOT_SUPPORTED, c,
+                                    entry + " on " + stream_name(s) + ", which " + capture_name(c) +
+                                        " is capturing: " + refusal);
+        return true;
+    }
+    GraphData& data = *c->graph->data;
+    data.nodes.emplace_back();
+    Node& n = data.nodes.back();
+    n.index = data.nodes.size() - 1;
+    n.lane = static_cast<int>(std::find(c->streams.begin(), c->streams.end(), s) - c->streams.begin());
+    n.deps = s->capture_tail;
+    n.work = *w;
+    if (w->kind == Work::Kind::Kernel)
+        for (std::uint64_t& v : *n.work.values) n.params.push_back(&v);
+    s->capture_tail.assign(1, &n);
+    return true;
 }
 
 // ------------------------------------------------------------------------------ init
@@ -1060,9 +1297,17 @@ STANDIN_API CUresult cuCtxSynchronize() {
     REQUIRE_INIT();
     Context* ctx = tls_current;
     if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = unsafe_call("cuCtxSynchronize")) return r;
     std::vector<Stream*> streams;
     {
         std::lock_guard<std::mutex> lock(g->api);
+        // Synchronizing a context synchronizes its streams: not one that captures.
+        for (Stream* s : ctx->streams)
+            if (s->capture)
+                return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, s->capture,
+                                            "cuCtxSynchronize on GPU " + std::to_string(ctx->dev->ordinal) + " while " +
+                                                stream_name(s) + " captures (" + capture_name(s->capture) +
+                                                "): captured work does not run, so it cannot be waited for");
         streams = ctx->streams;
     }
     for (Stream* s : streams) drain(s);
@@ -1119,6 +1364,25 @@ STANDIN_API CUresult cuStreamDestroy_v2(CUstream h) {
     REQUIRE_INIT();
     Stream* s = reinterpret_cast<Stream*>(h);
     if (!s || s->legacy) return CUDA_ERROR_INVALID_HANDLE;
+    {
+        // A stream that joined a capture leaves it (what it captured stays, and
+        // cuStreamEndCapture still finds it unjoined if it was never joined back); the stream a
+        // capture began on takes the capture with it, which nothing can end any more.
+        std::lock_guard<std::mutex> api(g->api);
+        if (Capture* c = s->capture) {
+            if (c->origin == s) {
+                capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c,
+                                     "cuStreamDestroy of " + stream_name(s) + " while " + capture_name(c) +
+                                         " is active: the capture is discarded");
+                terminate_locked(c);
+                delete c->graph;
+                delete c;
+            } else {
+                s->capture = nullptr;
+                s->capture_tail.clear();
+            }
+        }
+    }
     // Work still queued completes later, as the documentation allows; the thread then ends.
     std::lock_guard<std::mutex> lock(s->m);
     s->closing = true;
@@ -1127,11 +1391,24 @@ STANDIN_API CUresult cuStreamDestroy_v2(CUstream h) {
     return CUDA_SUCCESS;
 }
 
+// Synchronizing or querying a capturing stream (whose captured work never runs), or the legacy
+// stream while a blocking stream captures: the driver's errors, invalidating the capture.
+CUresult sync_rule(Stream* s, const char* entry) {
+    if (active_captures.load() == 0) return CUDA_SUCCESS;
+    std::lock_guard<std::mutex> api(g->api);
+    if (Capture* c = s->capture)
+        return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, c,
+                                    std::string(entry) + " on " + stream_name(s) + ", which " + capture_name(c) +
+                                        " is capturing: captured work does not run until the graph is launched");
+    return legacy_rule_locked(s, entry);
+}
+
 STANDIN_API CUresult cuStreamSynchronize(CUstream h) {
     AUDIT();
     REQUIRE_INIT();
     Stream* s = stream_of(h, tls_current);
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = sync_rule(s, "cuStreamSynchronize")) return r;
     return drain(s);
 }
 
@@ -1141,18 +1418,18 @@ STANDIN_API CUresult cuStreamQuery(CUstream h) {
     Stream* s = stream_of(h, tls_current);
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
     if (CUresult sticky = sticky_of(s->ctx)) return sticky;
-    std::uint64_t seq;
+    if (CUresult r = sync_rule(s, "cuStreamQuery")) return r;
+    Point tail = tail_of(s);
     bool done;
     {
         std::lock_guard<std::mutex> lock(s->m);
-        seq = s->enqueued;
-        done = s->completed >= seq;
+        done = s->completed >= tail.seq;
     }
     if (!done) {
-        nudge(s, seq);
+        nudge(s, tail.seq);
         return CUDA_ERROR_NOT_READY;
     }
-    observe(s, seq);
+    observe(s, tail.seq, tail.clock);
     return CUDA_SUCCESS;
 }
 
@@ -1183,6 +1460,20 @@ STANDIN_API CUresult cuEventRecord(CUevent h, CUstream hs) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
     if (s->ctx != e->ctx) return CUDA_ERROR_INVALID_HANDLE;  // recorded only on its own context's streams
+    if (active_captures.load() != 0) {
+        std::lock_guard<std::mutex> api(g->api);
+        if (Capture* c = s->capture) {
+            // Recorded in a capture: no node, the stream's last nodes (what a wait depends on).
+            if (c->invalidated)
+                return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, nullptr,
+                                            "cuEventRecord on " + stream_name(s) + ", whose capture was invalidated: " + c->why);
+            e->capture_id = c->id;
+            e->capture_tail = s->capture_tail;
+            e->happened = false;
+            return CUDA_SUCCESS;
+        }
+        if (CUresult r = legacy_rule_locked(s, "cuEventRecord")) return r;
+    }
     auto op = std::make_shared<Op>();
     op->what = "event record";
     e->happened = false;
@@ -1193,6 +1484,8 @@ STANDIN_API CUresult cuEventRecord(CUevent h, CUstream hs) {
     };
     if (CUresult r = enqueue(s, op)) return r;
     std::lock_guard<std::mutex> lock(g->api);
+    e->capture_id = 0;
+    e->capture_tail.clear();
     e->stream = s;
     e->seq = op->seq;
     e->clock = op->clock;
@@ -1201,15 +1494,35 @@ STANDIN_API CUresult cuEventRecord(CUevent h, CUstream hs) {
     return CUDA_SUCCESS;
 }
 
+// An event last recorded in a capture stands for graph nodes, not for work that will happen:
+// querying or synchronizing it is CUDA_ERROR_CAPTURED_EVENT (invalidating the capture while it
+// is active; after it ended, until the event is recorded again outside a capture).
+CUresult captured_event_rule(Event* e, const char* entry) {
+    std::lock_guard<std::mutex> api(g->api);
+    if (e->capture_id == 0) return CUDA_SUCCESS;
+    Capture* c = capture_by_id_locked(e->capture_id);
+    return capture_error_locked(CUDA_ERROR_CAPTURED_EVENT, c,
+                                std::string(entry) + " of an event last recorded in " +
+                                    (c ? capture_name(c) : std::string("a capture that has ended")) +
+                                    ": it marks graph nodes, not work that runs (record it outside a capture to wait for it)");
+}
+
 STANDIN_API CUresult cuEventSynchronize(CUevent h) {
     AUDIT();
     REQUIRE_INIT();
     auto* e = reinterpret_cast<Event*>(h);
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
-    if (!e->stream) return CUDA_SUCCESS;
-    complete_up_to(e->stream, e->seq);
-    observe(e->stream, e->seq);
-    return sticky_of(e->stream->ctx);
+    if (CUresult r = captured_event_rule(e, "cuEventSynchronize")) return r;
+    if (CUresult r = unsafe_call("cuEventSynchronize")) return r;
+    Point at;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        at = *e;
+    }
+    if (!at.stream) return CUDA_SUCCESS;
+    complete_up_to(at.stream, at.seq);
+    observe(at.stream, at.seq, at.clock);
+    return sticky_of(at.stream->ctx);
 }
 
 STANDIN_API CUresult cuEventQuery(CUevent h) {
@@ -1217,18 +1530,25 @@ STANDIN_API CUresult cuEventQuery(CUevent h) {
     REQUIRE_INIT();
     auto* e = reinterpret_cast<Event*>(h);
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
-    if (!e->stream) return CUDA_SUCCESS;
-    if (CUresult sticky = sticky_of(e->stream->ctx)) return sticky;
+    if (CUresult r = captured_event_rule(e, "cuEventQuery")) return r;
+    if (CUresult r = unsafe_call("cuEventQuery")) return r;
+    Point at;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        at = *e;
+    }
+    if (!at.stream) return CUDA_SUCCESS;
+    if (CUresult sticky = sticky_of(at.stream->ctx)) return sticky;
     bool done;
     {
-        std::lock_guard<std::mutex> lock(e->stream->m);
-        done = e->stream->completed >= e->seq;
+        std::lock_guard<std::mutex> lock(at.stream->m);
+        done = at.stream->completed >= at.seq;
     }
     if (!done) {
-        nudge(e->stream, e->seq);
+        nudge(at.stream, at.seq);
         return CUDA_ERROR_NOT_READY;
     }
-    observe(e->stream, e->seq);
+    observe(at.stream, at.seq, at.clock);
     return CUDA_SUCCESS;
 }
 
@@ -1248,6 +1568,67 @@ STANDIN_API CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end
     return cuEventElapsedTime(ms, start, end);
 }
 
+// cuStreamWaitEvent where a capture is involved, as the driver documents it: a capturing stream
+// waiting for an event recorded in its own capture depends on the nodes the record stood after
+// (a join); a stream outside any capture waiting for an event of an active capture joins that
+// capture (a fork). Waiting across two captures is CUDA_ERROR_STREAM_CAPTURE_MERGE; a capturing
+// stream waiting for work recorded outside captures, CUDA_ERROR_STREAM_CAPTURE_ISOLATION; an
+// event whose capture has ended, CUDA_ERROR_CAPTURED_EVENT. `done`: the call is answered (else
+// it is an eager wait). Caller holds g->api.
+CUresult wait_in_capture_locked(Stream* s, Event* e, bool& done) {
+    done = true;
+    Capture* ec = e->capture_id ? capture_by_id_locked(e->capture_id) : nullptr;
+    Capture* sc = s->capture;
+    std::string what = "cuStreamWaitEvent on " + stream_name(s);
+    if (e->capture_id && !ec)
+        return capture_error_locked(CUDA_ERROR_CAPTURED_EVENT, sc,
+                                    what + " for an event last recorded in a capture that has ended (record it "
+                                           "outside a capture to wait for it)");
+    if (sc) {
+        if (sc->invalidated)
+            return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, nullptr,
+                                        what + ", whose capture was invalidated: " + sc->why);
+        if (ec == sc) {
+            for (Node* n : e->capture_tail)
+                if (std::find(s->capture_tail.begin(), s->capture_tail.end(), n) == s->capture_tail.end())
+                    s->capture_tail.push_back(n);
+            return CUDA_SUCCESS;
+        }
+        if (ec) {
+            invalidate_locked(ec, what + " merged two captures");
+            return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_MERGE, sc,
+                                        what + ", which " + capture_name(sc) + " is capturing, for an event of " +
+                                            capture_name(ec) + ": two captures cannot merge");
+        }
+        if (e->stream)
+            return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, sc,
+                                        what + ", which " + capture_name(sc) +
+                                            " is capturing, for an event recorded outside any capture: a graph "
+                                            "cannot depend on uncaptured work (wait before beginning the capture)");
+        return CUDA_SUCCESS;  // never recorded: nothing to wait for
+    }
+    if (ec) {
+        if (ec->invalidated)
+            return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, nullptr,
+                                        what + " for an event of " + capture_name(ec) + ", which was invalidated: " + ec->why);
+        if (s->legacy)
+            return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, ec,
+                                        what + " for an event of " + capture_name(ec) + ": the legacy stream cannot join a capture");
+        if (s->ctx != ec->origin->ctx)
+            return capture_error_locked(CUDA_ERROR_NOT_SUPPORTED, ec,
+                                        what + " for an event of " + capture_name(ec) +
+                                            ": the stand-in's graphs hold one GPU's work (a capture cannot fork to another GPU)");
+        ec->streams.push_back(s);
+        ec->graph->data->lanes = static_cast<int>(ec->streams.size());
+        s->capture = ec;
+        s->capture_tail = e->capture_tail;
+        return CUDA_SUCCESS;
+    }
+    CUresult r = legacy_rule_locked(s, "cuStreamWaitEvent");
+    done = r != CUDA_SUCCESS;
+    return r;
+}
+
 STANDIN_API CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned flags) {
     AUDIT();
     REQUIRE_INIT();
@@ -1256,13 +1637,16 @@ STANDIN_API CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned flags) {
     if (!e || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
     // A marker operation on `s` that depends on the event; everything after it inherits the
-    // order (the stream's clock).
-    Event snapshot;
+    // order (the stream's clock). Unless captures are involved (wait_in_capture).
+    Point snapshot;
     {
         std::lock_guard<std::mutex> lock(g->api);
-        snapshot.stream = e->stream;
-        snapshot.seq = e->seq;
-        snapshot.clock = e->clock;
+        if (e->capture_id != 0 || s->capture || (s->legacy && active_captures.load() != 0)) {
+            bool done = false;
+            CUresult r = wait_in_capture_locked(s, e, done);
+            if (done) return r;
+        }
+        snapshot = *e;
     }
     auto op = std::make_shared<Op>();
     op->what = "stream wait on an event";
@@ -1275,6 +1659,7 @@ STANDIN_API CUresult cuMemAlloc_v2(CUdeviceptr* out, std::size_t bytes) {
     AUDIT();
     CURRENT_CONTEXT(ctx);
     if (!out || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = unsafe_call("cuMemAlloc")) return r;
     return allocate(*ctx->dev, bytes, AllocKind::Plain, out);
 }
 
@@ -1284,6 +1669,7 @@ STANDIN_API CUresult cuMemFree_v2(CUdeviceptr ptr) {
     if (ptr == 0) return CUDA_SUCCESS;
     Allocation* a = live_range(ptr, 0);
     if (!a || a->data_lo != ptr || a->kind != AllocKind::Plain) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = unsafe_call("cuMemFree")) return r;
     // cuMemFree waits for the device's work on the memory: complete every stream of the
     // owner's context first.
     Context* owner = g->devices[a->owner].primary;
@@ -1300,6 +1686,12 @@ STANDIN_API CUresult cuMemFree_v2(CUdeviceptr ptr) {
     return CUDA_SUCCESS;
 }
 
+// Why cuMemAllocAsync and cuMemFreeAsync are refused on a capturing stream (the driver would add
+// memory nodes to the graph; the stand-in does not model them).
+const char* const NO_MEMORY_NODES =
+    "the stand-in's graphs have no memory nodes, so stream-ordered allocation and freeing inside a capture "
+    "are refused (allocate before capturing, free after the graph's last launch)";
+
 STANDIN_API CUresult cuMemAllocAsync(CUdeviceptr* out, std::size_t bytes, CUstream hs) {
     AUDIT();
     REQUIRE_INIT();
@@ -1307,6 +1699,8 @@ STANDIN_API CUresult cuMemAllocAsync(CUdeviceptr* out, std::size_t bytes, CUstre
     if (!out) return CUDA_ERROR_INVALID_VALUE;
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
     if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+    CUresult code;
+    if (captured(s, nullptr, "cuMemAllocAsync", code, NO_MEMORY_NODES)) return code;
     CUdeviceptr ptr = 0;
     if (CUresult r = allocate(*s->ctx->dev, bytes, AllocKind::Pool, &ptr)) return r;
     Allocation* a = live_range(ptr, 0);
@@ -1327,6 +1721,8 @@ STANDIN_API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream hs) {
     if (!s) return CUDA_ERROR_INVALID_CONTEXT;
     Allocation* a = live_range(ptr, 0);
     if (!a || a->data_lo != ptr || a->kind != AllocKind::Pool) return CUDA_ERROR_INVALID_VALUE;
+    CUresult code;
+    if (captured(s, nullptr, "cuMemFreeAsync", code, NO_MEMORY_NODES)) return code;
     auto op = std::make_shared<Op>();
     op->what = "cuMemFreeAsync of the " + describe(*a);
     op->footprint.push_back({a->id, true});
@@ -1471,12 +1867,16 @@ struct Range {
     bool write;
 };
 
-CUresult check_ranges(const std::vector<Range>& ranges, Op& op) {
+// The footprint of a copy's or memset's device ranges. `strict` (the call): a range outside every
+// live allocation is the call's CUDA_ERROR_INVALID_VALUE. Not strict (a graph node at launch,
+// checked when it was captured): the range is left out, and the operation finds the memory
+// freed when it runs (a sticky CUDA_ERROR_ILLEGAL_ADDRESS, as for a kernel).
+CUresult check_ranges(const std::vector<Range>& ranges, Op& op, bool strict) {
     for (const Range& r : ranges) {
         if (!r.device) continue;
         Allocation* a = live_range(r.addr, r.bytes);
-        if (!a) return CUDA_ERROR_INVALID_VALUE;
-        op.footprint.push_back({a->id, r.write});
+        if (a) op.footprint.push_back({a->id, r.write});
+        else if (strict) return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
@@ -1488,22 +1888,97 @@ LaunchOutcome freed_outcome(std::uintptr_t addr) {
     return out;
 }
 
-CUresult copy_async(std::uintptr_t dst, bool dst_device, std::uintptr_t src, bool src_device, std::size_t bytes,
-                    Stream* s, const char* name) {
-    if (bytes == 0) return CUDA_SUCCESS;
-    if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+std::vector<Range> ranges_of(const Work& w) {
+    if (w.kind == Work::Kind::Memset) return {{w.dst, w.bytes, true, true}};
+    return {{w.dst, w.bytes, w.dst_device, true}, {w.src, w.bytes, w.src_device, false}};
+}
+
+// A kernel's operation: its footprint (the allocations its pointer arguments name), and a body
+// that runs it on its function's executor under the watchdog.
+void kernel_op(const Work& w, Op& op, const std::string& note) {
+    Function* fn = w.fn;
+    op.is_kernel = true;
+    for (std::size_t i = 0; i < fn->info.params.size(); ++i) {
+        char kind = fn->info.params[i];
+        if (kind != 'r' && kind != 'w') continue;
+        std::uintptr_t ptr = (*w.values)[i];
+        std::lock_guard<std::mutex> lock(g->table);
+        Allocation* a = ptr ? allocation_at_locked(ptr) : nullptr;
+        if (a && !a->freed) op.footprint.push_back({a->id, kind == 'w'});
+    }
+    Context* ctx = fn->module->ctx;
+    int device = ctx->dev->ordinal;
+    std::uint64_t launch_no;
+    {
+        std::lock_guard<std::mutex> lock(g->api);
+        launch_no = ++ctx->dev->launches;
+    }
+    op.what = "kernel `" + fn->info.name + "` on GPU " + std::to_string(device) + " (launch #" +
+              std::to_string(launch_no) + note + ")";
+    LaunchShape shape = w.shape;
+    auto values = w.values;
+    op.body = [fn, shape, values, device](Op& self) {
+        std::vector<void*> ptrs(values->size());
+        for (std::size_t i = 0; i < values->size(); ++i) ptrs[i] = &(*values)[i];
+        executing.op = &self;
+        executing.device = device;
+        executing.kernel = fn->info.name.c_str();
+        executing.hazard = false;
+        double timeout_s;
+        LaunchShape run_shape = shape;
+        {
+            std::lock_guard<std::mutex> lock(g->api);
+            timeout_s = g->devices[device].kernel_timeout_s;
+            run_shape.reverse_lanes = g->devices[device].reverse_lanes;
+        }
+        LaunchOutcome out = fn->exec->launch(fn->info, run_shape, ptrs.data(), timeout_s);
+        if (out.code != CUDA_SUCCESS) {
+            std::lock_guard<std::mutex> lock(g->api);
+            ++g->faults;
+            if (executing.hazard) {
+                ++g->hazards;
+                out.code = CUDA_ERROR_LAUNCH_FAILED;
+            }
+        }
+        executing = Executing{};
+        return out;
+    };
+}
+
+// The operation that runs `w`. `node` < 0: for the call that asked for it (a pageable host
+// source is staged now, so the caller may reuse its buffer at once). `node` >= 0: for that node
+// of a graph at cuGraphLaunch: every host source, pinned or pageable, is read when the operation
+// runs, as a graph's copy node reads it when it executes. A pageable host destination holds
+// 0xFF bytes from now until the operation runs, either way.
+CUresult make_op(const Work& w, long node, std::shared_ptr<Op>& out) {
     auto op = std::make_shared<Op>();
-    op->what = std::string(name) + " of " + std::to_string(bytes) + " bytes";
-    if (CUresult r = check_ranges({{dst, bytes, dst_device, true}, {src, bytes, src_device, false}}, *op)) return r;
-    if (!src_device && is_pinned(src, bytes)) {
-        // Pinned host source: read when the stream gets there.
+    std::string note = node < 0 ? "" : ", graph node " + std::to_string(node);
+    if (w.kind == Work::Kind::Kernel) {
+        kernel_op(w, *op, note);
+        out = op;
+        return CUDA_SUCCESS;
+    }
+    op->what = w.name + " of " + std::to_string(w.bytes) + " bytes" + (node < 0 ? "" : " (" + note.substr(2) + ")");
+    if (CUresult r = check_ranges(ranges_of(w), *op, node < 0)) return r;
+    std::uintptr_t dst = w.dst, src = w.src;
+    std::size_t bytes = w.bytes;
+    if (w.kind == Work::Kind::Memset) {
+        unsigned char value = w.value;
+        op->body = [dst, value, bytes](Op&) {
+            char* to = alias_of(dst);
+            if (!to) return freed_outcome(dst);
+            std::memset(to, value, bytes);
+            return LaunchOutcome{};
+        };
+    } else if (!w.src_device && (node >= 0 || is_pinned(src, bytes))) {
+        // A pinned host source, or any host source of a graph node: read when the stream gets there.
         op->body = [dst, src, bytes](Op&) {
             char* to = alias_of(dst);
             if (!to) return freed_outcome(dst);
             std::memcpy(to, reinterpret_cast<const char*>(src), bytes);
             return LaunchOutcome{};
         };
-    } else if (!src_device) {
+    } else if (!w.src_device) {
         // Pageable host source: staged now, so the caller may reuse its buffer at once.
         auto staged = std::make_shared<std::vector<char>>(reinterpret_cast<const char*>(src),
                                                           reinterpret_cast<const char*>(src) + bytes);
@@ -1513,7 +1988,7 @@ CUresult copy_async(std::uintptr_t dst, bool dst_device, std::uintptr_t src, boo
             std::memcpy(to, staged->data(), bytes);
             return LaunchOutcome{};
         };
-    } else if (!dst_device) {
+    } else if (!w.dst_device) {
         // Pageable host destination: the data arrives when the stream gets there; until
         // then the buffer holds 0xFF bytes (NaN as float).
         std::memset(reinterpret_cast<void*>(dst), 0xff, bytes);
@@ -1533,22 +2008,49 @@ CUresult copy_async(std::uintptr_t dst, bool dst_device, std::uintptr_t src, boo
             return LaunchOutcome{};
         };
     }
+    out = op;
+    return CUDA_SUCCESS;
+}
+
+// Runs `w` on `s`, or captures it when `s` captures. Device ranges are checked at the call
+// either way (a captured copy of memory that is not there is the call's error).
+CUresult submit(Stream* s, const Work& w) {
+    if (w.kind != Work::Kind::Kernel) {
+        Op probe;
+        if (CUresult r = check_ranges(ranges_of(w), probe, true)) return r;
+    }
+    CUresult code;
+    if (captured(s, &w, w.name, code)) return code;
+    std::shared_ptr<Op> op;
+    if (CUresult r = make_op(w, -1, op)) return r;
     return enqueue(s, op);
+}
+
+CUresult copy_async(std::uintptr_t dst, bool dst_device, std::uintptr_t src, bool src_device, std::size_t bytes,
+                    Stream* s, const char* name) {
+    if (bytes == 0) return CUDA_SUCCESS;
+    if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+    Work w;
+    w.kind = Work::Kind::Copy;
+    w.name = name;
+    w.dst = dst;
+    w.dst_device = dst_device;
+    w.src = src;
+    w.src_device = src_device;
+    w.bytes = bytes;
+    return submit(s, w);
 }
 
 CUresult memset_async(std::uintptr_t dst, unsigned char value, std::size_t count, Stream* s) {
     if (count == 0) return CUDA_SUCCESS;
     if (CUresult sticky = sticky_of(s->ctx)) return sticky;
-    auto op = std::make_shared<Op>();
-    op->what = "cuMemsetD8Async of " + std::to_string(count) + " bytes";
-    if (CUresult r = check_ranges({{dst, count, true, true}}, *op)) return r;
-    op->body = [dst, value, count](Op&) {
-        char* to = alias_of(dst);
-        if (!to) return freed_outcome(dst);
-        std::memset(to, value, count);
-        return LaunchOutcome{};
-    };
-    return enqueue(s, op);
+    Work w;
+    w.kind = Work::Kind::Memset;
+    w.name = "cuMemsetD8Async";
+    w.dst = dst;
+    w.bytes = count;
+    w.value = value;
+    return submit(s, w);
 }
 
 Stream* resolve(CUstream hs) { return stream_of(hs, tls_current); }
@@ -1598,6 +2100,7 @@ STANDIN_API CUresult cuMemHostAlloc(void** pp, std::size_t bytes, unsigned flags
     REQUIRE_INIT();
     // CU_MEMHOSTALLOC_PORTABLE, _DEVICEMAP, _WRITECOMBINED: all hosts' memory is alike here.
     if (!pp || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = unsafe_call("cuMemHostAlloc")) return r;
     return pin(pp, bytes, true, nullptr);
 }
 
@@ -1607,6 +2110,7 @@ STANDIN_API CUresult cuMemAllocHost_v2(void** pp, std::size_t bytes) { return cu
 STANDIN_API CUresult cuMemFreeHost(void* p) {
     AUDIT();
     REQUIRE_INIT();
+    if (CUresult r = unsafe_call("cuMemFreeHost")) return r;
     return unpin(p, true);
 }
 
@@ -1615,12 +2119,14 @@ STANDIN_API CUresult cuMemHostRegister_v2(void* p, std::size_t bytes, unsigned f
     REQUIRE_INIT();
     // CU_MEMHOSTREGISTER_PORTABLE, _DEVICEMAP, _IOMEMORY, _READ_ONLY.
     if (!p || (flags & ~0xFu) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = unsafe_call("cuMemHostRegister")) return r;
     return pin(nullptr, bytes, false, p);
 }
 
 STANDIN_API CUresult cuMemHostUnregister(void* p) {
     AUDIT();
     REQUIRE_INIT();
+    if (CUresult r = unsafe_call("cuMemHostUnregister")) return r;
     return unpin(p, false);
 }
 
@@ -1628,6 +2134,7 @@ STANDIN_API CUresult cuMemHostUnregister(void* p) {
 STANDIN_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size_t bytes) {
     AUDIT();
     CURRENT_CONTEXT(ctx);
+    if (CUresult r = unsafe_call("cuMemcpyHtoD")) return r;
     if (CUresult r = copy_async(dst, true, reinterpret_cast<std::uintptr_t>(src), false, bytes, ctx->legacy,
                                 "cuMemcpyHtoD"))
         return r;
@@ -1637,6 +2144,7 @@ STANDIN_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size
 STANDIN_API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t bytes) {
     AUDIT();
     CURRENT_CONTEXT(ctx);
+    if (CUresult r = unsafe_call("cuMemcpyDtoH")) return r;
     if (CUresult r = copy_async(reinterpret_cast<std::uintptr_t>(dst), false, src, true, bytes, ctx->legacy,
                                 "cuMemcpyDtoH"))
         return r;
@@ -1646,6 +2154,7 @@ STANDIN_API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t byt
 STANDIN_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) {
     AUDIT();
     CURRENT_CONTEXT(ctx);
+    if (CUresult r = unsafe_call("cuMemcpyDtoD")) return r;
     if (CUresult r = copy_async(dst, true, src, true, bytes, ctx->legacy, "cuMemcpyDtoD")) return r;
     return drain(ctx->legacy);
 }
@@ -1653,6 +2162,7 @@ STANDIN_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, std::size
 STANDIN_API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, std::size_t count) {
     AUDIT();
     CURRENT_CONTEXT(ctx);
+    if (CUresult r = unsafe_call("cuMemsetD8")) return r;
     if (CUresult r = memset_async(dst, value, count, ctx->legacy)) return r;
     return drain(ctx->legacy);
 }
@@ -1862,58 +2372,408 @@ STANDIN_API CUresult cuLaunchKernel(CUfunction h, unsigned gx, unsigned gy, unsi
                             ? " (48 KiB unless CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is raised)"
                             : ""));
     if (!params && !f->info.params.empty()) return bad(CUDA_ERROR_INVALID_VALUE, "kernelParams is null");
-    // Arguments are captured now, as the driver does; the launch runs later.
-    auto values = std::make_shared<std::vector<std::uint64_t>>(f->info.params.size(), 0);
-    auto op = std::make_shared<Op>();
-    op->is_kernel = true;
+    // Arguments are copied now, as the driver does; the launch runs later (or, captured, at
+    // every launch of the graph, with the values of this call).
+    Work w;
+    w.kind = Work::Kind::Kernel;
+    w.name = "cuLaunchKernel of `" + name + "`";
+    w.fn = f;
+    w.shape = LaunchShape{{gx, gy, gz}, {bx, by, bz}, shared};
+    w.values = std::make_shared<std::vector<std::uint64_t>>(f->info.params.size(), 0);
     for (std::size_t i = 0; i < f->info.params.size(); ++i) {
         char kind = f->info.params[i];
         std::size_t bytes = kind == 'r' || kind == 'w' ? 8 : static_cast<std::size_t>(kind - '0');
-        std::memcpy(&(*values)[i], params[i], bytes);
-        if (kind == 'r' || kind == 'w') {
-            std::uintptr_t ptr = (*values)[i];
-            std::lock_guard<std::mutex> lock(g->table);
-            Allocation* a = ptr ? allocation_at_locked(ptr) : nullptr;
-            if (a && !a->freed) op->footprint.push_back({a->id, kind == 'w'});
-        }
+        std::memcpy(&(*w.values)[i], params[i], bytes);
     }
-    std::uint64_t launch_no;
-    {
-        std::lock_guard<std::mutex> lock(g->api);
-        launch_no = ++ctx->dev->launches;
+    return submit(s, w);
+}
+
+// ---- stream capture (see "stream capture" above)
+STANDIN_API CUresult cuStreamBeginCapture_v2(CUstream hs, int mode) {
+    AUDIT();
+    REQUIRE_INIT();
+    Stream* s = stream_of(hs, tls_current);
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+    std::lock_guard<std::mutex> api(g->api);
+    if (s->legacy)
+        return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, nullptr,
+                                    "cuStreamBeginCapture on " + stream_name(s) + ": the legacy stream cannot be captured");
+    if (s->capture)
+        return capture_error_locked(CUDA_ERROR_ILLEGAL_STATE, nullptr,
+                                    "cuStreamBeginCapture on " + stream_name(s) + ", which " + capture_name(s->capture) +
+                                        " is capturing already");
+    auto* c = new Capture;
+    c->id = next_capture_id++;
+    c->mode = mode;
+    c->thread = std::this_thread::get_id();
+    c->origin = s;
+    c->streams.push_back(s);
+    c->graph = new Graph;
+    c->graph->data = std::make_shared<GraphData>();
+    c->graph->data->ctx = s->ctx;
+    s->capture = c;
+    s->capture_tail.clear();
+    captures[c->id] = c;
+    active_captures.store(static_cast<int>(captures.size()));
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuStreamEndCapture(CUstream hs, CUgraph* out) {
+    AUDIT();
+    REQUIRE_INIT();
+    Stream* s = stream_of(hs, tls_current);
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> api(g->api);
+    Capture* c = s->capture;
+    std::string what = "cuStreamEndCapture on " + stream_name(s);
+    if (!c) return capture_error_locked(CUDA_ERROR_ILLEGAL_STATE, nullptr, what + ", which is not capturing");
+    if (c->origin != s)
+        return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, c,
+                                    what + ", which joined " + capture_name(c) + ": a capture ends on the stream it began on");
+    if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->thread != std::this_thread::get_id())
+        return capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, nullptr,
+                                    what + " from another thread than began " + capture_name(c) +
+                                        " (a GLOBAL or THREAD_LOCAL capture ends on the thread that began it; RELAXED "
+                                        "captures may end anywhere)");
+    std::vector<Node*> origin_tail = s->capture_tail;
+    terminate_locked(c);
+    *out = nullptr;
+    CUresult code = CUDA_SUCCESS;
+    if (c->invalidated) {
+        code = capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, nullptr,
+                                    what + ": the capture was invalidated: " + c->why);
+    } else {
+        // Joined: every node without dependents is one the origin's next work would depend on.
+        const GraphData& data = *c->graph->data;
+        std::vector<bool> has_dependents(data.nodes.size(), false);
+        for (const Node& n : data.nodes)
+            for (const Node* d : n.deps) has_dependents[d->index] = true;
+        std::string unjoined;
+        for (const Node& n : data.nodes) {
+            if (has_dependents[n.index] || std::find(origin_tail.begin(), origin_tail.end(), &n) != origin_tail.end())
+                continue;
+            std::string name = stream_name(c->streams[static_cast<std::size_t>(n.lane)]);
+            if (unjoined.find(name) == std::string::npos) unjoined += (unjoined.empty() ? "" : ", ") + name;
+        }
+        if (!unjoined.empty())
+            code = capture_error_locked(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, nullptr,
+                                        what + ": work forked to " + unjoined +
+                                            " was never joined back (record an event there and make the origin "
+                                            "stream wait for it before ending the capture)");
     }
-    op->what = "kernel `" + name + "` on GPU " + std::to_string(ctx->dev->ordinal) + " (launch #" +
-               std::to_string(launch_no) + ")";
-    LaunchShape shape{{gx, gy, gz}, {bx, by, bz}, shared};
-    Function* fn = f;
-    int device = ctx->dev->ordinal;
-    op->body = [fn, shape, values, device](Op& self) {
-        std::vector<void*> ptrs(values->size());
-        for (std::size_t i = 0; i < values->size(); ++i) ptrs[i] = &(*values)[i];
-        executing.op = &self;
-        executing.device = device;
-        executing.kernel = fn->info.name.c_str();
-        executing.hazard = false;
-        double timeout_s;
-        LaunchShape run_shape = shape;
-        {
-            std::lock_guard<std::mutex> lock(g->api);
-            timeout_s = g->devices[device].kernel_timeout_s;
-            run_shape.reverse_lanes = g->devices[device].reverse_lanes;
-        }
-        LaunchOutcome out = fn->exec->launch(fn->info, run_shape, ptrs.data(), timeout_s);
-        if (out.code != CUDA_SUCCESS) {
-            std::lock_guard<std::mutex> lock(g->api);
-            ++g->faults;
-            if (executing.hazard) {
-                ++g->hazards;
-                out.code = CUDA_ERROR_LAUNCH_FAILED;
-            }
-        }
-        executing = Executing{};
-        return out;
-    };
-    return enqueue(s, op);
+    if (code == CUDA_SUCCESS) *out = reinterpret_cast<CUgraph>(c->graph);
+    else delete c->graph;
+    delete c;
+    return code;
+}
+
+STANDIN_API CUresult cuStreamIsCapturing(CUstream hs, int* status) {
+    AUDIT();
+    REQUIRE_INIT();
+    Stream* s = stream_of(hs, tls_current);
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> api(g->api);
+    // Asked of the legacy stream while a blocking stream captures: the documented error, but the
+    // capture stays valid.
+    if (CUresult r = legacy_rule_locked(s, "cuStreamIsCapturing", false)) return r;
+    Capture* c = s->capture;
+    *status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+              : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                               : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return CUDA_SUCCESS;
+}
+
+// The capture `hs` takes part in: its status, and while active its id, graph, and the nodes the
+// stream's next captured work will depend on (with default edge data). The arrays stay valid
+// until the stream's next captured call.
+STANDIN_API CUresult cuStreamGetCaptureInfo_v3(CUstream hs, int* status, std::uint64_t* id, CUgraph* graph,
+                                               const CUgraphNode** deps, const CUgraphEdgeData** edges,
+                                               std::size_t* count) {
+    AUDIT();
+    REQUIRE_INIT();
+    Stream* s = stream_of(hs, tls_current);
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!status || (edges && !deps)) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> api(g->api);
+    if (CUresult r = legacy_rule_locked(s, "cuStreamGetCaptureInfo", false)) return r;
+    Capture* c = s->capture;
+    *status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+              : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                               : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (!c || c->invalidated) return CUDA_SUCCESS;
+    if (id) *id = c->id;
+    if (graph) *graph = reinterpret_cast<CUgraph>(c->graph);
+    s->capture_edges.assign(s->capture_tail.size(), CUgraphEdgeData{});
+    if (deps) *deps = reinterpret_cast<const CUgraphNode*>(s->capture_tail.data());
+    if (edges) *edges = s->capture_edges.data();
+    if (count) *count = s->capture_tail.size();
+    return CUDA_SUCCESS;
+}
+
+// cuStreamGetCaptureInfo_v3 without edge data (CUDA 11.3 to 12.2's cuStreamGetCaptureInfo).
+STANDIN_API CUresult cuStreamGetCaptureInfo_v2(CUstream hs, int* status, std::uint64_t* id, CUgraph* graph,
+                                               const CUgraphNode** deps, std::size_t* count) {
+    return cuStreamGetCaptureInfo_v3(hs, status, id, graph, deps, nullptr, count);
+}
+
+STANDIN_API CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
+    AUDIT();
+    REQUIRE_INIT();
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    std::swap(*mode, tls_capture_mode);
+    return CUDA_SUCCESS;
+}
+
+// ---- graphs
+namespace {
+
+// A graph ready to launch: its nodes, and a stream per lane beyond the first (lane 0 runs on the
+// launch stream), so that nodes the capture left unordered stay unordered at every launch and a
+// hazard between them is reported as between two streams.
+struct GraphExec {
+    std::shared_ptr<GraphData> data;
+    Context* ctx = nullptr;
+    std::vector<Stream*> lanes;  // [0] unused: the launch stream
+    Point last_end;              // where the previous launch ended: the next is ordered after it
+};
+
+// The point just after `op`, which enqueue has placed.
+Point point_after(const Op& op) {
+    Point p;
+    p.stream = op.stream;
+    p.seq = op.seq;
+    p.clock = op.clock;
+    p.clock.resize(std::max(p.clock.size(), static_cast<std::size_t>(op.stream->id) + 1), 0);
+    p.clock[static_cast<std::size_t>(op.stream->id)] = op.seq;
+    return p;
+}
+
+// An operation that does nothing but order: what it waits for comes before what follows it.
+std::shared_ptr<Op> marker(const std::string& what) {
+    auto op = std::make_shared<Op>();
+    op->what = what;
+    op->body = [](Op&) { return LaunchOutcome{}; };
+    return op;
+}
+
+// What cuGraphLaunch and cuGraphUpload check of their graph and stream.
+CUresult graph_stream_rules(GraphExec* x, Stream* s, const char* entry) {
+    if (s->ctx != x->ctx) {
+        report(std::string(entry) + ": the graph was instantiated on GPU " + std::to_string(x->ctx->dev->ordinal) +
+               " and " + stream_name(s) + " belongs to another");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (CUresult sticky = sticky_of(s->ctx)) return sticky;
+    CUresult code;
+    if (captured(s, nullptr, entry, code,
+                 "a graph launched into a capture would become a child graph node, which the stand-in does not model"))
+        return code;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+STANDIN_API CUresult cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* graph = reinterpret_cast<Graph*>(hg);
+    if (!out || !graph) return CUDA_ERROR_INVALID_VALUE;
+    // AUTO_FREE_ON_LAUNCH and USE_NODE_PRIORITY change nothing here (no memory nodes, one
+    // priority); UPLOAD needs cuGraphInstantiateWithParams' stream; a device launch excludes
+    // AUTO_FREE_ON_LAUNCH, and is not modelled.
+    const unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                     CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
+                                     CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+    if ((flags & ~known) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH) {
+        if (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) return CUDA_ERROR_INVALID_VALUE;
+        report("cuGraphInstantiateWithFlags: CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH (graphs launched from the "
+               "device) is not modelled by the stand-in");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    auto* x = new GraphExec;
+    x->data = graph->data;
+    x->ctx = graph->data->ctx;
+    x->lanes.assign(static_cast<std::size_t>(x->data->lanes), nullptr);
+    for (std::size_t i = 1; i < x->lanes.size(); ++i) x->lanes[i] = new_stream(x->ctx, false, false);
+    *out = reinterpret_cast<CUgraphExec>(x);
+    return CUDA_SUCCESS;
+}
+
+// CUDA 11's form: no error node or log to give (instantiation fails only on flags here).
+STANDIN_API CUresult cuGraphInstantiate_v2(CUgraphExec* out, CUgraph hg, CUgraphNode* error_node, char* log,
+                                           std::size_t log_size) {
+    if (error_node) *error_node = nullptr;
+    if (log && log_size) log[0] = '\0';
+    return cuGraphInstantiateWithFlags(out, hg, 0);
+}
+
+// Nothing to upload ahead of a launch here; the graph and stream are checked as a launch would.
+STANDIN_API CUresult cuGraphUpload(CUgraphExec hx, CUstream hs) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* x = reinterpret_cast<GraphExec*>(hx);
+    Stream* s = stream_of(hs, tls_current);
+    if (!x) return CUDA_ERROR_INVALID_VALUE;
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    return graph_stream_rules(x, s, "cuGraphUpload");
+}
+
+// Enqueues the graph's nodes through enqueue, as eager work is: a marker on `hs` after its
+// earlier work and the graph's previous launch; each node, in capture order, on its lane's
+// stream, waiting for its dependencies on other lanes; a marker on `hs` that waits for every
+// lane. The nodes' operations are made anew (make_op): kernels with the arguments frozen at
+// capture, host sources read when the copy runs. No node is a cuLaunchKernel call to the audit.
+STANDIN_API CUresult cuGraphLaunch(CUgraphExec hx, CUstream hs) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* x = reinterpret_cast<GraphExec*>(hx);
+    Stream* s = stream_of(hs, tls_current);
+    if (!x) return CUDA_ERROR_INVALID_VALUE;
+    if (!s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = graph_stream_rules(x, s, "cuGraphLaunch")) return r;
+    const GraphData& data = *x->data;
+    auto start = marker("cuGraphLaunch: start");
+    if (CUresult r = enqueue(s, start, {&x->last_end})) return r;
+    std::vector<Point> lane_end(x->lanes.size());
+    lane_end[0] = point_after(*start);
+    for (std::size_t i = 1; i < x->lanes.size(); ++i) {
+        auto fork = marker("cuGraphLaunch: lane " + std::to_string(i) + " start");
+        if (CUresult r = enqueue(x->lanes[i], fork, {&lane_end[0]})) return r;
+        lane_end[i] = point_after(*fork);
+    }
+    std::vector<Point> done(data.nodes.size());
+    for (const Node& n : data.nodes) {
+        std::shared_ptr<Op> op;
+        make_op(n.work, static_cast<long>(n.index), op);
+        std::vector<const Point*> waits;
+        for (const Node* d : n.deps)
+            if (d->lane != n.lane) waits.push_back(&done[d->index]);
+        Stream* lane = n.lane == 0 ? s : x->lanes[static_cast<std::size_t>(n.lane)];
+        if (CUresult r = enqueue(lane, op, waits)) return r;
+        done[n.index] = point_after(*op);
+        lane_end[static_cast<std::size_t>(n.lane)] = done[n.index];
+    }
+    auto end = marker("cuGraphLaunch: end");
+    std::vector<const Point*> lanes;
+    for (std::size_t i = 1; i < lane_end.size(); ++i) lanes.push_back(&lane_end[i]);
+    if (CUresult r = enqueue(s, end, lanes)) return r;
+    x->last_end = point_after(*end);
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuGraphExecDestroy(CUgraphExec hx) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* x = reinterpret_cast<GraphExec*>(hx);
+    if (!x) return CUDA_ERROR_INVALID_VALUE;
+    // Launches still queued complete (their operations hold what they need); the lanes' threads
+    // then end, as a destroyed stream's do.
+    for (std::size_t i = 1; i < x->lanes.size(); ++i) {
+        Stream* lane = x->lanes[i];
+        std::lock_guard<std::mutex> lock(lane->m);
+        lane->closing = true;
+        lane->demand = lane->enqueued;
+        lane->cv.notify_all();
+    }
+    delete x;
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuGraphDestroy(CUgraph hg) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* graph = reinterpret_cast<Graph*>(hg);
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    delete graph;  // its nodes live on in the executables made from it
+    return CUDA_SUCCESS;
+}
+
+// ---- graph inspection
+// The nodes in capture order. As the driver documents: a null `nodes` asks for the count; a
+// larger *count than there are nodes gets null entries after them and the true count.
+STANDIN_API CUresult cuGraphGetNodes(CUgraph hg, CUgraphNode* nodes, std::size_t* count) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* graph = reinterpret_cast<Graph*>(hg);
+    if (!graph || !count) return CUDA_ERROR_INVALID_VALUE;
+    std::deque<Node>& all = graph->data->nodes;
+    if (nodes) {
+        for (std::size_t i = 0; i < *count; ++i)
+            nodes[i] = i < all.size() ? reinterpret_cast<CUgraphNode>(&all[i]) : nullptr;
+        *count = std::min(*count, all.size());
+    } else {
+        *count = all.size();
+    }
+    return CUDA_SUCCESS;
+}
+
+STANDIN_API CUresult cuGraphNodeGetType(CUgraphNode hn, int* type) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* n = reinterpret_cast<Node*>(hn);
+    if (!n || !type) return CUDA_ERROR_INVALID_VALUE;
+    *type = n->type();
+    return CUDA_SUCCESS;
+}
+
+// A kernel node's launch: its function and shape, and kernelParams pointing into the graph's
+// own copy of the arguments (the values of the captured call).
+STANDIN_API CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hn, CUDA_KERNEL_NODE_PARAMS* p) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* n = reinterpret_cast<Node*>(hn);
+    if (!n || !p || n->work.kind != Work::Kind::Kernel) return CUDA_ERROR_INVALID_VALUE;
+    const Work& w = n->work;
+    *p = CUDA_KERNEL_NODE_PARAMS{};
+    p->func = reinterpret_cast<CUfunction>(w.fn);
+    p->gridDimX = w.shape.grid[0];
+    p->gridDimY = w.shape.grid[1];
+    p->gridDimZ = w.shape.grid[2];
+    p->blockDimX = w.shape.block[0];
+    p->blockDimY = w.shape.block[1];
+    p->blockDimZ = w.shape.block[2];
+    p->sharedMemBytes = w.shape.shared_bytes;
+    p->kernelParams = n->params.data();
+    p->ctx = reinterpret_cast<CUcontext>(w.fn->module->ctx);
+    return CUDA_SUCCESS;
+}
+
+// The dependency edges (from: the node depended on), with default edge data. Null `from` and
+// `to` ask for the count; otherwise as cuGraphGetNodes fills its array.
+STANDIN_API CUresult cuGraphGetEdges_v2(CUgraph hg, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* edges,
+                                        std::size_t* count) {
+    AUDIT();
+    REQUIRE_INIT();
+    auto* graph = reinterpret_cast<Graph*>(hg);
+    if (!graph || !count || (!from != !to) || (edges && !from)) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::pair<Node*, Node*>> all;
+    for (Node& n : graph->data->nodes)
+        for (Node* d : n.deps) all.emplace_back(d, &n);
+    if (!from) {
+        *count = all.size();
+        return CUDA_SUCCESS;
+    }
+    for (std::size_t i = 0; i < *count; ++i) {
+        bool real = i < all.size();
+        from[i] = real ? reinterpret_cast<CUgraphNode>(all[i].first) : nullptr;
+        to[i] = real ? reinterpret_cast<CUgraphNode>(all[i].second) : nullptr;
+        if (edges) edges[i] = CUgraphEdgeData{};
+    }
+    *count = std::min(*count, all.size());
+    return CUDA_SUCCESS;
+}
+
+// cuGraphGetEdges_v2 without edge data (CUDA 12.2 and earlier).
+STANDIN_API CUresult cuGraphGetEdges(CUgraph hg, CUgraphNode* from, CUgraphNode* to, std::size_t* count) {
+    return cuGraphGetEdges_v2(hg, from, to, nullptr, count);
 }
 
 STANDIN_API CUresult cuGetErrorName(CUresult code, const char** out) {
@@ -1936,6 +2796,7 @@ STANDIN_API CUresult cuGetErrorName(CUresult code, const char** out) {
         NAME(CUDA_ERROR_INVALID_PTX)
         NAME(CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
         NAME(CUDA_ERROR_INVALID_HANDLE)
+        NAME(CUDA_ERROR_ILLEGAL_STATE)
         NAME(CUDA_ERROR_NOT_FOUND)
         NAME(CUDA_ERROR_NOT_READY)
         NAME(CUDA_ERROR_ILLEGAL_ADDRESS)
@@ -1945,6 +2806,15 @@ STANDIN_API CUresult cuGetErrorName(CUresult code, const char** out) {
         NAME(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
         NAME(CUDA_ERROR_LAUNCH_FAILED)
         NAME(CUDA_ERROR_NOT_SUPPORTED)
+        NAME(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        NAME(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        NAME(CUDA_ERROR_STREAM_CAPTURE_MERGE)
+        NAME(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED)
+        NAME(CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
+        NAME(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
+        NAME(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+        NAME(CUDA_ERROR_CAPTURED_EVENT)
+        NAME(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
         NAME(CUDA_ERROR_UNKNOWN)
 #undef NAME
         default:
@@ -1969,6 +2839,7 @@ STANDIN_API CUresult cuGetErrorString(CUresult code, const char** out) {
         case CUDA_ERROR_INVALID_PTX: *out = "a PTX JIT compilation failed"; break;
         case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: *out = "the provided PTX was compiled with an unsupported toolchain."; break;
         case CUDA_ERROR_INVALID_HANDLE: *out = "invalid resource handle"; break;
+        case CUDA_ERROR_ILLEGAL_STATE: *out = "the operation cannot be performed in the present state"; break;
         case CUDA_ERROR_NOT_FOUND: *out = "named symbol not found"; break;
         case CUDA_ERROR_NOT_READY: *out = "device not ready"; break;
         case CUDA_ERROR_ILLEGAL_ADDRESS: *out = "an illegal memory access was encountered"; break;
@@ -1978,6 +2849,19 @@ STANDIN_API CUresult cuGetErrorString(CUresult code, const char** out) {
         case CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: *out = "peer access has not been enabled"; break;
         case CUDA_ERROR_LAUNCH_FAILED: *out = "unspecified launch failure"; break;
         case CUDA_ERROR_NOT_SUPPORTED: *out = "operation not supported"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *out = "operation not permitted when stream is capturing"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *out = "operation failed due to a previous error during capture"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_MERGE: *out = "operation would result in a merge of separate capture sequences"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: *out = "capture was not ended in the same stream as it began"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_UNJOINED: *out = "capturing stream has unjoined work"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_ISOLATION: *out = "dependency created on uncaptured work in another stream"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+            *out = "operation would make the legacy stream depend on a capturing blocking stream";
+            break;
+        case CUDA_ERROR_CAPTURED_EVENT: *out = "operation not permitted on an event last recorded in a capturing stream"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD:
+            *out = "attempt to terminate a thread-local capture sequence from another thread";
+            break;
         case CUDA_ERROR_UNKNOWN: *out = "unknown error"; break;
         default:
             *out = nullptr;
@@ -2090,11 +2974,6 @@ NOT_SUPPORTED(cuDeviceSetMemPool)
 NOT_SUPPORTED(cuDestroyExternalMemory)
 NOT_SUPPORTED(cuExternalMemoryGetMappedBuffer)
 NOT_SUPPORTED(cuImportExternalMemory)
-NOT_SUPPORTED(cuGraphDestroy)
-NOT_SUPPORTED(cuGraphExecDestroy)
-NOT_SUPPORTED(cuGraphInstantiateWithFlags)
-NOT_SUPPORTED(cuGraphLaunch)
-NOT_SUPPORTED(cuGraphUpload)
 NOT_SUPPORTED(cuLaunchCooperativeKernel)
 NOT_SUPPORTED(cuLaunchHostFunc)
 NOT_SUPPORTED(cuMemAdvise_v2)
@@ -2115,9 +2994,6 @@ NOT_SUPPORTED(cuOccupancyMaxPotentialClusterSize)
 NOT_SUPPORTED(cuProfilerStart)
 NOT_SUPPORTED(cuProfilerStop)
 NOT_SUPPORTED(cuStreamAttachMemAsync)
-NOT_SUPPORTED(cuStreamBeginCapture_v2)
-NOT_SUPPORTED(cuStreamEndCapture)
-NOT_SUPPORTED(cuStreamIsCapturing)
 NOT_SUPPORTED(cuLaunchKernelEx)
 NOT_SUPPORTED(cuMemsetD32Async)
 NOT_SUPPORTED(cuMemsetD16Async)

@@ -601,3 +601,755 @@ fn an_old_driver_is_named_before_anything_runs() {
         "names the driver's version and the one needed: {stderr}"
     );
 }
+
+// ---- stream capture and graphs
+//
+// Two tests run here on GPU 5 (whose context no test of this file kills) in THREAD_LOCAL mode,
+// which binds only the capturing thread, so the tests beside them are undisturbed. The others run
+// in a process of their own (`in_own_process`): a GLOBAL capture prohibits other threads' calls,
+// the audit counts a whole process, and the errors a replay must meet kill contexts, which there
+// may be any of its 8 GPUs.
+
+/// Set in a test's own process (see `in_own_process`).
+const OWN_PROCESS: &str = "NANODDP_STANDIN_OWN_PROCESS";
+
+const THREAD_LOCAL: sys::CUstreamCaptureMode =
+    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+const GLOBAL: sys::CUstreamCaptureMode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+const RELAXED: sys::CUstreamCaptureMode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+
+/// Runs test `name` of this binary again, alone in a process of its own with `envs` set, and
+/// returns its stderr once it passed; `None` inside that process, where the caller runs the
+/// test's body.
+fn in_own_process(name: &str, envs: &[(&str, &str)]) -> Option<String> {
+    if std::env::var_os(OWN_PROCESS).is_some() {
+        return None;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(OWN_PROCESS, "1")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("the test binary runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name} in its own process:\n{stdout}\n{stderr}"
+    );
+    Some(stderr.into_owned())
+}
+
+/// The stand-in's diagnostic behind its last error.
+fn last_error() -> String {
+    // SAFETY: the stand-in is loaded; the string stays valid until this thread asks again.
+    unsafe {
+        let f = sys::culib()
+            .get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(b"nanoddpStandinLastError\0")
+            .expect("the stand-in exports its last error");
+        std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned()
+    }
+}
+
+/// y = a·x + y over `n` floats, launched through cudarc on `stream`.
+fn axpy(
+    stream: &Arc<CudaStream>,
+    f: &cudarc::driver::CudaFunction,
+    x: u64,
+    y: u64,
+    a: f32,
+    n: usize,
+) -> Result<(), DriverError> {
+    let count = n as u64;
+    let mut b = stream.launch_builder(f);
+    b.arg(&x).arg(&y).arg(&a).arg(&count);
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (n.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: x and y address n floats each where the tests call it, or the test is about
+    // what the stand-in does when they do not.
+    unsafe { b.launch(cfg) }.map(|_| ())
+}
+
+/// The device address of `s` (tests pass raw addresses, so captured launches borrow nothing).
+fn addr(s: &cudarc::driver::CudaSlice<f32>, stream: &Arc<CudaStream>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    s.device_ptr(stream).0
+}
+
+/// `n` floats from `dev` once `stream` has finished.
+fn read(stream: &Arc<CudaStream>, dev: &cudarc::driver::CudaSlice<f32>) -> Vec<f32> {
+    let mut out = vec![0.0f32; dev.len()];
+    stream.memcpy_dtoh(dev, &mut out).expect("queued");
+    stream.synchronize().expect("sync");
+    out
+}
+
+/// `n` floats of pinned host memory (cuMemHostAlloc), leaked: tests end with their process.
+fn pinned_floats(n: usize, value: f32) -> &'static mut [f32] {
+    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the driver allocates n floats, page-aligned.
+    unsafe { sys::cuMemHostAlloc(&mut p, n * 4, 0) }
+        .result()
+        .expect("cuMemHostAlloc");
+    // SAFETY: p holds n floats, never freed.
+    let host = unsafe { std::slice::from_raw_parts_mut(p.cast::<f32>(), n) };
+    host.fill(value);
+    host
+}
+
+/// Copies `n` floats from host memory at `src` to `dst` on `stream` (cuMemcpyHtoDAsync).
+fn htod_raw(stream: &Arc<CudaStream>, dst: u64, src: *const f32, n: usize) -> sys::CUresult {
+    // SAFETY: the callers' buffers hold n floats and outlive the stream's use of them.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), n * 4, stream.cu_stream()) }
+}
+
+#[test]
+fn a_captured_graph_replays_as_eager_work_does_with_arguments_frozen_and_pinned_memory_read_at_launch(
+) {
+    if !on_standin() {
+        return;
+    }
+    let (ctx, stream) = raw_stream(5);
+    ctx.bind_to_thread().unwrap();
+    let f = raw_function(&ctx, "elementwise", "axpy_f32");
+    let n = 300;
+    let x = stream.alloc_zeros::<f32>(n).unwrap();
+    let y = stream.alloc_zeros::<f32>(n).unwrap();
+    let eager = stream.alloc_zeros::<f32>(n).unwrap();
+    let pinned = pinned_floats(n, 1.0);
+    let source = pinned.as_ptr();
+    stream.synchronize().unwrap();
+    // One step: x from the pinned buffer, then y += a·x + 0.5·x.
+    let mut a = 2.0f32;
+    let step = |y: u64, a: f32| {
+        assert_eq!(
+            htod_raw(&stream, addr(&x, &stream), source, n),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        axpy(&stream, &f, addr(&x, &stream), y, a, n).unwrap();
+        axpy(&stream, &f, addr(&x, &stream), y, 0.5, n).unwrap();
+    };
+    stream.begin_capture(THREAD_LOCAL).expect("begin");
+    assert_eq!(
+        stream.capture_status().unwrap(),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    );
+    step(addr(&y, &stream), a);
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .expect("end")
+        .expect("a graph");
+    assert_eq!(
+        read(&stream, &y),
+        vec![0.0; n],
+        "captured work does not run"
+    );
+    // After the capture: the kernel's argument was copied (the graph keeps 2.0), the pinned
+    // buffer is read when the copy node runs (3.0 arrives).
+    a = 100.0;
+    pinned.fill(3.0);
+    graph.upload().expect("upload");
+    for launch in 0..3 {
+        if launch == 2 {
+            pinned.fill(1.0);
+        }
+        graph.launch().expect("launch");
+        step(addr(&eager, &stream), 2.0);
+        assert_eq!(
+            read(&stream, &y),
+            read(&stream, &eager),
+            "launch {launch} equals eager work"
+        );
+    }
+    assert_eq!(read(&stream, &y), vec![2.5 * 3.0 * 2.0 + 2.5; n]);
+    assert_eq!(a, 100.0);
+}
+
+#[test]
+fn a_forked_capture_keeps_its_nodes_edges_and_captured_arguments_and_replays_both_branches() {
+    if !on_standin() {
+        return;
+    }
+    let (ctx, stream) = raw_stream(5);
+    ctx.bind_to_thread().unwrap();
+    let f = raw_function(&ctx, "elementwise", "axpy_f32");
+    let n = 64;
+    let x = stream.clone_htod(&[1.0f32; 64]).unwrap();
+    let (y, z) = (
+        stream.alloc_zeros::<f32>(n).unwrap(),
+        stream.alloc_zeros::<f32>(n).unwrap(),
+    );
+    let pinned = pinned_floats(n, 4.0);
+    stream.synchronize().unwrap();
+    let (xa, ya, za) = (addr(&x, &stream), addr(&y, &stream), addr(&z, &stream));
+    stream.begin_capture(THREAD_LOCAL).expect("begin");
+    assert_eq!(
+        htod_raw(&stream, xa, pinned.as_ptr(), n),
+        sys::CUresult::CUDA_SUCCESS
+    );
+    // Fork: `side` waits for an event recorded in the capture, and so joins it.
+    let side = stream.fork().expect("fork");
+    assert_eq!(
+        side.capture_status().unwrap(),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    );
+    axpy(&stream, &f, xa, ya, 2.0, n).unwrap();
+    axpy(&side, &f, xa, za, 3.0, n).unwrap();
+    // What side's next node will depend on: the kernel it just captured.
+    let (mut status, mut id, mut count) = (
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        0u64,
+        0usize,
+    );
+    let mut deps: *const sys::CUgraphNode = std::ptr::null();
+    // SAFETY: valid out-pointers; graph and edge data not asked for.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            side.cu_stream(),
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            &mut deps,
+            std::ptr::null_mut(),
+            &mut count,
+        )
+    }
+    .result()
+    .expect("capture info");
+    assert_eq!(
+        status,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    );
+    assert!(id > 0 && count == 1 && !deps.is_null());
+    stream.join(&side).expect("join");
+    // SAFETY: 64 bytes of y.
+    unsafe { sys::cuMemsetD8Async(za, 0, 4, stream.cu_stream()) }
+        .result()
+        .expect("memset captured");
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .expect("end")
+        .expect("a graph");
+    // Four nodes in capture order, three edges besides the join: copy → both kernels → memset.
+    let g = graph.cu_graph();
+    let mut count = 0usize;
+    // SAFETY: count only, then 4 handles into a 5-slot array (the fifth comes back null).
+    let nodes = unsafe {
+        sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut count)
+            .result()
+            .unwrap();
+        assert_eq!(count, 4);
+        let mut nodes = [std::ptr::null_mut(); 5];
+        count = 5;
+        sys::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut count)
+            .result()
+            .unwrap();
+        assert_eq!(count, 4);
+        assert!(nodes[4].is_null());
+        nodes
+    };
+    use sys::CUgraphNodeType::*;
+    let types: Vec<_> = nodes[..4]
+        .iter()
+        .map(|&node| {
+            let mut t = CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node of the graph.
+            unsafe { sys::cuGraphNodeGetType(node, &mut t) }
+                .result()
+                .unwrap();
+            t
+        })
+        .collect();
+    assert_eq!(
+        types,
+        [
+            CU_GRAPH_NODE_TYPE_MEMCPY,
+            CU_GRAPH_NODE_TYPE_KERNEL,
+            CU_GRAPH_NODE_TYPE_KERNEL,
+            CU_GRAPH_NODE_TYPE_MEMSET
+        ]
+    );
+    let mut edges = 0usize;
+    // SAFETY: count only.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            g,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut edges,
+        )
+    }
+    .result()
+    .unwrap();
+    assert_eq!(edges, 4, "copy→kernel twice, both kernels→memset");
+    // The side branch's kernel: its function, shape and the argument values of the call.
+    // SAFETY: a zeroed struct is a valid out-parameter; kernelParams then points into the
+    // graph's own copy of the 4 arguments, alive as long as the graph.
+    unsafe {
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = std::mem::zeroed();
+        sys::cuGraphKernelNodeGetParams_v2(nodes[2], &mut p)
+            .result()
+            .expect("kernel node");
+        assert_eq!(p.func, f.cu_function());
+        assert_eq!((p.gridDimX, p.blockDimX, p.sharedMemBytes), (1, 256, 0));
+        let arg = |i: usize| *p.kernelParams.add(i);
+        assert_eq!(*arg(0).cast::<u64>(), xa);
+        assert_eq!(*arg(1).cast::<u64>(), za);
+        assert_eq!(*arg(2).cast::<f32>(), 3.0);
+        assert_eq!(*arg(3).cast::<u64>(), n as u64);
+        let mut not_kernel: sys::CUDA_KERNEL_NODE_PARAMS = std::mem::zeroed();
+        assert_eq!(
+            sys::cuGraphKernelNodeGetParams_v2(nodes[0], &mut not_kernel),
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE
+        );
+    }
+    // Both branches run at every launch, ordered by the fork and the join (no hazard: they
+    // only read x, which the copy wrote before the fork).
+    for launch in 1..=2 {
+        graph.launch().expect("launch");
+        assert_eq!(read(&stream, &y), vec![8.0 * launch as f32; n]);
+        let z_now = read(&stream, &z);
+        assert_eq!(&z_now[..1], &[0.0], "the memset after the join");
+        assert_eq!(z_now[1..], vec![12.0 * launch as f32; n - 1][..]);
+    }
+}
+
+#[test]
+fn each_capture_rule_is_the_drivers_error_and_a_broken_one_invalidates_the_capture() {
+    if !on_standin() {
+        return;
+    }
+    // In a process of its own: the GLOBAL capture below prohibits every other thread's
+    // potentially unsafe calls, as the driver does.
+    let name = "each_capture_rule_is_the_drivers_error_and_a_broken_one_invalidates_the_capture";
+    if in_own_process(name, &[]).is_some() {
+        return;
+    }
+    use sys::CUresult::*;
+    use sys::CUstreamCaptureStatus::*;
+    let (ctx, stream) = raw_stream(0);
+    ctx.bind_to_thread().unwrap();
+    let y = stream.alloc_zeros::<f32>(64).unwrap();
+    let ya = addr(&y, &stream);
+    stream.synchronize().unwrap();
+    let end = |s: &Arc<CudaStream>| {
+        s.end_capture(sys::CUgraphInstantiate_flags(0))
+            .map(|g| g.is_some())
+    };
+    let code = |r: Result<bool, DriverError>| r.expect_err("refused").0;
+    // SAFETY: 4 bytes of y, a live allocation; `s` a live stream or the NULL one.
+    let memset = |s: sys::CUstream| unsafe { sys::cuMemsetD8Async(ya, 1, 4, s) };
+    let status = |s: sys::CUstream| {
+        let mut st = CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream (or the NULL one) and a valid out-pointer.
+        let r = unsafe { sys::cuStreamIsCapturing(s, &mut st) };
+        (r, st)
+    };
+    let s = stream.cu_stream();
+
+    // Synchronizing or querying a capturing stream: UNSUPPORTED; the capture is invalidated,
+    // later work on it is refused, and ending it fails.
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    assert_eq!(memset(s), CUDA_SUCCESS);
+    assert_eq!(
+        stream.synchronize().unwrap_err().0,
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert!(
+        last_error().contains("cuStreamSynchronize"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        status(s),
+        (CUDA_SUCCESS, CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    );
+    assert_eq!(memset(s), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert!(
+        last_error().contains("cuStreamSynchronize"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(status(s), (CUDA_SUCCESS, CU_STREAM_CAPTURE_STATUS_NONE));
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    assert_eq!(
+        // SAFETY: a live stream.
+        unsafe { sys::cuStreamQuery(s) },
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    // So is synchronizing the context that holds it.
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    assert_eq!(
+        ctx.synchronize().unwrap_err().0,
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    // An event recorded in a capture marks nodes, not work: querying or synchronizing it is
+    // CAPTURED_EVENT, during the capture and after it, until it is recorded outside one.
+    let event = ctx.new_event(None).unwrap();
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    event.record(&stream).unwrap();
+    assert_eq!(
+        // SAFETY: a live event.
+        unsafe { sys::cuEventQuery(event.cu_event()) },
+        CUDA_ERROR_CAPTURED_EVENT
+    );
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_eq!(
+        // SAFETY: a live event.
+        unsafe { sys::cuEventSynchronize(event.cu_event()) },
+        CUDA_ERROR_CAPTURED_EVENT
+    );
+    event.record(&stream).unwrap();
+    event
+        .synchronize()
+        .expect("recorded outside a capture again");
+
+    // The legacy NULL stream while a blocking stream captures: IMPLICIT (it would wait for
+    // captured work). Asking whether it captures is refused too, without invalidating.
+    let mut blocking: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the stream lives until the process ends.
+    unsafe { sys::cuStreamCreate(&mut blocking, 0) }
+        .result()
+        .unwrap();
+    // SAFETY: the stream just created.
+    unsafe { sys::cuStreamBeginCapture_v2(blocking, THREAD_LOCAL) }
+        .result()
+        .unwrap();
+    assert_eq!(
+        status(std::ptr::null_mut()).0,
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+    );
+    assert_eq!(
+        status(blocking),
+        (CUDA_SUCCESS, CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    );
+    assert_eq!(
+        memset(std::ptr::null_mut()),
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+    );
+    assert!(last_error().contains("legacy"), "{}", last_error());
+    assert_eq!(
+        status(blocking),
+        (CUDA_SUCCESS, CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    );
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    assert_eq!(
+        // SAFETY: the stream just created and a valid out-pointer.
+        unsafe { sys::cuStreamEndCapture(blocking, &mut graph) },
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+    );
+    assert!(graph.is_null());
+    // A non-blocking stream's capture leaves the legacy stream free.
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    assert_eq!(memset(std::ptr::null_mut()), CUDA_SUCCESS);
+    assert_eq!(end(&stream), Ok(true));
+
+    // A GLOBAL or THREAD_LOCAL capture ends on the thread that began it (WRONG_THREAD, and
+    // the capture goes on); a RELAXED one anywhere.
+    let end_elsewhere = |s: sys::CUstream| {
+        let s = s as usize;
+        std::thread::spawn(move || {
+            let mut graph: sys::CUgraph = std::ptr::null_mut();
+            // SAFETY: `s` is the test's live stream; a valid out-pointer.
+            let r = unsafe { sys::cuStreamEndCapture(s as sys::CUstream, &mut graph) };
+            if !graph.is_null() {
+                // SAFETY: the graph this call received, destroyed once.
+                unsafe { sys::cuGraphDestroy(graph) }.result().unwrap();
+            }
+            r
+        })
+        .join()
+        .unwrap()
+    };
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    assert_eq!(end_elsewhere(s), CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    assert_eq!(status(s), (CUDA_SUCCESS, CU_STREAM_CAPTURE_STATUS_ACTIVE));
+    assert_eq!(end(&stream), Ok(true));
+    stream.begin_capture(RELAXED).unwrap();
+    assert_eq!(end_elsewhere(s), CUDA_SUCCESS);
+
+    // A fork never joined back: UNJOINED. Ending on the forked stream: UNMATCHED.
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    let side = stream.fork().unwrap();
+    assert_eq!(memset(side.cu_stream()), CUDA_SUCCESS);
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+    assert!(last_error().contains("never joined"), "{}", last_error());
+    assert_eq!(
+        status(side.cu_stream()),
+        (CUDA_SUCCESS, CU_STREAM_CAPTURE_STATUS_NONE)
+    );
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    let side = stream.fork().unwrap();
+    assert_eq!(code(end(&side)), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    // A capturing stream waiting for work recorded outside the capture: ISOLATION.
+    let before = stream.record_event(None).unwrap();
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    assert_eq!(
+        stream.wait(&before).unwrap_err().0,
+        CUDA_ERROR_STREAM_CAPTURE_ISOLATION
+    );
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    // Stream-ordered allocation inside a capture: refused (the stand-in has no memory nodes).
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    assert_eq!(
+        stream.alloc_zeros::<f32>(4).unwrap_err().0,
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert!(last_error().contains("memory nodes"), "{}", last_error());
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    // Potentially unsafe calls (here cuMemAlloc and a synchronous copy). THREAD_LOCAL: the
+    // capturing thread may not make them, unless it exchanges its mode for RELAXED; other
+    // threads may.
+    fn alloc() -> sys::CUresult {
+        let mut p = 0u64;
+        // SAFETY: a valid out-pointer; the 256 bytes are freed at once.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut p, 256) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the 256 bytes just allocated, unused.
+            unsafe { sys::cuMemFree_v2(p) }.result().unwrap();
+        }
+        r
+    }
+    let exchange = |mode: sys::CUstreamCaptureMode| {
+        let mut mode = mode;
+        // SAFETY: a valid in-out pointer.
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
+            .result()
+            .unwrap();
+        mode
+    };
+    let elsewhere = |relaxed: bool, call: Box<dyn FnOnce() -> sys::CUresult + Send>| {
+        let ctx = ctx.clone();
+        std::thread::spawn(move || {
+            ctx.bind_to_thread().unwrap();
+            if relaxed {
+                let mut mode = RELAXED;
+                // SAFETY: a valid in-out pointer.
+                unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
+                    .result()
+                    .unwrap();
+            }
+            call()
+        })
+        .join()
+        .unwrap()
+    };
+    stream.begin_capture(THREAD_LOCAL).unwrap();
+    assert_eq!(elsewhere(false, Box::new(alloc)), CUDA_SUCCESS);
+    assert_eq!(exchange(RELAXED), GLOBAL, "a thread's mode starts GLOBAL");
+    assert_eq!(alloc(), CUDA_SUCCESS, "a RELAXED thread may");
+    assert_eq!(exchange(GLOBAL), RELAXED);
+    assert_eq!(alloc(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert!(last_error().contains("cuMemAlloc"), "{}", last_error());
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    // GLOBAL: no thread in GLOBAL mode may while the capture lasts; a RELAXED one may.
+    let copy = move || {
+        let host = [0u8; 4];
+        // SAFETY: 4 bytes into y.
+        unsafe { sys::cuMemcpyHtoD_v2(ya, host.as_ptr().cast(), 4) }
+    };
+    stream.begin_capture(GLOBAL).unwrap();
+    assert_eq!(elsewhere(true, Box::new(copy)), CUDA_SUCCESS);
+    assert_eq!(
+        elsewhere(false, Box::new(copy)),
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert!(
+        last_error().contains("cuMemcpyHtoD") && last_error().contains("another thread"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(code(end(&stream)), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    // After the capture, everything is allowed again, and the stream works.
+    assert_eq!(alloc(), CUDA_SUCCESS);
+    assert_eq!(memset(s), CUDA_SUCCESS);
+    assert_eq!(read(&stream, &y)[0], f32::from_bits(0x0101_0101));
+}
+
+#[test]
+fn a_replayed_graph_meets_every_check_eager_work_meets() {
+    if !on_standin() {
+        return;
+    }
+    // In a process of its own: each case kills its GPU's context (sticky errors), so each
+    // takes a GPU of its own there.
+    if in_own_process("a_replayed_graph_meets_every_check_eager_work_meets", &[]).is_some() {
+        return;
+    }
+    use sys::CUresult::*;
+    let n = 512;
+    let capture = |stream: &Arc<CudaStream>, work: &dyn Fn()| {
+        stream.begin_capture(THREAD_LOCAL).unwrap();
+        work();
+        stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .expect("captured")
+            .expect("a graph")
+    };
+    let setup = |gpu: usize| {
+        let (ctx, stream) = raw_stream(gpu);
+        ctx.bind_to_thread().unwrap();
+        let f = raw_function(&ctx, "elementwise", "axpy_f32");
+        let x = stream.clone_htod(&vec![1.0f32; n]).unwrap();
+        let y = stream.alloc_zeros::<f32>(n).unwrap();
+        stream.synchronize().unwrap();
+        (ctx, stream, f, x, y)
+    };
+
+    // GPU 1's pool memory, read by GPU 0 without cuMemPoolSetAccess: the replay faults as the
+    // same launch does eagerly (on GPU 6), and the error is sticky.
+    let (_c1, s1) = raw_stream(1);
+    let far = s1.clone_htod(&vec![1.0f32; n]).unwrap();
+    s1.synchronize().unwrap();
+    let far_addr = addr(&far, &s1);
+    let (_c6, s6, f6, _x6, y6) = setup(6);
+    axpy(&s6, &f6, far_addr, addr(&y6, &s6), 1.0, n).unwrap();
+    let eager = s6.synchronize().unwrap_err().0;
+    assert_eq!(eager, CUDA_ERROR_ILLEGAL_ADDRESS);
+    let (_c0, s0, f0, _x0, y0) = setup(0);
+    let graph = capture(&s0, &|| {
+        axpy(&s0, &f0, far_addr, addr(&y0, &s0), 1.0, n).unwrap()
+    });
+    graph.launch().expect("launched");
+    assert_eq!(s0.synchronize().unwrap_err().0, eager);
+    let text = last_error();
+    assert!(
+        text.contains("graph node 0") && text.contains("cuMemPoolSetAccess"),
+        "{text}"
+    );
+    assert_eq!(graph.launch().unwrap_err().0, eager, "sticky");
+
+    // Memory freed after the capture: a use after free at the next launch.
+    let (_c2, s2, f2, x2, y2) = setup(2);
+    let (xa, ya) = (addr(&x2, &s2), addr(&y2, &s2));
+    let graph = capture(&s2, &|| axpy(&s2, &f2, xa, ya, 1.0, n).unwrap());
+    graph.launch().unwrap();
+    assert_eq!(read(&s2, &y2), vec![1.0; n]);
+    drop(y2);
+    s2.synchronize().unwrap();
+    graph.launch().expect("launched");
+    assert_eq!(s2.synchronize().unwrap_err().0, CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert!(last_error().contains("freed"), "{}", last_error());
+    drop(x2);
+
+    // A replay and another stream's kernel, unordered, on one buffer: a cross-stream hazard
+    // naming both.
+    let (c3, s3, f3, x3, y3) = setup(3);
+    let (xa, ya) = (addr(&x3, &s3), addr(&y3, &s3));
+    let graph = capture(&s3, &|| axpy(&s3, &f3, xa, ya, 1.0, n).unwrap());
+    let other = c3.new_stream().unwrap();
+    let z3 = other.alloc_zeros::<f32>(n).unwrap();
+    other.synchronize().unwrap();
+    graph.launch().unwrap();
+    axpy(&other, &f3, ya, addr(&z3, &other), 1.0, n).unwrap();
+    assert_eq!(other.synchronize().unwrap_err().0, CUDA_ERROR_LAUNCH_FAILED);
+    let text = last_error();
+    assert!(
+        text.contains("cross-stream hazard") && text.contains("graph node 0"),
+        "{text}"
+    );
+
+    // Two branches of one graph the capture left unordered, both writing y: a hazard at
+    // launch, as between two streams.
+    let (_c4, s4, f4, x4, y4) = setup(4);
+    let (xa, ya) = (addr(&x4, &s4), addr(&y4, &s4));
+    let graph = capture(&s4, &|| {
+        let side = s4.fork().unwrap();
+        axpy(&s4, &f4, xa, ya, 1.0, n).unwrap();
+        axpy(&side, &f4, xa, ya, 1.0, n).unwrap();
+        s4.join(&side).unwrap();
+    });
+    graph.launch().unwrap();
+    assert_eq!(s4.synchronize().unwrap_err().0, CUDA_ERROR_LAUNCH_FAILED);
+    assert!(
+        last_error().contains("cross-stream hazard"),
+        "{}",
+        last_error()
+    );
+
+    // The watchdog: a replayed kernel that never ends times out, naming it.
+    let (c5, s5) = raw_stream(5);
+    c5.bind_to_thread().unwrap();
+    set_kernel_timeout(5, 0.5);
+    let endless = raw_function(&c5, "selftest", "broken_endless");
+    let out = s5.alloc_zeros::<f32>(256).unwrap();
+    s5.synchronize().unwrap();
+    let out_addr = addr(&out, &s5);
+    let graph = capture(&s5, &|| {
+        let spin = 5i32;
+        let mut b = s5.launch_builder(&endless);
+        b.arg(&out_addr).arg(&spin);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (2, 1, 1),
+            block_dim: (64, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: 2 blocks of 64 threads over 256 floats; it never ends, on purpose.
+        unsafe { b.launch(cfg) }.unwrap();
+    });
+    graph.launch().unwrap();
+    assert_eq!(s5.synchronize().unwrap_err().0, CUDA_ERROR_LAUNCH_TIMEOUT);
+    assert!(last_error().contains("broken_endless"), "{}", last_error());
+}
+
+#[test]
+fn the_audit_counts_a_replay_as_one_graph_launch_not_as_kernel_launches() {
+    if !on_standin() {
+        return;
+    }
+    // In a process of its own, where the audit counts what this test does and nothing else.
+    let name = "the_audit_counts_a_replay_as_one_graph_launch_not_as_kernel_launches";
+    let Some(stderr) = in_own_process(name, &[("NANODDP_STANDIN_STATS", "1")]) else {
+        let (ctx, stream) = raw_stream(0);
+        ctx.bind_to_thread().unwrap();
+        let f = raw_function(&ctx, "elementwise", "axpy_f32");
+        let x = stream.clone_htod(&[1.0f32; 64]).unwrap();
+        let y = stream.alloc_zeros::<f32>(64).unwrap();
+        stream.synchronize().unwrap();
+        let (xa, ya) = (addr(&x, &stream), addr(&y, &stream));
+        stream.begin_capture(THREAD_LOCAL).unwrap();
+        axpy(&stream, &f, xa, ya, 1.0, 64).unwrap();
+        axpy(&stream, &f, xa, ya, 2.0, 64).unwrap();
+        let graph = stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .unwrap()
+            .unwrap();
+        let before = counters(0)[1];
+        for _ in 0..3 {
+            graph.launch().unwrap();
+        }
+        assert_eq!(read(&stream, &y), vec![9.0; 64]);
+        assert_eq!(counters(0)[1] - before, 6, "six kernels ran");
+        return;
+    };
+    let count = |entry: &str| {
+        let prefix = format!("[cuda stand-in] calls {entry} 0 ");
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |n| n.parse::<u64>().expect("a count"))
+    };
+    assert_eq!(count("cuGraphLaunch"), 3, "{stderr}");
+    assert_eq!(
+        count("cuLaunchKernel"),
+        2,
+        "the two captured calls only: {stderr}"
+    );
+    assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "{stderr}");
+    assert_eq!(count("cuStreamBeginCapture_v2"), 1, "{stderr}");
+    assert_eq!(count("cuStreamEndCapture"), 1, "{stderr}");
+}
