@@ -56,6 +56,7 @@ fn replica_loop(
                     weight_decay: 0.0,
                 },
                 None,
+                None,
             )?;
             losses.push(stats.loss_sum / stats.count.max(1) as f64);
         }

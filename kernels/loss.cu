@@ -5,7 +5,9 @@
 //   grad[r][c] = (softmax(z[r])[c] - [c == label[r]]) · grad_scale
 //   *correct  += 1 if the row's argmax (first on ties) equals its label
 // grad_scale is 1/batch for a mean loss, times the loss scale under mixed precision, so the
-// backward pass starts from the right magnitude with no extra kernel. A label ≥ classes
+// backward pass starts from the right magnitude with no extra kernel; given
+// grad_scale_at_or_null, it is read from there as the kernel runs (a training step's scalars
+// live in device memory: kernels/step.cu). A label ≥ classes
 // yields a NaN loss (and no correct count), which the trainer's finite check then reports.
 //
 // Launch: one warp per row, 256-thread blocks (8 rows each), grid ceil(rows / 8). Each lane
@@ -21,7 +23,8 @@ __device__ __forceinline__ void softmax_cross_entropy(const T* __restrict__ logi
                                                       const unsigned char* __restrict__ labels,
                                                       float* __restrict__ loss, T* __restrict__ grad,
                                                       int* __restrict__ correct, int rows, int classes,
-                                                      float grad_scale) {
+                                                      float grad_scale, const float* __restrict__ grad_scale_at) {
+    if (grad_scale_at) grad_scale = *grad_scale_at;
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= rows) return;  // uniform across the warp: the shuffles below see full warps
@@ -59,5 +62,5 @@ __device__ __forceinline__ void softmax_cross_entropy(const T* __restrict__ logi
 NANODDP_ENTRY_EACH_TYPE(softmax_cross_entropy, (256),
     (const T* __restrict__ logits, const unsigned char* __restrict__ labels,
      float* __restrict__ loss, T* __restrict__ grad_or_null, int* __restrict__ correct,
-     int rows, int classes, float grad_scale),
-    (logits, labels, loss, grad_or_null, correct, rows, classes, grad_scale))
+     int rows, int classes, float grad_scale, const float* __restrict__ grad_scale_at_or_null),
+    (logits, labels, loss, grad_or_null, correct, rows, classes, grad_scale, grad_scale_at_or_null))

@@ -14,7 +14,9 @@
 //                                                              in the run's storage type T)
 //      grid-stride; bytes per element: 4 (w) ×2 + 4 (grad) + v (4) ×2 + w_copy (2).
 // fp32 training uses step 2 alone with inv_scale = 1 and no flag; bf16 training checks
-// (step 1) without scaling, since bf16 has f32's range.
+// (step 1) without scaling, since bf16 has f32's range. Given lr_at / inv_scale_at, the
+// kernel reads those from device memory as it runs (a training step's scalars:
+// kernels/step.cu), so a captured graph sees each step's values.
 #include "simt.cuh"
 
 template <class G>
@@ -32,8 +34,12 @@ template <class T>
 __device__ __forceinline__ void sgd_step(float* __restrict__ w, const float* __restrict__ grad,
                                          float* __restrict__ velocity, T* __restrict__ w_copy,
                                          unsigned long long n, float lr, float inv_scale, float momentum,
-                                         float weight_decay, const int* __restrict__ found_nonfinite) {
+                                         float weight_decay, const float* __restrict__ lr_at,
+                                         const float* __restrict__ inv_scale_at,
+                                         const int* __restrict__ found_nonfinite) {
     if (found_nonfinite && *found_nonfinite) return;
+    if (lr_at) lr = *lr_at;
+    if (inv_scale_at) inv_scale = *inv_scale_at;
     SIMT_GRID_STRIDE_LOOP(i, n) {
         float g = fmaf(weight_decay, w[i], grad[i] * inv_scale);
         if (velocity) {
@@ -54,6 +60,7 @@ NANODDP_ENTRY_EACH_TYPE(grad_check, (256),
 NANODDP_ENTRY_EACH_TYPE(sgd_step, (256),
     (float* __restrict__ w, const float* __restrict__ grad, float* __restrict__ velocity_or_null,
      T* __restrict__ w_copy_or_null, unsigned long long n, float lr, float inv_scale,
-     float momentum, float weight_decay, const int* __restrict__ found_nonfinite_or_null),
+     float momentum, float weight_decay, const float* __restrict__ lr_at_or_null,
+     const float* __restrict__ inv_scale_at_or_null, const int* __restrict__ found_nonfinite_or_null),
     (w, grad, velocity_or_null, w_copy_or_null, n, lr, inv_scale, momentum, weight_decay,
-     found_nonfinite_or_null))
+     lr_at_or_null, inv_scale_at_or_null, found_nonfinite_or_null))

@@ -40,6 +40,7 @@ fn loss_case<B: Backend, T: Precision>(
         Some(&mut grad),
         &mut correct,
         grad_scale,
+        None,
     )
     .unwrap();
     let (want_loss, want_grad, want_correct) =
@@ -83,6 +84,7 @@ fn loss_case<B: Backend, T: Precision>(
         None,
         &mut correct,
         grad_scale,
+        None,
     )
     .unwrap();
     assert_eq!(dev.download(&correct).unwrap()[0], 5 + 2 * want_correct);
@@ -115,8 +117,18 @@ fn out_of_range_label_gives_nan_loss<B: Backend>(dev: &B) -> Vec<u8> {
     let labels = dev.upload(&[2u8, 7]).unwrap(); // 7 >= 3 classes
     let mut loss = dev.upload(&[0.0f32; 2]).unwrap();
     let mut correct = dev.upload(&[0i32]).unwrap();
-    dev.softmax_cross_entropy::<f32>(2, 3, &logits, &labels, &mut loss, None, &mut correct, 1.0)
-        .unwrap();
+    dev.softmax_cross_entropy::<f32>(
+        2,
+        3,
+        &logits,
+        &labels,
+        &mut loss,
+        None,
+        &mut correct,
+        1.0,
+        None,
+    )
+    .unwrap();
     let loss = dev.download(&loss).unwrap();
     assert!(loss[0].is_finite() && loss[1].is_nan(), "{loss:?}");
     assert_eq!(

@@ -377,6 +377,7 @@ fn twelve_sgd_steps_stay_on_the_float64_trajectory() {
         stop_after: None,
         precision: DType::F32,
         comm: CommConfig::default(),
+        cuda_graph: true,
     };
     for devices in [1, 4] {
         let mut losses = Vec::new();

@@ -54,6 +54,7 @@ fn sgd_case<B: Backend, T: Precision>(
         momentum.then_some(&mut dv),
         copy.then_some(&mut dh),
         step,
+        None,
         Some(&found),
     )
     .unwrap();
@@ -142,8 +143,16 @@ fn finite_check_flags_overflow_and_skips_the_step<B: Backend>(dev: &B) -> Vec<u8
             let mut copy = dev.upload(&vec![bf16::ONE; N]).unwrap();
             let found = dev.upload(&[1i32]).unwrap();
             let dg = dev.upload(&g32).unwrap();
-            dev.sgd_step(&mut dw, &dg, None, Some(&mut copy), step, Some(&found))
-                .unwrap();
+            dev.sgd_step(
+                &mut dw,
+                &dg,
+                None,
+                Some(&mut copy),
+                step,
+                None,
+                Some(&found),
+            )
+            .unwrap();
             assert_eq!(
                 dev.download(&dw).unwrap(),
                 w,

@@ -38,6 +38,7 @@ fn config(batch: usize, epochs: usize, max_steps: Option<usize>) -> TrainConfig 
         stop_after: None,
         precision: DType::F32,
         comm: CommConfig::default(),
+        cuda_graph: true,
     }
 }
 
@@ -610,4 +611,55 @@ fn the_plot_draws_the_curves_the_metrics_record() {
     let red = buf.chunks(3).filter(|p| p == &[214, 39, 40]).count();
     assert!(red > 200, "{red} test-accuracy pixels");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_graph_replays_the_streams_steps_bit_for_bit_in_every_precision() {
+    // 20 training images in batches of 8: two full batches and one of 4 an epoch, two
+    // epochs. At one rank the full batch's step runs from the stream once, is captured at
+    // its second step and replayed from then on; the last batch's shape runs from the stream
+    // in epoch 1 and is captured in epoch 2. The same kernels in the same order either way:
+    // the same losses, loss scales, test accuracies (evaluation has graphs of its own) and
+    // weights, bit for bit, graphs on or off. (Several
+    // ranks run from the stream either way, until their allreduce waits on the device only.)
+    let mut data = subset();
+    data.train_images.truncate(20);
+    data.train_labels.truncate(20);
+    data.keep_test_images(8);
+    // On the stand-in's SIMT executor only (no `cuda` in the name: the PTX pass, which
+    // checks the emitted code, has graphs replayed in tests/cuda_standin.rs).
+    for precision in [DType::F32, DType::F16, DType::BF16] {
+        let steps = |cuda_graph: bool| {
+            let cfg = TrainConfig {
+                precision,
+                cuda_graph,
+                ..config(8, 2, None)
+            };
+            let devices = vec![common::cuda_device(0)];
+            let mut reports = Vec::new();
+            let start = from_weights(initial_weights(cfg.recipe, cfg.seed));
+            let finals = train(devices, &data, start, &cfg, |e| {
+                match e {
+                    Event::Step(s) => {
+                        reports.push((s.step, s.loss.to_bits(), s.lr.to_bits(), s.loss_scale))
+                    }
+                    // The evaluation's own graph: captured at the second epoch's.
+                    Event::Epoch(r, _) => reports.push((0, r.test_acc.to_bits(), 0, 0.0)),
+                    _ => {}
+                }
+                Ok::<(), TrainError>(())
+            })
+            .expect("training runs");
+            (finals, reports)
+        };
+        let (graphed, with) = steps(true);
+        let (streamed, without) = steps(false);
+        let what = precision.to_string();
+        assert_eq!(with.len(), 8, "{what}: every step and epoch reported");
+        assert_eq!(
+            with, without,
+            "{what}: losses, rates, loss scales, accuracies"
+        );
+        assert_eq!(graphed, streamed, "{what}: every replica's weights");
+    }
 }

@@ -10,8 +10,9 @@
 use super::op::{
     Add, Args, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
     Conv2dBackward, Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, Gemm, GradCheck, MaxPoolBackward,
-    MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
+    MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, ShardStats, SoftmaxCrossEntropy,
+    StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::{BackendError, Memory};
@@ -67,6 +68,10 @@ pub trait BackendImpl: Memory + Sized {
     ) -> OpResult;
     fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, Self, G>>) -> OpResult;
     fn sgd_step<T: Precision>(&self, op: Checked<Sgd<'_, Self, T>>) -> OpResult;
+    fn gather_batch<T: Precision>(&self, op: Checked<GatherBatch<'_, Self, T>>) -> OpResult;
+    fn step_begin(&self, op: Checked<StepBegin<'_, Self>>) -> OpResult;
+    fn shard_stats(&self, op: Checked<ShardStats<'_, Self>>) -> OpResult;
+    fn step_end(&self, op: Checked<StepEnd<'_, Self>>) -> OpResult;
 
     /// Default: the convolution with its ReLU, then the pool reading `y` back.
     fn conv2d_relu_avg_pool_forward<T: Precision>(

@@ -74,6 +74,50 @@ pub trait Memory {
         Ok(Fence::done())
     }
 
+    /// Host memory for [`Memory::copy_out`]: page-locked on a GPU. Backends whose work is
+    /// done when queued keep this default (ordinary memory).
+    fn alloc_staging<T: DeviceScalar>(&self, len: usize) -> Result<Staging<T>, BackendError> {
+        Ok(Staging::host(len))
+    }
+
+    /// Queues a copy of `buf` into `staging` (same length) and returns without waiting for
+    /// it: the values are there once a [`Fence`] marked after this call is done. Backends
+    /// whose work is done when queued keep this default (a download).
+    fn copy_out<T: DeviceScalar>(
+        &self,
+        buf: &Self::Buffer<T>,
+        staging: &mut Staging<T>,
+    ) -> Result<(), BackendError> {
+        super::check::same_len("device-to-staging copy", buf.len(), staging.len())?;
+        staging.write(&self.download(buf)?)
+    }
+
+    /// Whether [`Memory::begin_capture`] can record this handle's work as a [`Graph`].
+    fn can_capture(&self) -> bool {
+        false
+    }
+
+    /// From now on the work queued on this handle is recorded, not run, until
+    /// [`Memory::end_capture`] makes a [`Graph`] of it: what a CUDA graph captures, whose
+    /// kernel arguments are frozen at capture (device memory is read when the graph runs).
+    /// Nothing queued while recording may wait for the device or allocate. Backends whose
+    /// work is done when queued cannot record it: [`BackendError::Unsupported`].
+    fn begin_capture(&self) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            op: "graph capture",
+            what: "a backend whose work runs as it is queued".into(),
+        })
+    }
+
+    /// Ends the recording [`Memory::begin_capture`] started and makes it a [`Graph`] ready
+    /// to launch.
+    fn end_capture(&self) -> Result<Graph, BackendError> {
+        Err(BackendError::Unsupported {
+            op: "graph capture",
+            what: "a backend whose work runs as it is queued".into(),
+        })
+    }
+
     /// Another handle on the same device with its own queue of work: what it does is not
     /// ordered with this handle's work except through [`Memory::synchronize`] or a
     /// [`Fence`]. (The trainer computes on one queue and reduces gradients on another, so
@@ -86,31 +130,161 @@ pub trait Memory {
     }
 }
 
+/// Work recorded from a queue ([`Memory::begin_capture`]) that [`Graph::launch`] queues
+/// again, as one launch, on the queue it was recorded from: a CUDA graph. It stays on the
+/// thread that captured it (a CUDA graph is not safe to share between threads).
+pub struct Graph(Box<dyn Fn() -> Result<(), BackendError>>);
+
+impl Graph {
+    /// A graph that queues its work by calling `launch`.
+    pub fn new(launch: impl Fn() -> Result<(), BackendError> + 'static) -> Self {
+        Graph(Box::new(launch))
+    }
+
+    /// Queues the recorded work once more.
+    pub fn launch(&self) -> Result<(), BackendError> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Graph")
+    }
+}
+
+/// Host memory a device's queue copies into while the host goes on: page-locked on a GPU,
+/// so that an asynchronous copy is a DMA the queue performs when it gets there and the host
+/// never waits for it; plain host memory on the backends whose work is done when queued.
+/// Its values are the copy's once a [`Fence`] marked after [`Memory::copy_out`] is done.
+pub struct Staging<T: DeviceScalar> {
+    ptr: *mut T,
+    len: usize,
+    /// Frees memory a backend allocated (None: `_owned` holds it).
+    release: Option<Box<dyn FnOnce() + Send>>,
+    /// The ordinary host memory `ptr` points into, kept alive (empty for a backend's).
+    _owned: Vec<T>,
+}
+
+// SAFETY: the memory is owned by the value (a Vec, or a backend allocation freed by its
+// `release`), and only read through `&self` / written by the device queue.
+unsafe impl<T: DeviceScalar> Send for Staging<T> {}
+
+impl<T: DeviceScalar> Staging<T> {
+    /// `len` zeroed elements of ordinary host memory.
+    pub fn host(len: usize) -> Self {
+        let mut owned = vec![T::zeroed(); len];
+        Staging {
+            ptr: owned.as_mut_ptr(),
+            len,
+            release: None,
+            _owned: owned,
+        }
+    }
+
+    /// Memory a backend allocated, freed by `release` when the value is dropped.
+    ///
+    /// # Safety
+    /// `ptr` must point to `len` initialized, aligned elements that stay valid (and are not
+    /// used elsewhere) until `release` runs.
+    pub unsafe fn from_raw(ptr: *mut T, len: usize, release: Box<dyn FnOnce() + Send>) -> Self {
+        Staging {
+            ptr,
+            len,
+            release: Some(release),
+            _owned: Vec::new(),
+        }
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Where a copy may write the elements (for a backend's [`Memory::copy_out`]).
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr
+    }
+
+    /// The elements as they are now. Each is read once, volatile: a device may be writing
+    /// the memory (a copy queued later than the [`Fence`] the caller waited for), and the
+    /// compiler must not assume otherwise.
+    pub fn read(&self) -> Vec<T> {
+        (0..self.len)
+            // SAFETY: `ptr` points to `len` initialized elements (see the constructors).
+            .map(|i| unsafe { self.ptr.add(i).read_volatile() })
+            .collect()
+    }
+
+    /// Overwrites the elements with `values` (same length), for backends whose copies are
+    /// done when queued.
+    pub fn write(&mut self, values: &[T]) -> Result<(), BackendError> {
+        super::check::same_len("device-to-staging copy", values.len(), self.len)?;
+        for (i, v) in values.iter().enumerate() {
+            // SAFETY: `ptr` points to `len` elements, `i < len`; `&mut self` is exclusive.
+            unsafe { self.ptr.add(i).write_volatile(*v) };
+        }
+        Ok(())
+    }
+}
+
+impl<T: DeviceScalar> Drop for Staging<T> {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
 /// A point in one device handle's queue: [`Fence::wait`] returns once everything queued on
-/// that handle before [`Memory::fence`] was called has finished.
-#[must_use = "a fence does nothing until it is waited for"]
-pub struct Fence(Option<Box<dyn FnOnce() -> Result<(), BackendError> + Send>>);
+/// that handle before [`Memory::fence`] was called has finished; [`Fence::is_done`] says
+/// whether it has, without waiting.
+#[must_use = "a fence does nothing until it is waited for or asked"]
+pub struct Fence {
+    wait: Option<Box<dyn Fn() -> Result<(), BackendError> + Send>>,
+    query: Option<Box<dyn Fn() -> Result<bool, BackendError> + Send>>,
+}
 
 impl Fence {
     /// A fence with nothing to wait for.
     pub fn done() -> Self {
-        Fence(None)
+        Fence {
+            wait: None,
+            query: None,
+        }
     }
 
-    /// A fence that waits by calling `wait`.
-    pub fn new(wait: impl FnOnce() -> Result<(), BackendError> + Send + 'static) -> Self {
-        Fence(Some(Box::new(wait)))
+    /// A fence that waits by calling `wait` and asks by calling `query` (true once done).
+    pub fn new(
+        wait: impl Fn() -> Result<(), BackendError> + Send + 'static,
+        query: impl Fn() -> Result<bool, BackendError> + Send + 'static,
+    ) -> Self {
+        Fence {
+            wait: Some(Box::new(wait)),
+            query: Some(Box::new(query)),
+        }
     }
 
     /// Blocks until the marked work has finished.
-    pub fn wait(self) -> Result<(), BackendError> {
-        self.0.map_or(Ok(()), |wait| wait())
+    pub fn wait(&self) -> Result<(), BackendError> {
+        self.wait.as_ref().map_or(Ok(()), |wait| wait())
+    }
+
+    /// Whether the marked work has finished, without waiting (an error the device reported
+    /// meanwhile is returned).
+    pub fn is_done(&self) -> Result<bool, BackendError> {
+        self.query.as_ref().map_or(Ok(true), |query| query())
     }
 }
 
 impl std::fmt::Debug for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.wait.is_some() {
             "Fence(pending)"
         } else {
             "Fence(done)"

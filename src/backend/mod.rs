@@ -35,12 +35,14 @@ mod memory;
 pub mod op;
 mod ops;
 mod precision;
+pub mod step;
 
 pub use backend_impl::{BackendImpl, OpResult};
 pub use error::BackendError;
 pub use kernel::{cuda, nvrtc, simt, simt_module};
 pub use kernel::{KernelArg, KernelDevice, LaunchConfig};
-pub use memory::{DeviceBuffer, DeviceScalar, Fence, Memory};
+pub use memory::{DeviceBuffer, DeviceScalar, Fence, Graph, Memory, Staging};
 pub use ops::Backend;
 pub use precision::{gemm_kernel, Precision, PrecisionOp};
 pub use shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
+pub use step::{StepScalars, RECORD, STATS};

@@ -15,7 +15,8 @@ use std::ops::Deref;
 
 use super::check::{self, ConvTensor::*};
 use super::precision::Precision;
-use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
+use super::shapes::{fits_i32, Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
+use super::step::{StepScalars, RECORD, STATS};
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 use crate::kernels::Scalar;
 
@@ -440,6 +441,7 @@ pub struct SoftmaxCrossEntropy<'a, B: Memory, T: DeviceScalar> {
     pub grad: Option<&'a mut Buf<B, T>>,
     pub correct: &'a mut Buf<B, i32>,
     pub grad_scale: f32,
+    pub at: Option<&'a StepScalars<B>>,
 }
 
 impl<B: Memory, T: DeviceScalar> Args for SoftmaxCrossEntropy<'_, B, T> {
@@ -451,6 +453,9 @@ impl<B: Memory, T: DeviceScalar> Args for SoftmaxCrossEntropy<'_, B, T> {
             grad: self.grad.as_deref().map(len::<B, _>),
             correct: self.correct.len(),
         };
+        if let Some(at) = self.at {
+            at.check("softmax_cross_entropy")?;
+        }
         check::softmax(self.rows, self.classes, lengths)
     }
 }
@@ -475,11 +480,15 @@ pub struct Sgd<'a, B: Memory, T: DeviceScalar> {
     pub velocity: Option<&'a mut Buf<B, f32>>,
     pub w_copy: Option<&'a mut Buf<B, T>>,
     pub step: SgdStep,
+    pub at: Option<&'a StepScalars<B>>,
     pub found: Option<&'a Buf<B, i32>>,
 }
 
 impl<B: Memory, T: DeviceScalar> Args for Sgd<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
+        if let Some(at) = self.at {
+            at.check("sgd_step")?;
+        }
         check::sgd(check::SgdLengths {
             weights: self.w.len(),
             grad: self.grad.len(),
@@ -487,5 +496,138 @@ impl<B: Memory, T: DeviceScalar> Args for Sgd<'_, B, T> {
             w_copy: self.w_copy.as_deref().map(len::<B, _>),
             found: self.found.map(len::<B, _>),
         })
+    }
+}
+
+/// The checks every step operation shares: `name` holds exactly one element.
+fn one(op: &'static str, name: &'static str, got: usize) -> Result<(), BackendError> {
+    check::expect_len(op, name, got, 1)
+}
+
+/// [`Backend::gather_batch`](super::Backend::gather_batch)'s arguments.
+pub struct GatherBatch<'a, B: Memory, T: DeviceScalar> {
+    pub pixels: &'a Buf<B, u8>,
+    pub labels: &'a Buf<B, u8>,
+    pub order: &'a Buf<B, u32>,
+    pub batch: &'a Buf<B, u32>,
+    pub shard: usize,
+    pub x: &'a mut Buf<B, T>,
+    pub y: &'a mut Buf<B, u8>,
+}
+
+impl<B: Memory, T: DeviceScalar> GatherBatch<'_, B, T> {
+    /// Bytes per image: the data set's pixels over its images.
+    pub fn image(&self) -> usize {
+        self.pixels.len() / self.labels.len().max(1)
+    }
+}
+
+impl<B: Memory, T: DeviceScalar> Args for GatherBatch<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        const OP: &str = "gather_batch";
+        let (count, n) = (self.labels.len(), self.y.len());
+        if count == 0 || self.pixels.len() % count != 0 {
+            return Err(BackendError::BadShape {
+                op: OP,
+                detail: format!(
+                    "{} pixels do not make {count} images of one size",
+                    self.pixels.len()
+                ),
+            });
+        }
+        check::expect_len(OP, "x", self.x.len(), n * self.image())?;
+        one(OP, "batch", self.batch.len())?;
+        fits_i32(OP, "the image size", self.image())?;
+        fits_i32(OP, "the shard", self.shard)?;
+        fits_i32(OP, "the batch", n).map(drop)
+    }
+}
+
+/// [`Backend::step_begin`](super::Backend::step_begin)'s arguments.
+pub struct StepBegin<'a, B: Memory> {
+    pub lr_table: &'a Buf<B, f32>,
+    pub batch: &'a Buf<B, u32>,
+    pub loss_scale: &'a Buf<B, f32>,
+    pub global: usize,
+    pub out: &'a mut StepScalars<B>,
+}
+
+impl<B: Memory> Args for StepBegin<'_, B> {
+    fn check(&self) -> Result<(), BackendError> {
+        const OP: &str = "step_begin";
+        one(OP, "batch", self.batch.len())?;
+        one(OP, "loss_scale", self.loss_scale.len())?;
+        self.out.check(OP)?;
+        if self.global == 0 {
+            return Err(BackendError::BadShape {
+                op: OP,
+                detail: "a global batch of 0 images".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// [`Backend::shard_stats`](super::Backend::shard_stats)'s arguments.
+pub struct ShardStats<'a, B: Memory> {
+    pub loss: &'a Buf<B, f32>,
+    pub correct: &'a mut Buf<B, i32>,
+    pub out: &'a mut Buf<B, f32>,
+    pub accumulate: bool,
+}
+
+impl<B: Memory> Args for ShardStats<'_, B> {
+    fn check(&self) -> Result<(), BackendError> {
+        const OP: &str = "shard_stats";
+        one(OP, "correct", self.correct.len())?;
+        check::expect_len(OP, "out", self.out.len(), STATS)?;
+        fits_i32(OP, "the shard", self.loss.len()).map(drop)
+    }
+}
+
+/// [`Backend::step_end`](super::Backend::step_end)'s arguments.
+pub struct StepEnd<'a, B: Memory> {
+    pub loss_scale: &'a mut Buf<B, f32>,
+    pub clean: Option<&'a mut Buf<B, i32>>,
+    pub found: Option<&'a mut Buf<B, i32>>,
+    pub growth_interval: usize,
+    pub batch: &'a mut Buf<B, u32>,
+    pub current: &'a Buf<B, f32>,
+    pub ring: &'a mut Buf<B, f32>,
+}
+
+impl<B: Memory> Args for StepEnd<'_, B> {
+    fn check(&self) -> Result<(), BackendError> {
+        const OP: &str = "step_end";
+        one(OP, "loss_scale", self.loss_scale.len())?;
+        one(OP, "batch", self.batch.len())?;
+        check::expect_len(OP, "current", self.current.len(), STATS)?;
+        if let Some(c) = &self.clean {
+            one(OP, "clean", c.len())?;
+            if self.found.is_none() {
+                return Err(BackendError::BadShape {
+                    op: OP,
+                    detail: "dynamic loss scaling (`clean`) needs the overflow flag (`found`)"
+                        .into(),
+                });
+            }
+            if self.growth_interval == 0 || self.growth_interval > i32::MAX as usize {
+                return Err(BackendError::BadShape {
+                    op: OP,
+                    detail: format!("a growth interval of {}", self.growth_interval),
+                });
+            }
+        }
+        if let Some(f) = &self.found {
+            one(OP, "found", f.len())?;
+        }
+        let ring = self.ring.len();
+        if ring == 0 || ring % RECORD != 0 {
+            return Err(BackendError::BadShape {
+                op: OP,
+                detail: format!("a ring of {ring} values is not whole records of {RECORD}"),
+            });
+        }
+        fits_i32(OP, "the ring's records", ring / RECORD).map(drop)
     }
 }

@@ -13,11 +13,13 @@ use super::backend_impl::{run, BackendImpl};
 use super::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Conv2dBackward,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, Gemm, GradCheck, MaxPoolBackward,
-    MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
+    MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, ShardStats, SoftmaxCrossEntropy,
+    StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
+use super::step::StepScalars;
 use super::{BackendError, Memory};
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
@@ -27,7 +29,7 @@ type Buf<B, T> = <B as Memory>::Buffer<T>;
 /// [`BackendError::BufferSize`] or [`BackendError::LengthMismatch`].
 ///
 /// Implemented for every [`BackendImpl`]; a new backend implements that trait.
-pub trait Backend: Memory {
+pub trait Backend: Memory + Sized {
     /// `out[i] = value`.
     fn fill(&self, out: &mut Buf<Self, f32>, value: f32) -> Result<(), BackendError>;
     /// `x[i] *= alpha`.
@@ -212,6 +214,8 @@ pub trait Backend: Memory {
 
     /// Per-row softmax cross-entropy loss, optionally its logits' gradient times
     /// `grad_scale`, and `correct[0] +=` the number of rows whose argmax is the label.
+    /// With `at`, the factor is `at.grad_scale`, read from device memory when the kernel
+    /// runs, and `grad_scale` is not used.
     #[allow(clippy::too_many_arguments)]
     fn softmax_cross_entropy<T: Precision>(
         &self,
@@ -223,6 +227,7 @@ pub trait Backend: Memory {
         grad: Option<&mut Buf<Self, T>>,
         correct: &mut Buf<Self, i32>,
         grad_scale: f32,
+        at: Option<&StepScalars<Self>>,
     ) -> Result<(), BackendError>;
 
     /// Sets `found[0] = 1` if any gradient is inf or NaN (leaves it alone otherwise).
@@ -233,7 +238,10 @@ pub trait Backend: Memory {
     ) -> Result<(), BackendError>;
     /// One fused SGD step (see `kernels/optim.cu`) on f32 master weights from f32
     /// gradients, writing `w_copy = T(w)` too when given (the next forward's weights in the
-    /// run's storage type); skipped entirely when `found[0] != 0`.
+    /// run's storage type); skipped entirely when `found[0] != 0`. With `at`, the learning
+    /// rate and the gradients' factor are `at.lr` and `at.inv_scale`, read from device
+    /// memory when the kernel runs, and `step.lr` and `step.inv_scale` are not used.
+    #[allow(clippy::too_many_arguments)]
     fn sgd_step<T: Precision>(
         &self,
         w: &mut Buf<Self, f32>,
@@ -241,7 +249,67 @@ pub trait Backend: Memory {
         velocity: Option<&mut Buf<Self, f32>>,
         w_copy: Option<&mut Buf<Self, T>>,
         step: SgdStep,
+        at: Option<&StepScalars<Self>>,
         found: Option<&Buf<Self, i32>>,
+    ) -> Result<(), BackendError>;
+
+    /// A shard gathered from a data set the device holds (`pixels`: images of one size,
+    /// `labels`: one byte each): image `i` of the shard is image `order[batch[0] · shard + i]`
+    /// of the set, as `x[i][p] = T(pixel / 255)` (the division correctly rounded, as the
+    /// host computes it) and `y[i]` its label. `y`'s length is the shard's size (at most
+    /// `shard`, the stride between batches; the last batch of an epoch may be smaller). An
+    /// index past `order` or past the set gives zeros and label 255, out of every class's
+    /// range, so the loss is NaN instead of a read out of bounds.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_batch<T: Precision>(
+        &self,
+        pixels: &Buf<Self, u8>,
+        labels: &Buf<Self, u8>,
+        order: &Buf<Self, u32>,
+        batch: &Buf<Self, u32>,
+        shard: usize,
+        x: &mut Buf<Self, T>,
+        y: &mut Buf<Self, u8>,
+    ) -> Result<(), BackendError>;
+
+    /// A step's scalars, in device memory: `out.lr = lr_table[batch[0]]` (NaN past the
+    /// table), `out.grad_scale = loss_scale[0] / global`, `out.inv_scale = 1 / loss_scale[0]`.
+    fn step_begin(
+        &self,
+        lr_table: &Buf<Self, f32>,
+        batch: &Buf<Self, u32>,
+        loss_scale: &Buf<Self, f32>,
+        global: usize,
+        out: &mut StepScalars<Self>,
+    ) -> Result<(), BackendError>;
+
+    /// A shard's statistics ([`STATS`](super::step::STATS)): `out = (Σ loss, correct[0],
+    /// loss.len())`, or added to `out` with `accumulate`; then `correct[0] = 0`, ready for
+    /// the next [`Backend::softmax_cross_entropy`]. The sum is in double, in a fixed order.
+    fn shard_stats(
+        &self,
+        loss: &Buf<Self, f32>,
+        correct: &mut Buf<Self, i32>,
+        out: &mut Buf<Self, f32>,
+        accumulate: bool,
+    ) -> Result<(), BackendError>;
+
+    /// The end of a step, in device memory. First the step's record (its statistics
+    /// `current`, then the loss scale it ran with) goes to record `batch[0] % records` of
+    /// `ring` (records of [`RECORD`](super::step::RECORD) values), and `batch[0] += 1`. Then,
+    /// with `found` (a half-precision step's overflow flag) and `clean` (fp16's dynamic loss
+    /// scaling), the scale moves by [`rescale`](super::step::rescale)'s rule, as
+    /// [`LossScaler`](crate::train::LossScaler) does on the host; and `found[0] = 0`.
+    #[allow(clippy::too_many_arguments)]
+    fn step_end(
+        &self,
+        loss_scale: &mut Buf<Self, f32>,
+        clean: Option<&mut Buf<Self, i32>>,
+        found: Option<&mut Buf<Self, i32>>,
+        growth_interval: usize,
+        batch: &mut Buf<Self, u32>,
+        current: &Buf<Self, f32>,
+        ring: &mut Buf<Self, f32>,
     ) -> Result<(), BackendError>;
 }
 
@@ -542,6 +610,7 @@ impl<B: BackendImpl> Backend for B {
         grad: Option<&mut Buf<B, T>>,
         correct: &mut Buf<B, i32>,
         grad_scale: f32,
+        at: Option<&StepScalars<B>>,
     ) -> Result<(), BackendError> {
         let op = SoftmaxCrossEntropy {
             rows,
@@ -552,6 +621,7 @@ impl<B: BackendImpl> Backend for B {
             grad,
             correct,
             grad_scale,
+            at,
         };
         run(self, op, BackendImpl::softmax_cross_entropy)
     }
@@ -571,6 +641,7 @@ impl<B: BackendImpl> Backend for B {
         velocity: Option<&mut Buf<B, f32>>,
         w_copy: Option<&mut Buf<B, T>>,
         step: SgdStep,
+        at: Option<&StepScalars<B>>,
         found: Option<&Buf<B, i32>>,
     ) -> Result<(), BackendError> {
         let op = Sgd {
@@ -579,8 +650,87 @@ impl<B: BackendImpl> Backend for B {
             velocity,
             w_copy,
             step,
+            at,
             found,
         };
         run(self, op, BackendImpl::sgd_step)
+    }
+
+    fn gather_batch<T: Precision>(
+        &self,
+        pixels: &Buf<B, u8>,
+        labels: &Buf<B, u8>,
+        order: &Buf<B, u32>,
+        batch: &Buf<B, u32>,
+        shard: usize,
+        x: &mut Buf<B, T>,
+        y: &mut Buf<B, u8>,
+    ) -> Result<(), BackendError> {
+        let op = GatherBatch {
+            pixels,
+            labels,
+            order,
+            batch,
+            shard,
+            x,
+            y,
+        };
+        run(self, op, BackendImpl::gather_batch)
+    }
+
+    fn step_begin(
+        &self,
+        lr_table: &Buf<B, f32>,
+        batch: &Buf<B, u32>,
+        loss_scale: &Buf<B, f32>,
+        global: usize,
+        out: &mut StepScalars<B>,
+    ) -> Result<(), BackendError> {
+        let op = StepBegin {
+            lr_table,
+            batch,
+            loss_scale,
+            global,
+            out,
+        };
+        run(self, op, BackendImpl::step_begin)
+    }
+
+    fn shard_stats(
+        &self,
+        loss: &Buf<B, f32>,
+        correct: &mut Buf<B, i32>,
+        out: &mut Buf<B, f32>,
+        accumulate: bool,
+    ) -> Result<(), BackendError> {
+        let op = ShardStats {
+            loss,
+            correct,
+            out,
+            accumulate,
+        };
+        run(self, op, BackendImpl::shard_stats)
+    }
+
+    fn step_end(
+        &self,
+        loss_scale: &mut Buf<B, f32>,
+        clean: Option<&mut Buf<B, i32>>,
+        found: Option<&mut Buf<B, i32>>,
+        growth_interval: usize,
+        batch: &mut Buf<B, u32>,
+        current: &Buf<B, f32>,
+        ring: &mut Buf<B, f32>,
+    ) -> Result<(), BackendError> {
+        let op = StepEnd {
+            loss_scale,
+            clean,
+            found,
+            growth_interval,
+            batch,
+            current,
+            ring,
+        };
+        run(self, op, BackendImpl::step_end)
     }
 }

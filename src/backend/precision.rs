@@ -7,7 +7,9 @@ use half::{bf16, f16};
 
 use super::{BackendError, DeviceScalar};
 use crate::dtype::DType;
-use crate::kernels::{collective, conv, elementwise, gemm, loss, optim, pool, KernelSignature};
+use crate::kernels::{
+    collective, conv, elementwise, gemm, loss, optim, pool, step, KernelSignature,
+};
 
 /// The kernels that exist per storage precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +46,8 @@ pub enum PrecisionOp {
     SgdStep,
     /// `reduce_sum_*` (the collectives' data movement)
     ReduceSum,
+    /// `gather_batch_*` (by the images' type)
+    GatherBatch,
 }
 
 impl PrecisionOp {
@@ -67,6 +71,7 @@ impl PrecisionOp {
             Self::GradCheck => &optim::GRAD_CHECK,
             Self::SgdStep => &optim::SGD_STEP,
             Self::ReduceSum => &collective::REDUCE_SUM,
+            Self::GatherBatch => &step::GATHER_BATCH,
         };
         per_type[dtype.code() as usize]
     }

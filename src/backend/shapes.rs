@@ -14,7 +14,7 @@ fn nonzero(op: &'static str, dims: &[(&str, usize)]) -> Result<(), BackendError>
     }
 }
 
-fn fits_i32(op: &'static str, what: &str, v: usize) -> Result<i32, BackendError> {
+pub(super) fn fits_i32(op: &'static str, what: &str, v: usize) -> Result<i32, BackendError> {
     i32::try_from(v).map_err(|_| bad(op, format!("{what} = {v} exceeds 2^31 - 1")))
 }
 

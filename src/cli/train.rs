@@ -38,6 +38,15 @@ pub enum ShuffleArg {
     None,
 }
 
+/// A feature turned on or off on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// Used where it can be.
+    On,
+    /// Not used.
+    Off,
+}
+
 /// Every `train` option.
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
@@ -62,6 +71,13 @@ pub struct TrainArgs {
     /// with --features mpi). With --algo mpi the processes' leaders use MPI's own allreduce.
     #[arg(long, value_enum, default_value_t = CommArg::Local)]
     pub comm: CommArg,
+    /// CUDA graphs: on captures each batch shape's training step once (after a first step
+    /// run from the stream) and replays it, so the host queues one launch a step instead of
+    /// dozens; off runs the same kernels from the stream, step after step. Both give the same
+    /// results, bit for bit. On is used where it can be: the CUDA backend, one device per
+    /// process (several ranks still run from the stream); other backends ignore it.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub cuda_graph: Switch,
     /// Gradient bucket size in KiB: gradients are reduced in buckets (in the order backward
     /// finishes them, as PyTorch DDP does) that start while backward still runs; 0 reduces
     /// everything after backward.
@@ -360,6 +376,7 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
             timeout: Duration::from_secs_f64(args.timeout),
             ..CommConfig::default()
         },
+        cuda_graph: args.cuda_graph == Switch::On,
     };
     if args.plot.is_some() {
         super::plot::load_font().map_err(CliError::Input)?;

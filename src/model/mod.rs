@@ -16,7 +16,8 @@
 use std::any::Any;
 
 use crate::backend::{
-    Backend, BackendError, Conv2dShape, Epilogue, Pool2dShape, Precision, SgdStep,
+    Backend, BackendError, Conv2dShape, Epilogue, Pool2dShape, Precision, SgdStep, StepScalars,
+    STATS,
 };
 
 mod architecture;
@@ -159,7 +160,11 @@ struct Activations<B: Backend, T: Precision> {
     h: B::Buffer<T>,
     logits: B::Buffer<T>,
     loss: B::Buffer<f32>,
+    /// Rows classified correctly, added to by the loss and reset by
+    /// [`Backend::shard_stats`], so no step clears it from the host.
     correct: B::Buffer<i32>,
+    /// The shard's statistics ([`STATS`]) when the caller keeps none.
+    stats: B::Buffer<f32>,
     // Gradients flowing back; `*_lin` before a ReLU's mask, the plain name after it.
     d_logits: B::Buffer<T>,
     d_h_lin: B::Buffer<T>,
@@ -190,6 +195,7 @@ impl<B: Backend, T: Precision> Activations<B, T> {
             logits: f(classes)?,
             loss: dev.alloc_zeros::<f32>(batch)?,
             correct: dev.alloc_zeros::<i32>(1)?,
+            stats: dev.alloc_zeros::<f32>(STATS)?,
             d_logits: f(classes)?,
             d_h_lin: f(hidden)?,
             d_h: f(hidden)?,
@@ -225,7 +231,43 @@ pub struct Replica<B: Backend, T: Precision = f32> {
     pub grads: Vec<B::Buffer<f32>>,
     /// Momentum buffers, same layout.
     pub velocity: Vec<B::Buffer<f32>>,
-    acts: Option<Activations<B, T>>,
+    /// Activations per shard size met so far (a run meets two: the full batch's shard and
+    /// an epoch's last; evaluation may add its own). Each is kept for the run, so work
+    /// captured in a graph keeps pointing at live buffers.
+    acts: Vec<Activations<B, T>>,
+}
+
+/// The activations for a shard of `n` images, made the first time that size comes.
+fn shaped<'a, B: Backend, T: Precision>(
+    dev: &B,
+    acts: &'a mut Vec<Activations<B, T>>,
+    n: usize,
+) -> Result<&'a mut Activations<B, T>, BackendError> {
+    let at = match acts.iter().position(|a| a.batch == n) {
+        Some(at) => at,
+        None => {
+            acts.push(Activations::new(dev, n)?);
+            acts.len() - 1
+        }
+    };
+    Ok(&mut acts[at])
+}
+
+/// A shard for the device to gather from the data set it holds ([`Backend::gather_batch`]):
+/// images `order[batch[0] · stride + i]` for `i < n`.
+pub struct GatheredShard<'a, B: Backend> {
+    /// The data set's images, one byte per pixel.
+    pub pixels: &'a B::Buffer<u8>,
+    /// The data set's labels.
+    pub labels: &'a B::Buffer<u8>,
+    /// Indices into the data set, batch after batch.
+    pub order: &'a B::Buffer<u32>,
+    /// Which batch (one element, in device memory).
+    pub batch: &'a B::Buffer<u32>,
+    /// The stride between batches in `order`.
+    pub stride: usize,
+    /// Images in this shard (at most `stride`).
+    pub n: usize,
 }
 
 fn to_compute<B: Backend, T: Precision>(dev: &B, w: &[f32]) -> Result<B::Buffer<T>, BackendError> {
@@ -281,7 +323,7 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             half,
             grads,
             velocity,
-            acts: None,
+            acts: Vec::new(),
         })
     }
 
@@ -312,11 +354,78 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         images: &[u8],
         labels: &[u8],
         grad_scale: Option<f32>,
-        mut ready: impl FnMut(usize, &'s mut B::Buffer<f32>),
+        ready: impl FnMut(usize, &'s mut B::Buffer<f32>),
     ) -> Result<ShardStats, BackendError> {
         let n = labels.len();
+        let (dev, acts) = (&self.dev, &mut self.acts);
+        if n > 0 {
+            let a = shaped(dev, acts, n)?;
+            let x: Vec<T> = images
+                .iter()
+                .map(|&p| T::from_f32(p as f32 / 255.0))
+                .collect();
+            dev.write(&x, &mut a.x)?;
+            dev.write(labels, &mut a.labels)?;
+        }
+        let grad = grad_scale.map(|g| (g, None));
+        Ok(match self.passes(n, grad, None, ready)? {
+            Some(v) => ShardStats {
+                loss_sum: v[0] as f64,
+                correct: v[1] as usize,
+                count: n,
+            },
+            None => ShardStats::default(),
+        })
+    }
+
+    /// [`Replica::step_with`] on a shard the device gathers itself from a data set it holds
+    /// ([`Backend::gather_batch`]), with nothing read back: the shard's statistics land in
+    /// `out` ([`STATS`]; added to it with `accumulate`), and with `train` the backward pass
+    /// runs with the gradient factor `train.grad_scale`, read from device memory. Every value
+    /// the step uses is in device memory, so its work can be captured once and replayed.
+    pub fn step_gathered<'s>(
+        &'s mut self,
+        shard: &GatheredShard<'_, B>,
+        train: Option<&StepScalars<B>>,
+        out: &mut B::Buffer<f32>,
+        accumulate: bool,
+        ready: impl FnMut(usize, &'s mut B::Buffer<f32>),
+    ) -> Result<(), BackendError> {
+        let n = shard.n;
+        let (dev, acts) = (&self.dev, &mut self.acts);
+        if n > 0 {
+            let a = shaped(dev, acts, n)?;
+            dev.gather_batch(
+                shard.pixels,
+                shard.labels,
+                shard.order,
+                shard.batch,
+                shard.stride,
+                &mut a.x,
+                &mut a.labels,
+            )?;
+        } else if !accumulate {
+            dev.write(&[0.0; STATS], out)?;
+        }
+        let grad = train.map(|at| (0.0, Some(at)));
+        self.passes(n, grad, Some((out, accumulate)), ready)?;
+        Ok(())
+    }
+
+    /// The forward pass over the `n` images in the activations, the loss and the shard's
+    /// statistics (into `out`, added with its flag, else into the activations' own), and
+    /// with `grad` (the factor, or
+    /// where the device holds it) the backward pass. Returns false for an empty shard,
+    /// whose gradients are zeros (handed to `ready` all the same).
+    fn passes<'s>(
+        &'s mut self,
+        n: usize,
+        grad: Option<(f32, Option<&StepScalars<B>>)>,
+        out: Option<(&mut B::Buffer<f32>, bool)>,
+        mut ready: impl FnMut(usize, &'s mut B::Buffer<f32>),
+    ) -> Result<Option<Vec<f32>>, BackendError> {
         if n == 0 {
-            if grad_scale.is_some() {
+            if grad.is_some() {
                 let Replica { dev, grads, .. } = self;
                 let mut slots: Vec<Option<&'s mut B::Buffer<f32>>> =
                     grads.iter_mut().map(Some).collect();
@@ -327,7 +436,7 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
                     }
                 }
             }
-            return Ok(ShardStats::default());
+            return Ok(None);
         }
         let Replica {
             dev,
@@ -337,16 +446,7 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             acts,
             ..
         } = self;
-        if acts.as_ref().is_none_or(|a| a.batch != n) {
-            *acts = Some(Activations::new(dev, n)?);
-        }
-        let a = acts.as_mut().expect("just set");
-        let x: Vec<T> = images
-            .iter()
-            .map(|&p| T::from_f32(p as f32 / 255.0))
-            .collect();
-        dev.write(&x, &mut a.x)?;
-        dev.write(labels, &mut a.labels)?;
+        let a = shaped(dev, acts, n)?;
         let [_, b1, _, b2, _, b3, _, b4] = &params[..] else {
             unreachable!("eight tensors")
         };
@@ -395,9 +495,8 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             &mut a.logits,
             Epilogue::default(),
         )?;
-        dev.write(&[0], &mut a.correct)?;
-        let scale = grad_scale.unwrap_or(0.0);
-        let d_logits = grad_scale.map(|_| &mut a.d_logits);
+        let (scale, at) = grad.unwrap_or((0.0, None));
+        let d_logits = grad.map(|_| &mut a.d_logits);
         dev.softmax_cross_entropy(
             n,
             CLASSES,
@@ -407,14 +506,22 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             d_logits,
             &mut a.correct,
             scale,
+            at,
         )?;
-        let stats = ShardStats {
-            loss_sum: dev.download(&a.loss)?.iter().map(|&l| l as f64).sum(),
-            correct: dev.download(&a.correct)?[0] as usize,
-            count: n,
+        let read_back = out.is_none();
+        match out {
+            Some((out, accumulate)) => dev.shard_stats(&a.loss, &mut a.correct, out, accumulate)?,
+            None => dev.shard_stats(&a.loss, &mut a.correct, &mut a.stats, false)?,
+        }
+        let stats = |a: &Activations<B, T>| -> Result<_, BackendError> {
+            Ok(if read_back {
+                Some(dev.download(&a.stats)?)
+            } else {
+                None
+            })
         };
-        if grad_scale.is_none() {
-            return Ok(stats);
+        if grad.is_none() {
+            return stats(a);
         }
 
         // Backward.
@@ -468,7 +575,7 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         )?;
         ready(weight(CONV1), g_w1);
         ready(bias(CONV1), g_b1);
-        Ok(stats)
+        stats(a)
     }
 
     /// Sets `found[0] = 1` if any gradient is inf or NaN (an overflow under the loss scale).
@@ -481,10 +588,12 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
 
     /// One fused SGD step on every tensor from [`Replica::grads`] (already reduced across
     /// devices; multiplied by `step.inv_scale` to undo the loss scale); skipped entirely if
-    /// `found` is set.
+    /// `found` is set. With `at`, the learning rate and the unscaling factor are read from
+    /// device memory instead (see [`Backend::sgd_step`]).
     pub fn update(
         &mut self,
         step: SgdStep,
+        at: Option<&StepScalars<B>>,
         found: Option<&B::Buffer<i32>>,
     ) -> Result<(), BackendError> {
         let with_velocity = step.momentum != 0.0;
@@ -499,7 +608,7 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             // reads.
             let copy = self.half.as_mut().map(|h| &mut h[i]);
             self.dev
-                .sgd_step(w, g, with_velocity.then_some(v), copy, step, found)?;
+                .sgd_step(w, g, with_velocity.then_some(v), copy, step, at, found)?;
         }
         Ok(())
     }

@@ -40,6 +40,11 @@ pub struct TrainConfig {
     pub bucket_bytes: usize,
     /// How the ranks' communicator behaves (its timeout above all).
     pub comm: CommConfig,
+    /// Capture each batch shape's step once as a graph and replay it, where the backend
+    /// records work ([`Memory::can_capture`](crate::backend::Memory::can_capture): CUDA) and
+    /// a rank's step waits for nothing on the host (one rank for now). The same kernels run
+    /// either way, so the results are the same bits.
+    pub cuda_graph: bool,
 }
 
 impl TrainConfig {

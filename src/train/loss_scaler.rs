@@ -43,15 +43,7 @@ impl LossScaler {
 
     /// Records a step: `overflow` means it was skipped.
     pub fn update(&mut self, overflow: bool) {
-        if overflow {
-            self.scale = (self.scale / 2.0).max(1.0);
-            self.clean = 0;
-        } else {
-            self.clean += 1;
-            if self.clean == Self::GROWTH_INTERVAL {
-                self.scale *= 2.0;
-                self.clean = 0;
-            }
-        }
+        (self.scale, self.clean) =
+            crate::backend::step::rescale(self.scale, self.clean, overflow, Self::GROWTH_INTERVAL);
     }
 }

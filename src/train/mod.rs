@@ -16,6 +16,8 @@
 //! * [`error`]: what can stop training ([`TrainError`]).
 //! * [`checkpoint`]: saving and loading a run's state.
 //! * `rank_cores`: which cores each local rank's threads are pinned to.
+//! * `resident`: what a rank keeps on its device for the run (the data set, the step's
+//!   scalars, the ring of step records the host reads late).
 //!
 //! Across MPI processes the ranks are `comm::hierarchical::Hierarchical` (feature
 //! `mpi`), handed to [`train_ranks`].
@@ -30,6 +32,7 @@ pub mod lr_schedule;
 mod rank_cores;
 pub mod recipe;
 pub mod report;
+mod resident;
 pub mod training_loop;
 
 pub use buckets::gradient_buckets;

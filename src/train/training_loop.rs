@@ -9,12 +9,15 @@ use std::time::Instant;
 
 use half::{bf16, f16};
 
+use super::resident::{DeviceSet, EvalState, Lagged, Planned, Record, StepState, LAG, RING};
 use super::{
-    checkpoint, gradient_buckets, learning_rate, rank_cores, EpochReport, Event, LossScaler,
-    StepReport, TrainConfig, TrainError,
+    checkpoint, gradient_buckets, rank_cores, EpochReport, Event, LossScaler, StepReport,
+    TrainConfig, TrainError,
 };
-use crate::backend::SgdStep;
-use crate::backend::{Backend, BackendError, Fence, Memory, Precision};
+use crate::backend::{
+    Backend, BackendError, Fence, Graph, Memory, Precision, SgdStep, Staging, StepScalars, RECORD,
+    STATS,
+};
 use crate::comm::collective::Collective;
 use crate::comm::communicator::{communicator, CommConfig};
 use crate::comm::rank_threads::{on_each_rank, RankPanicked};
@@ -22,15 +25,7 @@ use crate::comm::schedule::Algorithm;
 use crate::comm::transport::CommDevice;
 use crate::data::{Batches, Dataset};
 use crate::dtype::DType;
-use crate::model::{Replica, ShardStats, IMAGE, PARAMS};
-
-fn gather(data: &crate::data::Images, labels: &[u8], indices: &[usize]) -> (Vec<u8>, Vec<u8>) {
-    let mut pixels = Vec::with_capacity(indices.len() * data.size());
-    for &i in indices {
-        pixels.extend_from_slice(data.image(i));
-    }
-    (pixels, indices.iter().map(|&i| labels[i]).collect())
-}
+use crate::model::{GatheredShard, Replica, ShardStats, IMAGE, PARAMS};
 
 /// Checks that `data` holds images LeNet takes: 28x28, training and test alike.
 pub fn check_data(data: &Dataset) -> Result<(), TrainError> {
@@ -97,51 +92,48 @@ fn reduce_stats<C: Collective>(
 /// The statistics' reduction buffer of a rank ([`reduce_stats`]).
 type StatsBuffer<C> = <<C as Collective>::Device as Memory>::Buffer<f32>;
 
-/// Evaluates the test set, sharded over the ranks; returns the global accuracy.
+/// Evaluates the test set, sharded over the ranks (each rank's share on its device in
+/// `eval`); returns the global accuracy.
 fn evaluate<C: Collective, T: Precision>(
     rank: &mut C,
     stats: &mut Option<StatsBuffer<C>>,
     replica: &mut Replica<C::Device, T>,
-    data: &Dataset,
-    batch: usize,
+    eval: &mut EvalState<C::Device>,
+    (batch, capture): (usize, bool),
     progress: Option<&mpsc::Sender<Event>>,
 ) -> Result<f64, TrainError> {
-    let (n, me) = (rank.size(), rank.rank());
-    let total = data.test_labels.len();
-    let (lo, hi) = (total * me / n, total * (me + 1) / n);
-    let mut mine = ShardStats::default();
-    let mut start = lo;
-    while start < hi {
-        let end = (start + batch).min(hi);
-        let idx: Vec<usize> = (start..end).collect();
-        let (images, labels) = gather(&data.test_images, &data.test_labels, &idx);
-        let s = replica.step(&images, &labels, None)?;
-        mine.correct += s.correct;
-        mine.count += s.count;
-        start = end;
+    let total = eval.count;
+    let (correct, count) = eval.run(replica, batch, capture, |done| {
         if let Some(events) = progress {
-            let _ = events.send(Event::Evaluating {
-                done: start - lo,
-                total: hi - lo,
-            });
+            let _ = events.send(Event::Evaluating { done, total });
         }
-    }
+    })?;
+    let mine = ShardStats {
+        loss_sum: 0.0,
+        correct,
+        count,
+    };
     let (all, _) = reduce_stats(rank, stats, mine, false)?;
     Ok(all.correct as f64 / all.count.max(1) as f64)
 }
 
-/// Forward and backward on this rank's shard with the gradients' allreduce overlapped: a
-/// communication thread owns the rank for the step and reduces each bucket (tensor by tensor,
-/// in bucket order, the same on every rank) as soon as the backward pass hands it over.
-/// Returns the shard's statistics and the seconds the compute thread waited for
-/// communication after its backward pass (the part not hidden behind compute).
+/// Forward and backward on this rank's shard (gathered by the device: `shard`, with the
+/// step's scalars `at`, its statistics into `out`) with the gradients' allreduce overlapped:
+/// a communication thread owns the rank for the step and reduces each bucket (tensor by
+/// tensor, in bucket order, the same on every rank) as soon as the backward pass hands it
+/// over. Returns the seconds the compute thread waited for communication after its backward
+/// pass (the part not hidden behind compute).
 fn step_and_reduce<C, T>(
     rank: &mut C,
     replica: &mut Replica<C::Device, T>,
-    (images, labels, grad_scale): (&[u8], &[u8], f32),
+    (shard, at, out): (
+        &GatheredShard<'_, C::Device>,
+        &StepScalars<C::Device>,
+        &mut StatsBuffer<C>,
+    ),
     bucket_of: &[usize; PARAMS.len()],
     algorithm: Option<Algorithm>,
-) -> Result<(ShardStats, f64), TrainError>
+) -> Result<f64, TrainError>
 where
     C: Collective,
     <C::Device as Memory>::Buffer<f32>: Send,
@@ -152,8 +144,8 @@ where
     // thread waits for that fence, not for the whole queue, before the peers may read it.
     // One rank has nothing to reduce: no communication thread, no fences, no waits.
     if rank.size() == 1 {
-        let stats = replica.step_with(images, labels, Some(grad_scale), |_, _| {})?;
-        return Ok((stats, 0.0));
+        replica.step_gathered(shard, Some(at), out, false, |_, _| {})?;
+        return Ok(0.0);
     }
     let compute = replica.dev.clone();
     type Bucket<'b, D> = (
@@ -177,7 +169,7 @@ where
         for &b in bucket_of {
             sizes[b] += 1;
         }
-        let computed = replica.step_with(images, labels, Some(grad_scale), |i, g| {
+        let computed = replica.step_gathered(shard, Some(at), out, false, |i, g| {
             open.push(g);
             filled[bucket_of[i]] += 1;
             if filled[bucket_of[i]] == sizes[bucket_of[i]] {
@@ -193,14 +185,76 @@ where
         let t = Instant::now();
         let reduced = comm.join().map_err(|_| TrainError::CommThreadPanicked)?;
         let exposed = t.elapsed().as_secs_f64();
-        let stats = computed?;
+        computed?;
         reduced?;
         finished?;
-        Ok((stats, exposed))
+        Ok(exposed)
     })
 }
 
-/// One device's training loop.
+/// Queues one training step on the rank's device: the step's scalars, forward and backward
+/// with the gradients' reduction ([`step_and_reduce`]), the overflow check in half
+/// precision, the update, the step's end, and (given `staging`) the ring's copy to the host.
+/// Nothing in it is a host value that changes from step to step, so it can be captured.
+/// Returns the seconds spent waiting for communication.
+#[allow(clippy::too_many_arguments)]
+fn queue_step<C, T>(
+    rank: &mut C,
+    replica: &mut Replica<C::Device, T>,
+    set: &DeviceSet<C::Device>,
+    state: &mut StepState<C::Device>,
+    staging: Option<&mut Staging<f32>>,
+    (p, sgd): (&Planned, SgdStep),
+    bucket_of: &[usize; PARAMS.len()],
+    algorithm: Option<Algorithm>,
+) -> Result<f64, TrainError>
+where
+    C: Collective,
+    <C::Device as Memory>::Buffer<f32>: Send,
+    T: Precision,
+{
+    let dev = replica.dev.clone();
+    dev.step_begin(
+        &state.lr_table,
+        &state.batch,
+        &state.loss_scale,
+        p.global,
+        &mut state.scalars,
+    )?;
+    let shard = set.shard(&state.order, &state.batch, state.stride, p.n);
+    let exposed = step_and_reduce(
+        rank,
+        replica,
+        (&shard, &state.scalars, &mut state.current),
+        bucket_of,
+        algorithm,
+    )?;
+    if let Some(found) = &mut state.found {
+        // 16-bit activations can overflow: a step whose gradients are not all finite is
+        // skipped (and under fp16 the loss scale halves, on the device). Every replica holds
+        // the same reduced gradients, so every replica decides alike.
+        replica.check_gradients(found)?;
+    }
+    replica.update(sgd, Some(&state.scalars), state.found.as_ref())?;
+    dev.step_end(
+        &mut state.loss_scale,
+        state.clean.as_mut(),
+        state.found.as_mut(),
+        LossScaler::GROWTH_INTERVAL,
+        &mut state.batch,
+        &state.current,
+        &mut state.ring,
+    )?;
+    if let Some(staging) = staging {
+        dev.copy_out(&state.ring, staging)?;
+    }
+    Ok(exposed)
+}
+
+/// One device's training loop. The data set, the epoch's order and learning rates, and the
+/// step's scalars live on the device ([`resident`](super::resident)), so a step is queued
+/// with no host value in it. At one rank the host reads each step's record a few steps late
+/// ([`LAG`]) and waits for no step; at several it reads the reduced statistics each step.
 fn run_rank<C: Collective, T: Precision>(
     mut rank: C,
     start: &checkpoint::Checkpoint,
@@ -215,11 +269,10 @@ where
     let (n, me) = (rank.size(), rank.rank());
     // Its own queue, so that the gradients' reduction (on the rank's queue) overlaps backward.
     let mut replica = Replica::<C::Device, T>::new(rank.device().fork()?, &start.weights)?;
-    let mut scaler = match start.loss_scale {
+    let scaler = match start.loss_scale {
         Some((scale, clean)) if T::DTYPE.needs_loss_scaling() => LossScaler::restored(scale, clean),
         _ => LossScaler::new(T::DTYPE.needs_loss_scaling()),
     };
-    let mut found = replica.dev.alloc_zeros::<i32>(1)?;
     let mut stats_buf = None;
     if let Some(velocity) = &start.velocity {
         for (buf, v) in replica.velocity.iter_mut().zip(velocity) {
@@ -238,6 +291,24 @@ where
             bucket_of[i] = b;
         }
     }
+    let dev = replica.dev.clone();
+    let train_set = DeviceSet::upload(&dev, &data.train_images, &data.train_labels)?;
+    let mut eval = EvalState::new(&dev, &data.test_images, &data.test_labels, (n, me))?;
+    let kinds = (T::DTYPE.is_half(), scaler.enabled);
+    let mut state = StepState::new(&dev, cfg, (n, me), &scaler, kinds, steps_per_epoch)?;
+    let mut lagged = Lagged::new(&dev)?;
+    // Graphs of the step per batch shape (the shard's and the global batch's sizes), and the
+    // shapes whose first step has run. One rank's step waits for nothing on the host, so it
+    // can be captured; several ranks' allreduce still waits on the host.
+    let capture = cfg.cuda_graph && n == 1 && dev.can_capture();
+    let mut graphs: Vec<((usize, usize), Graph)> = Vec::new();
+    let mut warmed: Vec<(usize, usize)> = Vec::new();
+    let sgd = SgdStep {
+        lr: 0.0,
+        inv_scale: 1.0,
+        momentum: cfg.momentum,
+        weight_decay: cfg.weight_decay,
+    };
     // The step count places a resumed run: a checkpoint written when `max_steps` stopped an
     // epoch early continues inside that epoch, at the batch after the last one it took.
     let mut step = start.step;
@@ -254,72 +325,35 @@ where
             cfg.seed,
             epoch as u64,
         );
-        let (start, mut allreduce_s) = (Instant::now(), 0.0);
+        let (started, mut allreduce_s) = (Instant::now(), 0.0);
         let mut epoch_stats = ShardStats::default();
         let first_batch = if epoch == first_epoch {
             step % steps_per_epoch
         } else {
             0
         };
-        for b in first_batch..batches.len() {
-            if step >= total_steps {
-                break;
-            }
-            let shards = batches.shards(b, n);
-            let global: usize = shards.iter().map(|s| s.indices.len()).sum();
-            let (images, labels) =
-                gather(&data.train_images, &data.train_labels, &shards[me].indices);
-            let grad_scale = scaler.scale / global as f32;
-            let (local, exposed) = step_and_reduce(
-                &mut rank,
-                &mut replica,
-                (&images, &labels, grad_scale),
-                &bucket_of,
-                cfg.algorithm,
-            )?;
-            allreduce_s += exposed;
-            let lr = learning_rate(cfg, step, total_steps);
-            let sgd = SgdStep {
-                lr,
-                inv_scale: 1.0 / scaler.scale,
-                momentum: cfg.momentum,
-                weight_decay: cfg.weight_decay,
-            };
-            let loss_scale = scaler.scale;
-            if T::DTYPE.is_half() {
-                // 16-bit activations can overflow: a step whose gradients are not all finite is
-                // skipped (and under fp16 the loss scale halves). Every replica holds the same
-                // reduced gradients, so every replica decides alike.
-                replica.dev.write(&[0], &mut found)?;
-                replica.check_gradients(&mut found)?;
-                replica.update(sgd, Some(&found))?;
-                // Only fp16's dynamic scaling needs to know on the host (bf16 reads nothing).
-                if scaler.enabled {
-                    let skipped = replica.dev.download(&found)?[0] != 0;
-                    scaler.update(skipped);
-                }
-            } else {
-                replica.update(sgd, None)?;
-            }
-            // Rank 0's thread carries the caller's request to stop (its event handler failed)
-            // into the step's reduction.
-            let asked = me == 0 && stop.load(Ordering::Relaxed);
-            let (s, stopping) = reduce_stats(&mut rank, &mut stats_buf, local, asked)?;
-            if stopping {
-                return Err(TrainError::Stopped);
-            }
-            epoch_stats.loss_sum += s.loss_sum;
-            epoch_stats.correct += s.correct;
-            epoch_stats.count += s.count;
-            step += 1;
-            let loss = s.loss_sum / s.count.max(1) as f64;
+        let plan = state.begin_epoch(
+            &dev,
+            cfg,
+            &batches,
+            (n, me),
+            first_batch,
+            (step, total_steps),
+        )?;
+        // What the host learns of a step, at once (several ranks) or late (one).
+        let mut seen = |r: Record| -> Result<(), TrainError> {
+            let [loss_sum, correct, count] = r.stats;
+            epoch_stats.loss_sum += loss_sum as f64;
+            epoch_stats.correct += correct as usize;
+            epoch_stats.count += count as usize;
+            let loss = loss_sum as f64 / (count as f64).max(1.0);
             if me == 0 {
                 let _ = events.send(Event::Step(StepReport {
-                    step,
+                    step: r.step,
                     epoch,
                     loss,
-                    lr,
-                    loss_scale,
+                    lr: r.lr,
+                    loss_scale: r.loss_scale,
                 }));
             }
             // Every rank holds the same reduced loss, so every rank stops at this step. In
@@ -327,19 +361,94 @@ where
             // says it: the run never goes on to checkpoint such a state.
             if !loss.is_finite() {
                 return Err(TrainError::Diverged {
-                    step,
+                    step: r.step,
                     epoch,
                     problem: format!("the loss is {loss}"),
                 });
             }
+            Ok(())
+        };
+        for (i, p) in plan.iter().enumerate() {
+            if step >= total_steps {
+                break;
+            }
+            let mut queue_one = || -> Result<f64, TrainError> {
+                queue_step(
+                    &mut rank,
+                    &mut replica,
+                    &train_set,
+                    &mut state,
+                    lagged.staging(n == 1),
+                    (p, sgd),
+                    &bucket_of,
+                    cfg.algorithm,
+                )
+            };
+            let shape = (p.n, p.global);
+            allreduce_s += match graphs.iter().find(|(s, _)| *s == shape) {
+                Some((_, graph)) => {
+                    graph.launch()?;
+                    0.0
+                }
+                // A shape's first step runs from the stream: it allocates the shape's
+                // activations and loads the kernels, which a capture may not. Its second is
+                // captured, then launched.
+                None if capture && warmed.contains(&shape) => {
+                    dev.begin_capture()?;
+                    let queued = queue_one();
+                    let graph = dev.end_capture();
+                    let (exposed, graph) = (queued?, graph?);
+                    graph.launch()?;
+                    graphs.push((shape, graph));
+                    exposed
+                }
+                None => {
+                    warmed.push(shape);
+                    queue_one()?
+                }
+            };
+            step += 1;
+            if n == 1 {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(TrainError::Stopped);
+                }
+                lagged.mark(&dev, (step, i, p.lr))?;
+                for r in lagged.take(LAG)? {
+                    seen(r)?;
+                }
+                continue;
+            }
+            // Several ranks: the statistics are summed across them now, and with them rank
+            // 0's thread carries the caller's request to stop (its event handler failed).
+            let ring = dev.download(&state.ring)?;
+            let v = &ring[(i % RING) * RECORD..(i % RING + 1) * RECORD];
+            let local = ShardStats {
+                loss_sum: v[0] as f64,
+                correct: v[1] as usize,
+                count: v[2] as usize,
+            };
+            let asked = me == 0 && stop.load(Ordering::Relaxed);
+            let (s, stopping) = reduce_stats(&mut rank, &mut stats_buf, local, asked)?;
+            if stopping {
+                return Err(TrainError::Stopped);
+            }
+            seen(Record {
+                step,
+                lr: p.lr,
+                stats: [s.loss_sum as f32, s.correct as f32, s.count as f32],
+                loss_scale: v[STATS],
+            })?;
         }
-        let seconds = start.elapsed().as_secs_f64();
+        for r in lagged.drain(&dev)? {
+            seen(r)?;
+        }
+        let seconds = started.elapsed().as_secs_f64();
         let test_acc = evaluate(
             &mut rank,
             &mut stats_buf,
             &mut replica,
-            data,
-            cfg.batch,
+            &mut eval,
+            (cfg.batch, cfg.cuda_graph),
             (me == 0).then_some(events),
         )?;
         if me == 0 {
@@ -369,6 +478,7 @@ where
                     problem: format!("`{name}` holds a value that is not finite"),
                 });
             }
+            let scaler = state.scaler(&dev, scaler.enabled)?;
             let state = checkpoint::Checkpoint {
                 weights,
                 velocity: Some(velocity),
@@ -535,8 +645,13 @@ where
     check_data(data)?;
     let ranks = communicator(devices, CommConfig::default())?;
     let accuracies = on_each_rank(ranks, |mut rank| -> Result<f64, TrainError> {
-        let mut replica = Replica::<D, f32>::new(rank.device().clone(), weights)?;
-        evaluate(&mut rank, &mut None, &mut replica, data, batch.max(1), None)
+        let (ranks, me) = (rank.size(), rank.rank());
+        let dev = rank.device().clone();
+        let mut eval = EvalState::new(&dev, &data.test_images, &data.test_labels, (ranks, me))?;
+        let mut replica = Replica::<D, f32>::new(dev, weights)?;
+        // One pass: nothing to replay, so no graph.
+        let once = (batch.max(1), false);
+        evaluate(&mut rank, &mut None, &mut replica, &mut eval, once, None)
     })
     .map_err(|RankPanicked(i)| TrainError::RankPanicked(i))?;
     // Every rank computed the same (reduced) accuracy; any rank's failure is the result.

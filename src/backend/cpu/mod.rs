@@ -52,6 +52,7 @@ mod optim;
 mod pool;
 #[cfg(test)]
 mod product_check;
+mod step;
 mod summation;
 mod window_gemm;
 mod window_gemm_amx;
@@ -63,8 +64,9 @@ use super::backend_impl::{BackendImpl, OpResult};
 use super::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked, Conv2dBackward,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, Gemm, GradCheck, MaxPoolBackward,
-    MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
+    MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, ShardStats, SoftmaxCrossEntropy,
+    StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
@@ -449,7 +451,7 @@ impl BackendImpl for CpuDevice {
             &op.labels.0,
             &mut op.loss.0,
             op.grad.map(|g| g.as_mut_slice()),
-            op.grad_scale,
+            op.at.map_or(op.grad_scale, |at| at.grad_scale.0[0]),
         );
         op.correct.0[0] += right;
         Ok(())
@@ -470,13 +472,33 @@ impl BackendImpl for CpuDevice {
                 return Ok(());
             }
         }
+        let mut step = op.step;
+        if let Some(at) = op.at {
+            (step.lr, step.inv_scale) = (at.lr.0[0], at.inv_scale.0[0]);
+        }
         optim::sgd_step(
             &mut op.w.0,
             &op.grad.0,
             op.velocity.map(|v| v.as_mut_slice()),
             op.w_copy.map(|h| h.as_mut_slice()),
-            op.step,
+            step,
         );
         Ok(())
+    }
+
+    fn gather_batch<T: Precision>(&self, op: Checked<GatherBatch<'_, CpuDevice, T>>) -> OpResult {
+        step::gather_batch(op)
+    }
+
+    fn step_begin(&self, op: Checked<StepBegin<'_, CpuDevice>>) -> OpResult {
+        step::step_begin(op)
+    }
+
+    fn shard_stats(&self, op: Checked<ShardStats<'_, CpuDevice>>) -> OpResult {
+        step::shard_stats(op)
+    }
+
+    fn step_end(&self, op: Checked<StepEnd<'_, CpuDevice>>) -> OpResult {
+        step::step_end(op)
     }
 }

@@ -45,7 +45,7 @@ use cudarc::nvrtc::Ptx;
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
 use super::{KernelArg, KernelDevice, LaunchConfig};
-use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Fence, Memory};
+use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Fence, Graph, Memory, Staging};
 use crate::kernels::{KernelModule, KernelSignature};
 
 /// Where `cargo build` put the CPU stand-in for the CUDA driver (`libcuda.so.1`); point
@@ -628,16 +628,116 @@ impl Memory for CudaDevice {
             .stream
             .record_event(None)
             .map_err(driver_err("recording an event"))?;
-        let queue = self.queue.clone();
-        Ok(Fence::new(move || {
-            event
-                .synchronize()
-                .map_err(|e| queue.waited_err("waiting for an event".into(), e))
-        }))
+        let (queue, asked) = (self.queue.clone(), self.queue.clone());
+        let event = Arc::new(event);
+        let queried = event.clone();
+        Ok(Fence::new(
+            move || {
+                event
+                    .synchronize()
+                    .map_err(|e| queue.waited_err("waiting for an event".into(), e))
+            },
+            move || {
+                queried
+                    .try_is_complete()
+                    .map_err(|e| asked.waited_err("asking whether an event is done".into(), e))
+            },
+        ))
+    }
+
+    fn alloc_staging<T: DeviceScalar>(&self, len: usize) -> Result<Staging<T>, BackendError> {
+        self.bind()?;
+        let bytes = len.max(1) * std::mem::size_of::<T>();
+        let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the context is current (bind).
+        unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, 0) }
+            .result()
+            .map_err(driver_err(format!(
+                "allocating {bytes} bytes of page-locked host memory"
+            )))?;
+        // SAFETY: the driver returned `bytes` of host memory, aligned for any type; zeroed
+        // here so that every element is initialized.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        let addr = ptr as usize;
+        let release = Box::new(move || {
+            // SAFETY: allocated by cuMemHostAlloc above and freed once, here. A free that
+            // fails leaves nothing to do at drop.
+            let _ = unsafe { sys::cuMemFreeHost(addr as *mut std::ffi::c_void) };
+        });
+        // SAFETY: `len` zeroed (valid) elements of T that live until `release`.
+        Ok(unsafe { Staging::from_raw(ptr.cast::<T>(), len, release) })
+    }
+
+    fn copy_out<T: DeviceScalar>(
+        &self,
+        buf: &CudaBuffer<T>,
+        staging: &mut Staging<T>,
+    ) -> Result<(), BackendError> {
+        crate::backend::check::same_len("device-to-staging copy", buf.len(), staging.len())?;
+        self.bind()?;
+        let bytes = buf.len() * std::mem::size_of::<T>();
+        // SAFETY: `staging` holds `bytes` of page-locked memory that outlives the copy (the
+        // caller reads it only after a later fence); the source is a live device buffer of
+        // the same size.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                staging.as_mut_ptr().cast(),
+                buf.device_addr(),
+                bytes,
+                self.queue.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| {
+            self.queue
+                .waited_err("queueing a copy to page-locked memory".into(), e)
+        })
     }
 
     fn fork(&self) -> Result<Self, BackendError> {
         CudaDevice::with_new_queue(self.gpu.clone())
+    }
+
+    fn can_capture(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&self) -> Result<(), BackendError> {
+        self.bind()?;
+        // Thread-local: each rank captures from its own thread, and what another thread
+        // does meanwhile (its own launches, a synchronize) neither joins nor breaks this
+        // capture.
+        self.queue
+            .stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver_err("beginning a stream capture"))
+    }
+
+    fn end_capture(&self) -> Result<Graph, BackendError> {
+        self.bind()?;
+        let graph = self
+            .queue
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| self.queue.waited_err("ending a stream capture".into(), e))?
+            .ok_or_else(|| BackendError::Unsupported {
+                op: "graph capture",
+                what: "a capture that recorded no work".into(),
+            })?;
+        graph
+            .upload()
+            .map_err(driver_err("uploading a graph to the GPU"))?;
+        let (queue, gpu) = (self.queue.clone(), self.gpu.clone());
+        Ok(Graph::new(move || {
+            gpu.ctx
+                .bind_to_thread()
+                .map_err(driver_err("binding the context"))?;
+            graph
+                .launch()
+                .map_err(|e| queue.waited_err("launching a graph".into(), e))?;
+            queue.launched("(graph)");
+            Ok(())
+        }))
     }
 }
 

@@ -36,6 +36,16 @@ impl LaunchConfig {
         Self::flat_capped(n, Self::flat_max_blocks())
     }
 
+    /// One block of one warp: for a kernel whose thread 0 does a little bookkeeping
+    /// (`kernels/step.cu`); a warp, not one thread, since a GPU schedules no less.
+    pub fn single() -> Self {
+        LaunchConfig {
+            grid: (1, 1, 1),
+            block: (32, 1, 1),
+            shared_bytes: 0,
+        }
+    }
+
     /// The most blocks [`flat`](Self::flat) asks for now.
     pub fn flat_max_blocks() -> u32 {
         FLAT_MAX_BLOCKS_NOW.load(Ordering::Relaxed)

@@ -10,14 +10,15 @@ use super::{KernelArg, KernelDevice, LaunchConfig};
 use crate::backend::backend_impl::{run, OpResult};
 use crate::backend::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
-    Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward, Fill, Gemm,
-    GradCheck, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SoftmaxCrossEntropy,
+    Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward, Fill,
+    GatherBatch, Gemm, GradCheck, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd,
+    ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Pool2dShape, Precision,
     PrecisionOp,
 };
-use crate::kernels::{elementwise as ew, KernelSignature};
+use crate::kernels::{elementwise as ew, step, KernelSignature};
 
 fn i32_arg(v: usize) -> KernelArg {
     // Shapes are validated to fit i32 before any launch.
@@ -379,6 +380,7 @@ impl<D: KernelDevice> BackendImpl for D {
             i32_arg(op.rows),
             i32_arg(op.classes),
             KernelArg::F32(op.grad_scale),
+            KernelArg::optional(op.at.map(|at| &at.grad_scale)),
         ];
         let cfg = LaunchConfig {
             grid: (blocks(op.rows, 8), 1, 1),
@@ -426,6 +428,8 @@ impl<D: KernelDevice> BackendImpl for D {
             KernelArg::F32(op.step.inv_scale),
             KernelArg::F32(op.step.momentum),
             KernelArg::F32(op.step.weight_decay),
+            KernelArg::optional(op.at.map(|at| &at.lr)),
+            KernelArg::optional(op.at.map(|at| &at.inv_scale)),
             KernelArg::optional(op.found),
         ];
         // SAFETY: see the module docs.
@@ -436,5 +440,91 @@ impl<D: KernelDevice> BackendImpl for D {
                 &args,
             )
         }
+    }
+
+    fn gather_batch<T: Precision>(&self, op: Checked<GatherBatch<'_, D, T>>) -> OpResult {
+        let op = op.into_inner();
+        let (image, n) = (op.image(), op.y.len());
+        let args = [
+            KernelArg::buffer(op.pixels),
+            KernelArg::buffer(op.labels),
+            KernelArg::U64(op.labels.len() as u64),
+            KernelArg::buffer(op.order),
+            KernelArg::U64(op.order.len() as u64),
+            KernelArg::buffer(op.batch),
+            i32_arg(op.shard),
+            i32_arg(image),
+            i32_arg(n),
+            KernelArg::buffer_mut(op.x),
+            KernelArg::buffer_mut(op.y),
+        ];
+        // SAFETY: see the module docs; every index the kernel reads is checked against the
+        // lengths it is given.
+        unsafe {
+            self.launch(
+                PrecisionOp::GatherBatch.kernel(T::DTYPE),
+                LaunchConfig::flat(n * image),
+                &args,
+            )
+        }
+    }
+
+    fn step_begin(&self, op: Checked<StepBegin<'_, D>>) -> OpResult {
+        let op = op.into_inner();
+        let out = op.out;
+        // SAFETY: see the module docs (one thread; every buffer holds one element, the
+        // table's length is passed).
+        unsafe {
+            step::step_begin(
+                self,
+                LaunchConfig::single(),
+                op.lr_table,
+                op.lr_table.len() as u64,
+                op.batch,
+                op.loss_scale,
+                op.global as f32,
+                &mut out.lr,
+                &mut out.grad_scale,
+                &mut out.inv_scale,
+            )
+        }
+    }
+
+    fn shard_stats(&self, op: Checked<ShardStats<'_, D>>) -> OpResult {
+        let op = op.into_inner();
+        let cfg = LaunchConfig {
+            grid: (1, 1, 1),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: see the module docs (one block of the 256 threads the kernel sums with).
+        unsafe {
+            step::shard_stats(
+                self,
+                cfg,
+                op.loss,
+                op.loss.len() as i32,
+                op.correct,
+                op.out,
+                op.accumulate.into(),
+            )
+        }
+    }
+
+    fn step_end(&self, op: Checked<StepEnd<'_, D>>) -> OpResult {
+        let op = op.into_inner();
+        let slots = (op.ring.len() / crate::backend::step::RECORD) as i32;
+        let args = [
+            KernelArg::buffer_mut(op.loss_scale),
+            KernelArg::optional_mut(op.clean),
+            KernelArg::optional_mut(op.found),
+            KernelArg::I32(op.growth_interval.min(i32::MAX as usize) as i32),
+            KernelArg::buffer_mut(op.batch),
+            KernelArg::buffer(op.current),
+            KernelArg::buffer_mut(op.ring),
+            KernelArg::I32(slots),
+        ];
+        // SAFETY: see the module docs (one thread; the ring's slots are passed).
+        unsafe { self.launch(&step::STEP_END, LaunchConfig::single(), &args) }
     }
 }
