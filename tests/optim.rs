@@ -1,12 +1,14 @@
 //! The optimizer step (`kernels/optim.cu` and the CPU backend): SGD with and without
 //! momentum and weight decay, unscaling, the fp16 and bf16 copies of the weights, and the finite
-//! check that flags inf and NaN and makes the step leave everything untouched.
+//! check that flags inf and NaN and makes the step leave everything untouched; and both over
+//! many tensors in one launch (through a table of their addresses), equal to one launch each.
 
 mod common;
 
 use common::{assert_close, bytes, per_backend, random, rng, wide, F32};
 use half::{bf16, f16};
-use nanoddp::backend::{Backend, Precision, SgdStep};
+use nanoddp::backend::op::SgdTensor;
+use nanoddp::backend::{Backend, BackendError, Precision, SgdStep, TensorTable};
 
 const N: usize = 70_001; // not a multiple of any block or chunk size
 
@@ -183,4 +185,129 @@ fn finite_check_flags_overflow_and_skips_the_step<B: Backend>(dev: &B) -> Vec<u8
     Vec::new()
 }
 
-per_backend!(sgd_step, finite_check_flags_overflow_and_skips_the_step);
+/// Tensors of odd sizes, some with momentum and a copy, updated in one launch: bit for bit
+/// what one launch per tensor gives; then other buffers through the same table (it must
+/// follow them), a set flag (nothing moves), the checks.
+fn many_tensors_in_one_launch_equal_one_launch_each<B: Backend>(dev: &B) -> Vec<u8> {
+    let mut g = rng(46);
+    let sizes = [1usize, 1000, 257, 4099];
+    let step = SgdStep {
+        lr: 0.03,
+        inv_scale: 0.5,
+        momentum: 0.9,
+        weight_decay: 1e-3,
+    };
+    let make = |g: &mut rand::rngs::StdRng| {
+        sizes
+            .iter()
+            .map(|&n| {
+                let w: Vec<f32> = random(g, n);
+                let grad: Vec<f32> = random(g, n);
+                let v: Vec<f32> = random(g, n);
+                (w, grad, v)
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut table = TensorTable::new(dev, sizes.len()).unwrap();
+    let mut out = Vec::new();
+    for round in 0..2 {
+        // A fresh set of buffers each round: the table must be rewritten to follow them.
+        let host = make(&mut g);
+        let upload = || {
+            host.iter()
+                .map(|(w, grad, v)| {
+                    (
+                        dev.upload(w).unwrap(),
+                        dev.upload(grad).unwrap(),
+                        dev.upload(v).unwrap(),
+                        dev.upload(&vec![f16::NAN; w.len()]).unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let (mut one, mut each) = (upload(), upload());
+        // Tensor i has momentum when i is odd, a copy when i > 1.
+        let tensors = one
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (w, grad, v, c))| SgdTensor {
+                w,
+                grad,
+                velocity: (i % 2 == 1).then_some(v),
+                w_copy: (i > 1).then_some(c),
+            })
+            .collect();
+        dev.sgd_step_many::<f16>(tensors, &mut table, step, None, None)
+            .unwrap();
+        for (i, (w, grad, v, c)) in each.iter_mut().enumerate() {
+            let velocity = (i % 2 == 1).then_some(v);
+            let copy = (i > 1).then_some(c);
+            dev.sgd_step::<f16>(w, grad, velocity, copy, step, None, None)
+                .unwrap();
+        }
+        for (i, (a, b)) in one.iter().zip(&each).enumerate() {
+            let what = format!("round {round}, tensor {i} of {}", sizes[i]);
+            let (wa, wb) = (dev.download(&a.0).unwrap(), dev.download(&b.0).unwrap());
+            assert_eq!(bytes(&wa), bytes(&wb), "{what}: weights");
+            assert_ne!(wa, host[i].0, "{what}: moved");
+            let (va, vb) = (dev.download(&a.2).unwrap(), dev.download(&b.2).unwrap());
+            assert_eq!(bytes(&va), bytes(&vb), "{what}: velocity");
+            let (ca, cb) = (dev.download(&a.3).unwrap(), dev.download(&b.3).unwrap());
+            assert_eq!(
+                common::half_bits(&ca),
+                common::half_bits(&cb),
+                "{what}: copy"
+            );
+            out.extend(bytes(&wa));
+        }
+        // A set flag: nothing moves, in any tensor.
+        let before: Vec<Vec<f32>> = one.iter().map(|t| dev.download(&t.0).unwrap()).collect();
+        let found = dev.upload(&[1i32]).unwrap();
+        let tensors = one
+            .iter_mut()
+            .map(|(w, grad, _, _)| SgdTensor::<B, f32> {
+                w,
+                grad,
+                velocity: None,
+                w_copy: None,
+            })
+            .collect();
+        dev.sgd_step_many(tensors, &mut table, step, None, Some(&found))
+            .unwrap();
+        let after: Vec<Vec<f32>> = one.iter().map(|t| dev.download(&t.0).unwrap()).collect();
+        assert_eq!(
+            before, after,
+            "round {round}: a set flag skips every tensor"
+        );
+        // The check over all of them: a NaN in the third tensor's last element is seen.
+        let grads: Vec<&_> = one.iter().map(|t| &t.1).collect();
+        let mut check = TensorTable::new(dev, sizes.len()).unwrap();
+        let mut found = dev.upload(&[0i32]).unwrap();
+        dev.grad_check_many(&grads, &mut check, &mut found).unwrap();
+        assert_eq!(dev.download(&found).unwrap(), [0], "finite gradients");
+        let mut bad = host[2].1.clone();
+        *bad.last_mut().unwrap() = f32::NAN;
+        dev.write(&bad, &mut one[2].1).unwrap();
+        let grads: Vec<&_> = one.iter().map(|t| &t.1).collect();
+        dev.grad_check_many(&grads, &mut check, &mut found).unwrap();
+        assert_eq!(dev.download(&found).unwrap(), [1], "the NaN is flagged");
+    }
+    // More tensors than the table holds, or none: refused.
+    let mut small = TensorTable::new(dev, 1).unwrap();
+    let (a, b) = (
+        dev.upload(&[1.0f32]).unwrap(),
+        dev.upload(&[1.0f32]).unwrap(),
+    );
+    let mut found = dev.upload(&[0i32]).unwrap();
+    let e = dev.grad_check_many(&[&a, &b], &mut small, &mut found);
+    assert!(matches!(e, Err(BackendError::BadShape { .. })), "{e:?}");
+    let e = dev.grad_check_many(&[], &mut small, &mut found);
+    assert!(matches!(e, Err(BackendError::BadShape { .. })), "{e:?}");
+    out
+}
+
+per_backend!(
+    sgd_step,
+    finite_check_flags_overflow_and_skips_the_step,
+    many_tensors_in_one_launch_equal_one_launch_each
+);

@@ -11,8 +11,8 @@ use super::op::{
     Add, Args, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
     Conv2dBackward, Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
     Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
-    MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, ShardStats, SoftmaxCrossEntropy,
-    StepBegin, StepEnd,
+    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, ShardStats,
+    SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::{BackendError, Memory};
@@ -68,6 +68,8 @@ pub trait BackendImpl: Memory + Sized {
     ) -> OpResult;
     fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, Self, G>>) -> OpResult;
     fn sgd_step<T: Precision>(&self, op: Checked<Sgd<'_, Self, T>>) -> OpResult;
+    fn sgd_step_many<T: Precision>(&self, op: Checked<SgdMany<'_, Self, T>>) -> OpResult;
+    fn grad_check_many(&self, op: Checked<GradCheckMany<'_, Self>>) -> OpResult;
     fn gather_batch<T: Precision>(&self, op: Checked<GatherBatch<'_, Self, T>>) -> OpResult;
     fn step_begin(&self, op: Checked<StepBegin<'_, Self>>) -> OpResult;
     fn shard_stats(&self, op: Checked<ShardStats<'_, Self>>) -> OpResult;

@@ -45,4 +45,4 @@ pub use memory::{DeviceBuffer, DeviceScalar, Fence, Graph, Memory, Staging};
 pub use ops::Backend;
 pub use precision::{gemm_kernel, Precision, PrecisionOp};
 pub use shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
-pub use step::{StepScalars, RECORD, STATS};
+pub use step::{StepScalars, TensorTable, RECORD, STATS};

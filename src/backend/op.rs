@@ -16,7 +16,7 @@ use std::ops::Deref;
 use super::check::{self, ConvTensor::*};
 use super::precision::Precision;
 use super::shapes::{fits_i32, Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
-use super::step::{StepScalars, RECORD, STATS};
+use super::step::{StepScalars, TensorTable, RECORD, STATS};
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 use crate::kernels::Scalar;
 
@@ -629,5 +629,86 @@ impl<B: Memory> Args for StepEnd<'_, B> {
             });
         }
         fits_i32(OP, "the ring's records", ring / RECORD).map(drop)
+    }
+}
+
+/// One tensor of [`Backend::sgd_step_many`](super::Backend::sgd_step_many): the arguments
+/// [`Backend::sgd_step`](super::Backend::sgd_step) takes per tensor.
+pub struct SgdTensor<'a, B: Memory, T: DeviceScalar> {
+    pub w: &'a mut Buf<B, f32>,
+    pub grad: &'a Buf<B, f32>,
+    pub velocity: Option<&'a mut Buf<B, f32>>,
+    pub w_copy: Option<&'a mut Buf<B, T>>,
+}
+
+impl<B: Memory, T: DeviceScalar> SgdTensor<'_, B, T> {
+    /// The tensor's words in a [`TensorTable`] (addresses, 0 for none, then its length).
+    pub fn words(&self) -> [u64; super::step::TENSOR_WORDS] {
+        [
+            self.w.device_addr(),
+            self.grad.device_addr(),
+            self.velocity.as_deref().map_or(0, |v| v.device_addr()),
+            self.w_copy.as_deref().map_or(0, |c| c.device_addr()),
+            self.w.len() as u64,
+        ]
+    }
+}
+
+/// Checks that `count` tensors fit `table` and a grid's second dimension.
+fn table_room<B: Memory>(
+    op: &'static str,
+    count: usize,
+    table: &TensorTable<B>,
+) -> Result<(), BackendError> {
+    if count == 0 || count > table.capacity() || count > u16::MAX as usize {
+        return Err(BackendError::BadShape {
+            op,
+            detail: format!(
+                "{count} tensors for a table of {} (1 to 65,535)",
+                table.capacity()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// [`Backend::sgd_step_many`](super::Backend::sgd_step_many)'s arguments.
+pub struct SgdMany<'a, B: Memory, T: DeviceScalar> {
+    pub tensors: Vec<SgdTensor<'a, B, T>>,
+    pub table: &'a mut TensorTable<B>,
+    pub step: SgdStep,
+    pub at: Option<&'a StepScalars<B>>,
+    pub found: Option<&'a Buf<B, i32>>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for SgdMany<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        table_room("sgd_step_many", self.tensors.len(), self.table)?;
+        if let Some(at) = self.at {
+            at.check("sgd_step_many")?;
+        }
+        self.tensors.iter().try_for_each(|t| {
+            check::sgd(check::SgdLengths {
+                weights: t.w.len(),
+                grad: t.grad.len(),
+                velocity: t.velocity.as_deref().map(len::<B, _>),
+                w_copy: t.w_copy.as_deref().map(len::<B, _>),
+                found: self.found.map(len::<B, _>),
+            })
+        })
+    }
+}
+
+/// [`Backend::grad_check_many`](super::Backend::grad_check_many)'s arguments.
+pub struct GradCheckMany<'a, B: Memory> {
+    pub grads: &'a [&'a Buf<B, f32>],
+    pub table: &'a mut TensorTable<B>,
+    pub found: &'a mut Buf<B, i32>,
+}
+
+impl<B: Memory> Args for GradCheckMany<'_, B> {
+    fn check(&self) -> Result<(), BackendError> {
+        table_room("grad_check_many", self.grads.len(), self.table)?;
+        check::expect_len("grad_check_many", "found", self.found.len(), 1)
     }
 }

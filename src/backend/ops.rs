@@ -14,12 +14,12 @@ use super::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Conv2dBackward,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
     Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
-    MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, ShardStats, SoftmaxCrossEntropy,
-    StepBegin, StepEnd,
+    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, SgdTensor,
+    ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
-use super::step::StepScalars;
+use super::step::{StepScalars, TensorTable};
 use super::{BackendError, Memory};
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
@@ -210,6 +210,28 @@ pub trait Backend: Memory + Sized {
         dw: &mut Buf<Self, f32>,
         db: &mut Buf<Self, f32>,
         workspace: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+
+    /// [`Backend::sgd_step`] on every tensor of `tensors` (at least one), in one launch on
+    /// a kernel device: a grid whose second dimension is the tensor, the tensors' addresses
+    /// read from `table` (rewritten only when they change). The flag, `step` and `at` are
+    /// shared; the whole update is skipped when `found[0] != 0`.
+    fn sgd_step_many<T: Precision>(
+        &self,
+        tensors: Vec<SgdTensor<'_, Self, T>>,
+        table: &mut TensorTable<Self>,
+        step: SgdStep,
+        at: Option<&StepScalars<Self>>,
+        found: Option<&Buf<Self, i32>>,
+    ) -> Result<(), BackendError>;
+
+    /// [`Backend::grad_check`] over every gradient of `grads` (f32, at least one), in one
+    /// launch on a kernel device (as [`Backend::sgd_step_many`], through `table`).
+    fn grad_check_many(
+        &self,
+        grads: &[&Buf<Self, f32>],
+        table: &mut TensorTable<Self>,
+        found: &mut Buf<Self, i32>,
     ) -> Result<(), BackendError>;
 
     /// Per-row softmax cross-entropy loss, optionally its logits' gradient times
@@ -654,6 +676,38 @@ impl<B: BackendImpl> Backend for B {
             found,
         };
         run(self, op, BackendImpl::sgd_step)
+    }
+
+    fn sgd_step_many<T: Precision>(
+        &self,
+        tensors: Vec<SgdTensor<'_, B, T>>,
+        table: &mut TensorTable<B>,
+        step: SgdStep,
+        at: Option<&StepScalars<B>>,
+        found: Option<&Buf<B, i32>>,
+    ) -> Result<(), BackendError> {
+        let op = SgdMany {
+            tensors,
+            table,
+            step,
+            at,
+            found,
+        };
+        run(self, op, BackendImpl::sgd_step_many)
+    }
+
+    fn grad_check_many(
+        &self,
+        grads: &[&Buf<B, f32>],
+        table: &mut TensorTable<B>,
+        found: &mut Buf<B, i32>,
+    ) -> Result<(), BackendError> {
+        let op = GradCheckMany {
+            grads,
+            table,
+            found,
+        };
+        run(self, op, BackendImpl::grad_check_many)
     }
 
     fn gather_batch<T: Precision>(

@@ -48,6 +48,8 @@ pub enum PrecisionOp {
     ReduceSum,
     /// `gather_batch_*` (by the images' type)
     GatherBatch,
+    /// `sgd_step_tensors_*` (by the weight copies' type)
+    SgdStepTensors,
 }
 
 impl PrecisionOp {
@@ -72,6 +74,7 @@ impl PrecisionOp {
             Self::SgdStep => &optim::SGD_STEP,
             Self::ReduceSum => &collective::REDUCE_SUM,
             Self::GatherBatch => &step::GATHER_BATCH,
+            Self::SgdStepTensors => &optim::SGD_STEP_TENSORS,
         };
         per_type[dtype.code() as usize]
     }

@@ -69,3 +69,46 @@ pub fn rescale(scale: f32, clean: usize, overflow: bool, growth_interval: usize)
         (scale, clean + 1)
     }
 }
+
+/// Words per tensor in a [`TensorTable`]: its weights', gradient's, velocity's (0: none) and
+/// weight copy's (0: none) addresses, then its length (`TENSOR_WORDS` in `kernels/optim.cu`).
+pub const TENSOR_WORDS: usize = 5;
+
+/// A table in device memory of the tensors one launch updates
+/// ([`Backend::sgd_step_many`](super::Backend::sgd_step_many),
+/// [`Backend::grad_check_many`](super::Backend::grad_check_many)): [`TENSOR_WORDS`] words
+/// per tensor. It is rewritten only when the tensors' addresses change, so a step that
+/// passes the buffers it kept for the run copies nothing (and can be captured).
+pub struct TensorTable<B: Memory> {
+    pub(crate) table: B::Buffer<u64>,
+    /// What `table` holds now.
+    written: Vec<u64>,
+}
+
+impl<B: Memory> TensorTable<B> {
+    /// Room for `tensors` tensors on `dev`.
+    pub fn new(dev: &B, tensors: usize) -> Result<Self, BackendError> {
+        Ok(TensorTable {
+            table: dev.alloc_zeros(tensors.max(1) * TENSOR_WORDS)?,
+            written: Vec::new(),
+        })
+    }
+
+    /// Tensors it has room for.
+    pub fn capacity(&self) -> usize {
+        super::DeviceBuffer::len(&self.table) / TENSOR_WORDS
+    }
+
+    /// Makes the table hold `words` (whole tensors, at most its capacity), copying them only
+    /// when they differ from what it holds.
+    pub(crate) fn point(&mut self, dev: &B, words: &[u64]) -> Result<(), BackendError> {
+        if self.written == words {
+            return Ok(());
+        }
+        let mut padded = vec![0u64; super::DeviceBuffer::len(&self.table)];
+        padded[..words.len()].copy_from_slice(words);
+        dev.write(&padded, &mut self.table)?;
+        self.written = words.to_vec();
+        Ok(())
+    }
+}

@@ -15,9 +15,10 @@
 
 use std::any::Any;
 
+use crate::backend::op::SgdTensor;
 use crate::backend::{
     Backend, BackendError, Conv2dShape, Epilogue, Pool2dShape, Precision, SgdStep, StepScalars,
-    STATS,
+    TensorTable, STATS,
 };
 
 mod architecture;
@@ -231,6 +232,10 @@ pub struct Replica<B: Backend, T: Precision = f32> {
     pub grads: Vec<B::Buffer<f32>>,
     /// Momentum buffers, same layout.
     pub velocity: Vec<B::Buffer<f32>>,
+    /// The tensors' addresses for the one-launch update and overflow check, written at the
+    /// first step (and again only if a buffer above is replaced).
+    update_table: TensorTable<B>,
+    check_table: TensorTable<B>,
     /// Activations per shard size met so far (a run meets two: the full batch's shard and
     /// an epoch's last; evaluation may add its own). Each is kept for the run, so work
     /// captured in a graph keeps pointing at live buffers.
@@ -317,12 +322,18 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
                 .collect::<Result<Vec<_>, _>>()
         };
         let (grads, velocity) = (zeros()?, zeros()?);
+        let (update_table, check_table) = (
+            TensorTable::new(&dev, PARAMS.len())?,
+            TensorTable::new(&dev, PARAMS.len())?,
+        );
         Ok(Replica {
             dev,
             params,
             half,
             grads,
             velocity,
+            update_table,
+            check_table,
             acts: Vec::new(),
         })
     }
@@ -578,18 +589,18 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         stats(a)
     }
 
-    /// Sets `found[0] = 1` if any gradient is inf or NaN (an overflow under the loss scale).
-    pub fn check_gradients(&self, found: &mut B::Buffer<i32>) -> Result<(), BackendError> {
-        for g in &self.grads {
-            self.dev.grad_check::<f32>(g, found)?;
-        }
-        Ok(())
+    /// Sets `found[0] = 1` if any gradient is inf or NaN (an overflow under the loss scale):
+    /// one launch over every tensor.
+    pub fn check_gradients(&mut self, found: &mut B::Buffer<i32>) -> Result<(), BackendError> {
+        let grads: Vec<&B::Buffer<f32>> = self.grads.iter().collect();
+        self.dev
+            .grad_check_many(&grads, &mut self.check_table, found)
     }
 
     /// One fused SGD step on every tensor from [`Replica::grads`] (already reduced across
-    /// devices; multiplied by `step.inv_scale` to undo the loss scale); skipped entirely if
-    /// `found` is set. With `at`, the learning rate and the unscaling factor are read from
-    /// device memory instead (see [`Backend::sgd_step`]).
+    /// devices; multiplied by `step.inv_scale` to undo the loss scale), in one launch;
+    /// skipped entirely if `found` is set. With `at`, the learning rate and the unscaling
+    /// factor are read from device memory instead (see [`Backend::sgd_step`]).
     pub fn update(
         &mut self,
         step: SgdStep,
@@ -597,19 +608,22 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         found: Option<&B::Buffer<i32>>,
     ) -> Result<(), BackendError> {
         let with_velocity = step.momentum != 0.0;
-        for (i, ((w, g), v)) in self
+        // With 16-bit activations the fused kernel also writes the copy the next forward
+        // reads.
+        let mut copies = self.half.as_mut().map(|h| h.iter_mut());
+        let tensors = self
             .params
             .iter_mut()
             .zip(&self.grads)
             .zip(&mut self.velocity)
-            .enumerate()
-        {
-            // With 16-bit activations the fused kernel also writes the copy the next forward
-            // reads.
-            let copy = self.half.as_mut().map(|h| &mut h[i]);
-            self.dev
-                .sgd_step(w, g, with_velocity.then_some(v), copy, step, at, found)?;
-        }
-        Ok(())
+            .map(|((w, grad), v)| SgdTensor {
+                w,
+                grad,
+                velocity: with_velocity.then_some(v),
+                w_copy: copies.as_mut().and_then(|c| c.next()),
+            })
+            .collect();
+        self.dev
+            .sgd_step_many(tensors, &mut self.update_table, step, at, found)
     }
 }

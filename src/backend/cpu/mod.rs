@@ -65,8 +65,8 @@ use super::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked, Conv2dBackward,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
     Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
-    MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, ShardStats, SoftmaxCrossEntropy,
-    StepBegin, StepEnd,
+    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, ShardStats,
+    SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
@@ -483,6 +483,35 @@ impl BackendImpl for CpuDevice {
             op.w_copy.map(|h| h.as_mut_slice()),
             step,
         );
+        Ok(())
+    }
+
+    fn sgd_step_many<T: Precision>(&self, op: Checked<SgdMany<'_, CpuDevice, T>>) -> OpResult {
+        let op = op.into_inner();
+        if op.found.is_some_and(|f| f.0[0] != 0) {
+            return Ok(());
+        }
+        let mut step = op.step;
+        if let Some(at) = op.at {
+            (step.lr, step.inv_scale) = (at.lr.0[0], at.inv_scale.0[0]);
+        }
+        for t in op.tensors {
+            optim::sgd_step(
+                &mut t.w.0,
+                &t.grad.0,
+                t.velocity.map(|v| v.as_mut_slice()),
+                t.w_copy.map(|h| h.as_mut_slice()),
+                step,
+            );
+        }
+        Ok(())
+    }
+
+    fn grad_check_many(&self, op: Checked<GradCheckMany<'_, CpuDevice>>) -> OpResult {
+        let op = op.into_inner();
+        if op.grads.iter().any(|g| optim::any_nonfinite(&g.0)) {
+            op.found.0[0] = 1;
+        }
         Ok(())
     }
 

@@ -11,14 +11,14 @@ use crate::backend::backend_impl::{run, OpResult};
 use crate::backend::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward, Fill,
-    GatherBatch, Gemm, GradCheck, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd,
-    ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
+    GatherBatch, Gemm, GradCheck, GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward,
+    Scale, Sgd, SgdMany, ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Pool2dShape, Precision,
     PrecisionOp,
 };
-use crate::kernels::{elementwise as ew, step, KernelSignature};
+use crate::kernels::{elementwise as ew, optim as optim_kernels, step, KernelSignature};
 
 fn i32_arg(v: usize) -> KernelArg {
     // Shapes are validated to fit i32 before any launch.
@@ -440,6 +440,43 @@ impl<D: KernelDevice> BackendImpl for D {
                 &args,
             )
         }
+    }
+
+    fn sgd_step_many<T: Precision>(&self, op: Checked<SgdMany<'_, D, T>>) -> OpResult {
+        let op = op.into_inner();
+        let words: Vec<u64> = op.tensors.iter().flat_map(|t| t.words()).collect();
+        op.table.point(self, &words)?;
+        let longest = op.tensors.iter().map(|t| t.w.len()).max().unwrap_or(0);
+        let mut cfg = LaunchConfig::flat(longest);
+        cfg.grid.1 = op.tensors.len() as u32;
+        let args = [
+            KernelArg::buffer(&op.table.table),
+            KernelArg::F32(op.step.lr),
+            KernelArg::F32(op.step.inv_scale),
+            KernelArg::F32(op.step.momentum),
+            KernelArg::F32(op.step.weight_decay),
+            KernelArg::optional(op.at.map(|at| &at.lr)),
+            KernelArg::optional(op.at.map(|at| &at.inv_scale)),
+            KernelArg::optional(op.found),
+        ];
+        // SAFETY: see the module docs; the table holds each checked tensor's live addresses
+        // and length (just pointed), and the grid's y covers exactly those tensors.
+        unsafe { self.launch(PrecisionOp::SgdStepTensors.kernel(T::DTYPE), cfg, &args) }
+    }
+
+    fn grad_check_many(&self, op: Checked<GradCheckMany<'_, D>>) -> OpResult {
+        let op = op.into_inner();
+        let words: Vec<u64> = op
+            .grads
+            .iter()
+            .flat_map(|g| [0, g.device_addr(), 0, 0, g.len() as u64])
+            .collect();
+        op.table.point(self, &words)?;
+        let longest = op.grads.iter().map(|g| g.len()).max().unwrap_or(0);
+        let mut cfg = LaunchConfig::flat(longest);
+        cfg.grid.1 = op.grads.len() as u32;
+        // SAFETY: as sgd_step_many.
+        unsafe { optim_kernels::grad_check_tensors(self, cfg, &op.table.table, op.found) }
     }
 
     fn gather_batch<T: Precision>(&self, op: Checked<GatherBatch<'_, D, T>>) -> OpResult {
