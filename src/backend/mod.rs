@@ -20,6 +20,10 @@
 //!   [`BackendImpl`] with the arguments as one [`op`] struct, [`Checked`](op::Checked). A new backend implements [`Memory`] and either [`KernelDevice`] (and
 //!   gets every operation from the kernels) or [`BackendImpl`].
 //! * [`Precision`]: the Rust types of the storage [`DType`](crate::dtype::DType)s.
+//! * [`step`]: what a training step keeps in device memory so that the host neither feeds
+//!   nor waits for it ([`StepScalars`], the statistics' layout, [`TensorTable`]); with
+//!   [`Staging`] (page-locked host memory a queue copies into) and [`Graph`] (a queue's
+//!   work captured once and replayed) in [`Memory`].
 //!
 //! The backends keep their short paths: [`cuda`], [`nvrtc`], [`simt`] and [`simt_module`]
 //! are [`kernel`]'s modules.
