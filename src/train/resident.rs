@@ -208,17 +208,28 @@ pub(super) struct Record {
 
 /// The host's late reading of the ring: after each step the ring is copied to page-locked
 /// memory and a fence marks the copy; a record is read once its fence is done.
-pub(super) struct Lagged {
+pub(super) struct Lagged<B: Backend + Clone> {
     staging: Staging<f32>,
     queue: VecDeque<Pending>,
+    /// The queue that copies into `staging`.
+    dev: B,
 }
 
-impl Lagged {
+impl<B: Backend + Clone> Drop for Lagged<B> {
+    fn drop(&mut self) {
+        // The device may still be copying into the page-locked memory (a run that stops on an
+        // error leaves steps queued): it is freed only after the queue has finished.
+        let _ = self.dev.synchronize();
+    }
+}
+
+impl<B: Backend + Clone> Lagged<B> {
     /// Page-locked memory for a ring on `dev`.
-    pub(super) fn new<B: Backend>(dev: &B) -> Result<Self, BackendError> {
+    pub(super) fn new(dev: &B) -> Result<Self, BackendError> {
         Ok(Lagged {
             staging: dev.alloc_staging(RING * RECORD)?,
             queue: VecDeque::new(),
+            dev: dev.clone(),
         })
     }
 
@@ -229,12 +240,11 @@ impl Lagged {
 
     /// Marks a step whose work (the ring's copy included) is queued: step `step` of the run,
     /// batch `batch` of the epoch, at learning rate `lr`.
-    pub(super) fn mark<B: Backend>(
+    pub(super) fn mark(
         &mut self,
-        dev: &B,
         (step, batch, lr): (usize, usize, f32),
     ) -> Result<(), BackendError> {
-        let fence = dev.fence()?;
+        let fence = self.dev.fence()?;
         self.queue.push_back(Pending {
             step,
             batch,
@@ -245,8 +255,8 @@ impl Lagged {
     }
 
     /// Every record still unread, after the device's queue is finished (an epoch's end).
-    pub(super) fn drain<B: Backend>(&mut self, dev: &B) -> Result<Vec<Record>, BackendError> {
-        dev.synchronize()?;
+    pub(super) fn drain(&mut self) -> Result<Vec<Record>, BackendError> {
+        self.dev.synchronize()?;
         let mut out = Vec::new();
         while let Some(p) = self.queue.pop_front() {
             out.push(self.record(&p));

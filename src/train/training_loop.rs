@@ -412,7 +412,7 @@ where
                 if stop.load(Ordering::Relaxed) {
                     return Err(TrainError::Stopped);
                 }
-                lagged.mark(&dev, (step, i, p.lr))?;
+                lagged.mark((step, i, p.lr))?;
                 for r in lagged.take(LAG)? {
                     seen(r)?;
                 }
@@ -439,7 +439,7 @@ where
                 loss_scale: v[STATS],
             })?;
         }
-        for r in lagged.drain(&dev)? {
+        for r in lagged.drain()? {
             seen(r)?;
         }
         let seconds = started.elapsed().as_secs_f64();
