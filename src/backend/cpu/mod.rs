@@ -70,7 +70,17 @@ use super::op::{
 };
 use super::precision::Precision;
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
+use super::{SgdStep, StepScalars};
 use crate::dtype::DType;
+
+/// `step` with its learning rate and unscaling factor read from `at` when given (what the
+/// kernels read from device memory).
+fn with_device_scalars(mut step: SgdStep, at: Option<&StepScalars<CpuDevice>>) -> SgdStep {
+    if let Some(at) = at {
+        (step.lr, step.inv_scale) = (at.lr.0[0], at.inv_scale.0[0]);
+    }
+    step
+}
 
 /// T's values as bf16 bit patterns, when T is bf16 and this CPU takes the bf16 products
 /// through AVX512-BF16 ([`isa::Isa::bf16_products`]): the operands of the `vdpbf16ps`
@@ -472,10 +482,7 @@ impl BackendImpl for CpuDevice {
                 return Ok(());
             }
         }
-        let mut step = op.step;
-        if let Some(at) = op.at {
-            (step.lr, step.inv_scale) = (at.lr.0[0], at.inv_scale.0[0]);
-        }
+        let step = with_device_scalars(op.step, op.at);
         optim::sgd_step(
             &mut op.w.0,
             &op.grad.0,
@@ -491,10 +498,7 @@ impl BackendImpl for CpuDevice {
         if op.found.is_some_and(|f| f.0[0] != 0) {
             return Ok(());
         }
-        let mut step = op.step;
-        if let Some(at) = op.at {
-            (step.lr, step.inv_scale) = (at.lr.0[0], at.inv_scale.0[0]);
-        }
+        let step = with_device_scalars(op.step, op.at);
         for t in op.tensors {
             optim::sgd_step(
                 &mut t.w.0,
