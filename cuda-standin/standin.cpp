@@ -86,6 +86,11 @@
 
 #define STANDIN_API extern "C" __attribute__((visibility("default")))
 
+namespace {
+// The mapped pinned host memory kernels may access (see cuMemHostGetDevicePointer_v2).
+void append_mapped_host(std::vector<standin::DeviceRange>& view);
+}  // namespace
+
 namespace standin {
 
 // ------------------------------------------------------------------------------ the GPUs
@@ -1084,11 +1089,14 @@ Executor& executor() {
 
 std::vector<DeviceRange> device_view() {
     std::vector<DeviceRange> view;
-    std::lock_guard<std::mutex> table(g->table);
-    for (auto& [lo, a] : g->allocations) {
-        if (a->freed || a->bytes == 0) continue;
-        view.push_back({a->data_lo, a->data_hi(), a->prot});
+    {
+        std::lock_guard<std::mutex> table(g->table);
+        for (auto& [lo, a] : g->allocations) {
+            if (a->freed || a->bytes == 0) continue;
+            view.push_back({a->data_lo, a->data_hi(), a->prot});
+        }
     }
+    append_mapped_host(view);
     std::sort(view.begin(), view.end(), [](const DeviceRange& x, const DeviceRange& y) { return x.lo < y.lo; });
     return view;
 }
@@ -1809,9 +1817,17 @@ namespace {
 // stream performs when it gets there: it reads (or writes) the host buffer then, not at the
 // call, so a program that changes the buffer after enqueuing a copy sees the copy take the
 // new bytes, as on a GPU. Pageable memory keeps the staging of copy_async.
+//
+// Mapped pinned memory is also the kernels' to read and write, at the address
+// cuMemHostGetDevicePointer gives (the host address: the stand-in's addressing is unified, as
+// every 64-bit GPU platform's is). As the driver documents it under unified addressing, all of
+// cuMemHostAlloc's memory is mapped; registered memory only with CU_MEMHOSTREGISTER_DEVICEMAP.
+// Every GPU may access it (device_view), and nothing orders a kernel's stores with the host's
+// reads but the program's own synchronization.
 struct PinnedRange {
     std::size_t bytes;
-    bool owned;  // allocated here (cuMemFreeHost), else registered (cuMemHostUnregister)
+    bool owned;   // allocated here (cuMemFreeHost), else registered (cuMemHostUnregister)
+    bool mapped;  // kernels may access it
 };
 std::mutex pinned_lock;
 std::map<std::uintptr_t, PinnedRange> pinned;  // by first byte
@@ -1833,7 +1849,7 @@ bool overlaps_pinned(std::uintptr_t addr, std::size_t bytes) {
     return it->first + it->second.bytes > addr;
 }
 
-CUresult pin(void** out, std::size_t bytes, bool owned, void* given) {
+CUresult pin(void** out, std::size_t bytes, bool owned, void* given, bool mapped) {
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard<std::mutex> lock(pinned_lock);
     void* p = given;
@@ -1843,9 +1859,15 @@ CUresult pin(void** out, std::size_t bytes, bool owned, void* given) {
     } else if (overlaps_pinned(reinterpret_cast<std::uintptr_t>(p), bytes)) {
         return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
     }
-    pinned[reinterpret_cast<std::uintptr_t>(p)] = PinnedRange{bytes, owned};
+    pinned[reinterpret_cast<std::uintptr_t>(p)] = PinnedRange{bytes, owned, mapped};
     if (out) *out = p;
     return CUDA_SUCCESS;
+}
+
+void append_mapped_host(std::vector<DeviceRange>& view) {
+    std::lock_guard<std::mutex> lock(pinned_lock);
+    for (auto& [lo, r] : pinned)
+        if (r.mapped) view.push_back({lo, lo + r.bytes, RW});
 }
 
 CUresult unpin(void* p, bool owned) {
@@ -2101,7 +2123,7 @@ STANDIN_API CUresult cuMemHostAlloc(void** pp, std::size_t bytes, unsigned flags
     // CU_MEMHOSTALLOC_PORTABLE, _DEVICEMAP, _WRITECOMBINED: all hosts' memory is alike here.
     if (!pp || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = unsafe_call("cuMemHostAlloc")) return r;
-    return pin(pp, bytes, true, nullptr);
+    return pin(pp, bytes, true, nullptr, true);
 }
 
 // cuMemHostAlloc with no flags, as the driver documents it.
@@ -2120,7 +2142,23 @@ STANDIN_API CUresult cuMemHostRegister_v2(void* p, std::size_t bytes, unsigned f
     // CU_MEMHOSTREGISTER_PORTABLE, _DEVICEMAP, _IOMEMORY, _READ_ONLY.
     if (!p || (flags & ~0xFu) != 0) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = unsafe_call("cuMemHostRegister")) return r;
-    return pin(nullptr, bytes, false, p);
+    return pin(nullptr, bytes, false, p, (flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0);
+}
+
+// The address kernels use for mapped pinned memory: the host's own (unified addressing). Memory
+// that is not pinned, or registered without CU_MEMHOSTREGISTER_DEVICEMAP, has none.
+STANDIN_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* out, void* p, unsigned flags) {
+    AUDIT();
+    REQUIRE_INIT();
+    if (!out || !p || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    auto addr = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(pinned_lock);
+    auto it = pinned.upper_bound(addr);
+    if (it == pinned.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --it;
+    if (addr >= it->first + it->second.bytes || !it->second.mapped) return CUDA_ERROR_INVALID_VALUE;
+    *out = static_cast<CUdeviceptr>(addr);
+    return CUDA_SUCCESS;
 }
 
 STANDIN_API CUresult cuMemHostUnregister(void* p) {

@@ -104,9 +104,8 @@ fn check_mpi(_: bool) -> Result<(), CliError> {
 }
 
 /// glibc gives every thread that allocates its own malloc arena (up to 8 per core) and keeps
-/// freed memory in each; the trainer's per-step communication threads then grew the
-/// resident size by about 60 MiB over a run (408 MiB peak for `train --devices 4`). One
-/// arena per core keeps it flat (about 340 MiB) at no measurable cost.
+/// freed memory in each, so a process with a thread per rank grows its resident size over a
+/// run. One arena per core keeps it flat at no measurable cost.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn limit_malloc_arenas() {
     use std::ffi::c_int;

@@ -211,6 +211,70 @@ fn a_copy_from_pinned_memory_reads_it_when_the_stream_gets_there_and_pinning_is_
 }
 
 #[test]
+fn kernels_store_into_mapped_pinned_memory_at_its_device_address_and_only_there() {
+    // What a step's record rides on (Memory::alloc_staging): cuMemHostAlloc memory is mapped,
+    // cuMemHostGetDevicePointer gives where kernels see it, a kernel's stores are there once
+    // its stream is done and touch nothing else; memory that is not mapped has no device
+    // address.
+    let Some(dev) = standin_gpu(1) else {
+        return;
+    };
+    let n = 300usize;
+    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; 4 more floats past `n` stay untouched.
+    unsafe { sys::cuMemHostAlloc(&mut p, (n + 4) * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+        .result()
+        .expect("cuMemHostAlloc");
+    // SAFETY: n + 4 floats of live pinned memory, leaked (the process ends with the tests).
+    let host = unsafe { std::slice::from_raw_parts_mut(p.cast::<f32>(), n + 4) };
+    host.fill(1.0);
+    let mut at: sys::CUdeviceptr = 0;
+    // SAFETY: valid pointers.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut at, p, 0) }
+        .result()
+        .expect("a device address");
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let x = dev.upload(&x).unwrap();
+    axpy_raw(&dev, x.device_addr(), at, n).expect("queued");
+    dev.synchronize().expect("the kernel ran");
+    for (i, v) in host.iter().enumerate() {
+        let want = if i < n { 2.0 * i as f32 + 1.0 } else { 1.0 };
+        assert_eq!(*v, want, "float {i}");
+    }
+    // No device address: pageable memory, memory registered without DEVICEMAP, a flag.
+    let mut pageable = vec![0u8; 4096];
+    let q = pageable.as_mut_ptr().cast::<std::ffi::c_void>();
+    let mut none: sys::CUdeviceptr = 0;
+    // SAFETY: live pointers; the calls only look ranges up.
+    unsafe {
+        let invalid = sys::CUresult::CUDA_ERROR_INVALID_VALUE;
+        assert_eq!(sys::cuMemHostGetDevicePointer_v2(&mut none, q, 0), invalid);
+        assert_eq!(
+            sys::cuMemHostRegister_v2(q, 4096, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(sys::cuMemHostGetDevicePointer_v2(&mut none, q, 0), invalid);
+        assert_eq!(sys::cuMemHostUnregister(q), sys::CUresult::CUDA_SUCCESS);
+        let mapped = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        assert_eq!(
+            sys::cuMemHostRegister_v2(q, 4096, mapped),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            sys::cuMemHostGetDevicePointer_v2(&mut none, q.cast::<u8>().add(8).cast(), 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            none,
+            q as u64 + 8,
+            "unified addressing: the host's own address"
+        );
+        assert_eq!(sys::cuMemHostGetDevicePointer_v2(&mut none, q, 1), invalid);
+        assert_eq!(sys::cuMemHostUnregister(q), sys::CUresult::CUDA_SUCCESS);
+    }
+}
+
+#[test]
 fn download_waits_for_the_copy() {
     // The backend's download must synchronize (item 4): otherwise this reads the poison.
     let Some(dev) = standin_gpu(0) else {

@@ -159,8 +159,9 @@ fn shard_statistics<B: Backend>(dev: &B) -> Vec<u8> {
 }
 
 /// Steps with the overflow flags `flags` through `step_end` (fp16's dynamic scaling with a
-/// growth interval of 3, a ring of 3 records), checked record by record against the host's
-/// rule.
+/// growth interval of 3, a ring of 3 records in host memory the device writes, poisoned
+/// first), checked record by record against the host's rule; a step writes its own record
+/// and leaves the others as they were.
 fn step_end_follows_the_loss_scaler<B: Backend>(dev: &B) -> Vec<u8> {
     let flags = [0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0];
     let growth = 3;
@@ -168,7 +169,11 @@ fn step_end_follows_the_loss_scaler<B: Backend>(dev: &B) -> Vec<u8> {
     let mut d_scale = dev.upload(&[scale]).unwrap();
     let mut d_clean = dev.upload(&[clean as i32]).unwrap();
     let mut batch = dev.upload(&[0u32]).unwrap();
-    let mut ring = dev.upload(&[f32::NAN; 3 * RECORD]).unwrap();
+    let mut ring = dev.alloc_staging::<f32>(3 * RECORD).unwrap();
+    for i in 0..ring.len() {
+        ring.set(i, f32::NAN);
+    }
+    let mut before = ring.read();
     let mut out = Vec::new();
     for (step, &f) in flags.iter().enumerate() {
         let current = dev.upload(&[step as f32, 2.0 * step as f32, 3.0]).unwrap();
@@ -190,14 +195,21 @@ fn step_end_follows_the_loss_scaler<B: Backend>(dev: &B) -> Vec<u8> {
         assert_eq!(dev.download(&d_clean).unwrap(), [clean as i32], "{what}");
         assert_eq!(dev.download(&found).unwrap(), [0], "{what}: flag cleared");
         assert_eq!(dev.download(&batch).unwrap(), [step as u32 + 1], "{what}");
-        let r = dev.download(&ring).unwrap();
+        dev.synchronize().unwrap();
+        let r = ring.read();
         let slot = step % 3;
         assert_eq!(
             r[slot * RECORD..(slot + 1) * RECORD],
             [step as f32, 2.0 * step as f32, 3.0, ran_with],
             "{what}: its record, with the scale it ran with"
         );
+        for (i, (now, was)) in r.iter().zip(&before).enumerate() {
+            if i / RECORD != slot {
+                assert_eq!(now.to_bits(), was.to_bits(), "{what}: value {i} left alone");
+            }
+        }
         out.extend(bytes(&r));
+        before = r;
     }
     // bf16: the flag without scaling, cleared, the scale untouched.
     let mut found = dev.upload(&[1]).unwrap();

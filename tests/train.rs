@@ -616,30 +616,39 @@ fn the_plot_draws_the_curves_the_metrics_record() {
 #[test]
 fn a_graph_replays_the_streams_steps_bit_for_bit_in_fp32_and_fp16() {
     // 12 training images in batches of 8: a full batch and one of 4 an epoch, three epochs.
-    // At one rank each batch shape's step runs from the stream in epoch 1, is captured in
-    // epoch 2 and replayed in epoch 3; so is the evaluation's. The same kernels in the same
-    // order either way: the same losses, loss scales, test accuracies and weights, bit for
-    // bit, graphs on or off. (Several ranks run from the stream either way, until their
-    // allreduce waits on the device only.)
+    // Each batch shape's step runs from the stream in epoch 1, is captured in epoch 2 and
+    // replayed in epoch 3; so is the evaluation's. The same kernels in the same order either
+    // way: the same losses, loss scales, test accuracies and weights, bit for bit, graphs on
+    // or off. At one rank the step is one graph; at four (on two GPUs, two ranks each) the
+    // compute between the step's collectives is, the collectives running between the
+    // stretches (8 images: one shape, the stand-in being slow at four ranks).
     let mut data = subset();
     data.train_images.truncate(12);
     data.train_labels.truncate(12);
     data.keep_test_images(8);
+    let mut eight = data.clone();
+    eight.train_images.truncate(8);
+    eight.train_labels.truncate(8);
     // On the stand-in's SIMT executor only (no `cuda` in the name: the PTX pass, which
     // checks the emitted code, has graphs replayed in tests/cuda_standin.rs). fp16 has the
     // loss scale and the overflow flag on the device; bf16's step is fp16's without the
     // scale (the audit test sees its graph launch).
-    for precision in [DType::F32, DType::F16] {
+    let cases = [
+        (DType::F32, vec![0], &data),
+        (DType::F16, vec![0], &data),
+        (DType::F32, vec![0, 0, 1, 1], &eight),
+    ];
+    for (precision, placement, data) in cases {
         let steps = |cuda_graph: bool| {
             let cfg = TrainConfig {
                 precision,
                 cuda_graph,
                 ..config(8, 3, None)
             };
-            let devices = vec![common::cuda_device(0)];
+            let devices = placement.iter().map(|&g| common::cuda_device(g)).collect();
             let mut reports = Vec::new();
             let start = from_weights(initial_weights(cfg.recipe, cfg.seed));
-            let finals = train(devices, &data, start, &cfg, |e| {
+            let finals = train(devices, data, start, &cfg, |e| {
                 match e {
                     Event::Step(s) => {
                         reports.push((s.step, s.loss.to_bits(), s.lr.to_bits(), s.loss_scale))
@@ -655,8 +664,13 @@ fn a_graph_replays_the_streams_steps_bit_for_bit_in_fp32_and_fp16() {
         };
         let (graphed, with) = steps(true);
         let (streamed, without) = steps(false);
-        let what = precision.to_string();
-        assert_eq!(with.len(), 9, "{what}: every step and epoch reported");
+        let what = format!("{precision} on GPUs {placement:?}");
+        let steps = data.train_labels.len().div_ceil(8);
+        assert_eq!(
+            with.len(),
+            3 * (steps + 1),
+            "{what}: every step and epoch reported"
+        );
         assert_eq!(
             with, without,
             "{what}: losses, rates, loss scales, accuracies"

@@ -32,10 +32,48 @@ pub trait DeviceBuffer<T: DeviceScalar> {
     fn device_addr(&self) -> u64;
 }
 
+/// The [`Memory::Mark`] part of a [`Memory`] impl for a backend whose work is done when it
+/// is queued (the CPU, the SIMT emulator): nothing to mark, nothing to wait for.
+#[macro_export]
+macro_rules! no_marks {
+    () => {
+        type Mark = ();
+
+        fn new_mark(&self) -> Result<(), $crate::backend::BackendError> {
+            Ok(())
+        }
+
+        fn record(&self, _: &()) -> Result<(), $crate::backend::BackendError> {
+            Ok(())
+        }
+
+        fn wait_mark(&self, _: &()) -> Result<(), $crate::backend::BackendError> {
+            Ok(())
+        }
+    };
+}
+
 /// Typed buffers in some memory: a GPU's, an emulated device's, or the host's.
 pub trait Memory {
     /// This backend's device buffer (movable to the thread that drives the device).
     type Buffer<T: DeviceScalar>: DeviceBuffer<T> + Send;
+
+    /// A point in a queue that other queues wait for on the device, not on the host: a CUDA
+    /// event, made once ([`Memory::new_mark`]) and set again at every
+    /// [`Memory::record`]. Backends whose work is done when queued have nothing to mark
+    /// (`()`). Unlike a [`Fence`], a mark orders queues without any thread waiting.
+    type Mark: Send + Sync;
+
+    /// A mark that stands at nothing yet (waiting for it waits for nothing).
+    fn new_mark(&self) -> Result<Self::Mark, BackendError>;
+
+    /// Sets `mark` after the work queued on this handle so far, replacing where it stood.
+    fn record(&self, mark: &Self::Mark) -> Result<(), BackendError>;
+
+    /// The work queued on this handle from now on runs after the work `mark` stood after
+    /// when this is called (later [`Memory::record`]s of it do not matter), whichever handle
+    /// or device of this backend recorded it. The host does not wait: a GPU does.
+    fn wait_mark(&self, mark: &Self::Mark) -> Result<(), BackendError>;
 
     /// Allocates `len` zeroed elements.
     fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<Self::Buffer<T>, BackendError>;
@@ -74,22 +112,11 @@ pub trait Memory {
         Ok(Fence::done())
     }
 
-    /// Host memory for [`Memory::copy_out`]: page-locked on a GPU. Backends whose work is
-    /// done when queued keep this default (ordinary memory).
+    /// Host memory this device's kernels write and the host reads ([`Staging`]): on a GPU
+    /// page-locked and mapped into the device's address space. Backends whose kernels run on
+    /// the host keep this default (ordinary memory).
     fn alloc_staging<T: DeviceScalar>(&self, len: usize) -> Result<Staging<T>, BackendError> {
         Ok(Staging::host(len))
-    }
-
-    /// Queues a copy of `buf` into `staging` (same length) and returns without waiting for
-    /// it: the values are there once a [`Fence`] marked after this call is done. Backends
-    /// whose work is done when queued keep this default (a download).
-    fn copy_out<T: DeviceScalar>(
-        &self,
-        buf: &Self::Buffer<T>,
-        staging: &mut Staging<T>,
-    ) -> Result<(), BackendError> {
-        super::check::same_len("device-to-staging copy", buf.len(), staging.len())?;
-        staging.write(&self.download(buf)?)
     }
 
     /// Whether [`Memory::begin_capture`] can record this handle's work as a [`Graph`].
@@ -110,7 +137,7 @@ pub trait Memory {
     }
 
     /// Ends the recording [`Memory::begin_capture`] started and makes it a [`Graph`] ready
-    /// to launch.
+    /// to launch (one that does nothing when nothing was queued).
     fn end_capture(&self) -> Result<Graph, BackendError> {
         Err(BackendError::Unsupported {
             op: "graph capture",
@@ -153,13 +180,18 @@ impl std::fmt::Debug for Graph {
     }
 }
 
-/// Host memory a device's queue copies into while the host goes on: page-locked on a GPU,
-/// so that an asynchronous copy is a DMA the queue performs when it gets there and the host
-/// never waits for it; plain host memory on the backends whose work is done when queued.
-/// Its values are the copy's once a [`Fence`] marked after [`Memory::copy_out`] is done.
+/// Host memory a device's kernels write while the host goes on ([`Memory::alloc_staging`]):
+/// on a GPU page-locked and mapped, so that a kernel stores into it across the bus and
+/// neither a copy nor a wait is needed; plain host memory on the backends whose kernels run
+/// on the host. An element holds what a kernel wrote once a [`Fence`] marked after that
+/// kernel is done. No copy ever targets it as a whole, so the elements other kernels do not
+/// write keep their values while the device works (a copy's destination is undefined until
+/// the copy completes).
 pub struct Staging<T: DeviceScalar> {
     ptr: *mut T,
     len: usize,
+    /// Where the device's kernels see element 0.
+    device_addr: u64,
     /// Frees memory a backend allocated (None: `_owned` holds it).
     release: Option<Box<dyn FnOnce() + Send>>,
     /// The ordinary host memory `ptr` points into, kept alive (empty for a backend's).
@@ -177,20 +209,29 @@ impl<T: DeviceScalar> Staging<T> {
         Staging {
             ptr: owned.as_mut_ptr(),
             len,
+            device_addr: owned.as_mut_ptr() as u64,
             release: None,
             _owned: owned,
         }
     }
 
-    /// Memory a backend allocated, freed by `release` when the value is dropped.
+    /// Memory a backend allocated, seen by its kernels at `device_addr`, freed by `release`
+    /// when the value is dropped.
     ///
     /// # Safety
     /// `ptr` must point to `len` initialized, aligned elements that stay valid (and are not
-    /// used elsewhere) until `release` runs.
-    pub unsafe fn from_raw(ptr: *mut T, len: usize, release: Box<dyn FnOnce() + Send>) -> Self {
+    /// used elsewhere) until `release` runs, and `device_addr` must be where the device's
+    /// kernels see the same memory.
+    pub unsafe fn from_raw(
+        ptr: *mut T,
+        len: usize,
+        device_addr: u64,
+        release: Box<dyn FnOnce() + Send>,
+    ) -> Self {
         Staging {
             ptr,
             len,
+            device_addr,
             release: Some(release),
             _owned: Vec::new(),
         }
@@ -206,13 +247,13 @@ impl<T: DeviceScalar> Staging<T> {
         self.len == 0
     }
 
-    /// Where a copy may write the elements (for a backend's [`Memory::copy_out`]).
-    pub fn as_mut_ptr(&mut self) -> *mut T {
-        self.ptr
+    /// Where the device's kernels see element 0 (for a kernel argument).
+    pub fn device_addr(&self) -> u64 {
+        self.device_addr
     }
 
     /// The elements as they are now. Each is read once, volatile: a device may be writing
-    /// the memory (a copy queued later than the [`Fence`] the caller waited for), and the
+    /// the memory (a kernel queued later than the [`Fence`] the caller waited for), and the
     /// compiler must not assume otherwise.
     pub fn read(&self) -> Vec<T> {
         (0..self.len)
@@ -221,15 +262,12 @@ impl<T: DeviceScalar> Staging<T> {
             .collect()
     }
 
-    /// Overwrites the elements with `values` (same length), for backends whose copies are
-    /// done when queued.
-    pub fn write(&mut self, values: &[T]) -> Result<(), BackendError> {
-        super::check::same_len("device-to-staging copy", values.len(), self.len)?;
-        for (i, v) in values.iter().enumerate() {
-            // SAFETY: `ptr` points to `len` elements, `i < len`; `&mut self` is exclusive.
-            unsafe { self.ptr.add(i).write_volatile(*v) };
-        }
-        Ok(())
+    /// Overwrites element `i` (< `len`) with `value`, as a kernel would: for backends whose
+    /// kernels run on the host.
+    pub fn set(&mut self, i: usize, value: T) {
+        assert!(i < self.len, "element {i} of {}", self.len);
+        // SAFETY: `ptr` points to `len` elements, `i < len`; `&mut self` is exclusive.
+        unsafe { self.ptr.add(i).write_volatile(value) };
     }
 }
 

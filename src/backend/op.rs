@@ -593,7 +593,7 @@ pub struct StepEnd<'a, B: Memory> {
     pub growth_interval: usize,
     pub batch: &'a mut Buf<B, u32>,
     pub current: &'a Buf<B, f32>,
-    pub ring: &'a mut Buf<B, f32>,
+    pub ring: &'a mut super::Staging<f32>,
 }
 
 impl<B: Memory> Args for StepEnd<'_, B> {
@@ -622,7 +622,7 @@ impl<B: Memory> Args for StepEnd<'_, B> {
             one(OP, "found", f.len())?;
         }
         let ring = self.ring.len();
-        if ring == 0 || ring % RECORD != 0 {
+        if ring == 0 || !ring.is_multiple_of(RECORD) {
             return Err(BackendError::BadShape {
                 op: OP,
                 detail: format!("a ring of {ring} values is not whole records of {RECORD}"),

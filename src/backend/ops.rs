@@ -20,7 +20,7 @@ use super::op::{
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 use super::step::{StepScalars, TensorTable};
-use super::{BackendError, Memory};
+use super::{BackendError, Memory, Staging};
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
 
@@ -318,7 +318,9 @@ pub trait Backend: Memory + Sized {
 
     /// The end of a step, in device memory. First the step's record (its statistics
     /// `current`, then the loss scale it ran with) goes to record `batch[0] % records` of
-    /// `ring` (records of [`RECORD`](super::step::RECORD) values), and `batch[0] += 1`. Then,
+    /// `ring` (records of [`RECORD`](super::step::RECORD) values, in host memory the device
+    /// writes: [`Memory::alloc_staging`]; the other records are left alone), and
+    /// `batch[0] += 1`. Then,
     /// with `found` (a half-precision step's overflow flag) and `clean` (fp16's dynamic loss
     /// scaling), the scale moves by [`rescale`](super::step::rescale)'s rule, as
     /// [`LossScaler`](crate::train::LossScaler) does on the host; and `found[0] = 0`.
@@ -331,7 +333,7 @@ pub trait Backend: Memory + Sized {
         growth_interval: usize,
         batch: &mut Buf<Self, u32>,
         current: &Buf<Self, f32>,
-        ring: &mut Buf<Self, f32>,
+        ring: &mut Staging<f32>,
     ) -> Result<(), BackendError>;
 }
 
@@ -774,7 +776,7 @@ impl<B: BackendImpl> Backend for B {
         growth_interval: usize,
         batch: &mut Buf<B, u32>,
         current: &Buf<B, f32>,
-        ring: &mut Buf<B, f32>,
+        ring: &mut Staging<f32>,
     ) -> Result<(), BackendError> {
         let op = StepEnd {
             loss_scale,

@@ -74,9 +74,10 @@ pub struct TrainArgs {
     /// CUDA graphs: on captures each batch shape's training step once (after a first step
     /// run from the stream) and replays it, so the host queues one launch a step instead of
     /// dozens; off runs the same kernels from the stream, step after step. Both give the same
-    /// results, bit for bit. On is used where it can be: the CUDA backend, in a run of one
-    /// rank (several ranks, in one process or many, still run from the stream; evaluation
-    /// uses graphs at any number); other backends ignore it.
+    /// results, bit for bit. At one rank the whole step is one graph; at several, the compute
+    /// between the step's collectives is (a graph per stretch: five at the default buckets),
+    /// and the collectives run from the stream between them. The CUDA backend only; other
+    /// backends ignore it.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub cuda_graph: Switch,
     /// Gradient bucket size in KiB: gradients are reduced in buckets (in the order backward

@@ -25,6 +25,9 @@ pub trait Collective: Send {
         buf: &mut <Self::Device as Memory>::Buffer<f32>,
         algorithm: Option<Algorithm>,
     ) -> Result<(), CommError>;
+    /// Whether `flag` is true on any rank; every rank gets the same answer (the ranks agree
+    /// on stopping). Exchanged between the ranks' threads, without device work.
+    fn any(&mut self, flag: bool) -> Result<bool, CommError>;
 }
 
 impl<D: CommDevice + Backend + Clone + 'static> Collective for Rank<D> {
@@ -44,5 +47,8 @@ impl<D: CommDevice + Backend + Clone + 'static> Collective for Rank<D> {
         algorithm: Option<Algorithm>,
     ) -> Result<(), CommError> {
         self.all_reduce(buf, ReduceOp::Sum, algorithm)
+    }
+    fn any(&mut self, flag: bool) -> Result<bool, CommError> {
+        Rank::any(self, flag)
     }
 }

@@ -10,6 +10,16 @@
 //!    through the device's transport, raise the flag by one.
 //! 3. **Drain**: wait until every peer is done with this rank's memory, then return.
 //!
+//! A flag says that a rank has *queued* its work up to that point, not that the work is
+//! done: with every raise the rank records a mark in its device's queue ([`Memory::Mark`](crate::backend::Memory::Mark),
+//! a CUDA event), and a rank that waits for the flag then makes its own queue wait for that
+//! mark. So the host threads wait only for each other's queueing, never for a GPU, and the
+//! GPUs order the data between them (`cuStreamWaitEvent`). On a device whose work is done
+//! when queued (the CPU, the SIMT emulator) a flag means done, and marks are nothing.
+//! A rank keeps one mark per flag value, for two collectives in turn: a rank can record
+//! collective s + 2's marks only after every peer announced s + 1, so after every peer has
+//! made its queue wait for s's marks.
+//!
 //! Flags are 64-bit and only grow: `sequence << 32 | (1 + steps completed)`, so a flag never
 //! has to be reset and a slow rank can never mistake an old collective's progress for the
 //! current one's. Each sits alone on its own cache lines. A wait ([`super::wait`]) spins
@@ -184,6 +194,8 @@ struct Announce {
     call: Call<Algorithm>,
     /// Input, Output, Scratch base addresses.
     bases: [u64; 3],
+    /// This rank's vote ([`Rank::any`]), not compared.
+    vote: bool,
 }
 
 struct Shared {
@@ -221,6 +233,21 @@ impl Shared {
     }
 }
 
+/// One rank's marks ([`Memory::Mark`](crate::backend::Memory::Mark)), by the parity of the collective's number and the
+/// flag value each stands for (mark k: the flag at `1 + k`). Grown by its owner as
+/// schedules need, read by peers.
+struct Marks<M> {
+    by_parity: [Mutex<Vec<M>>; 2],
+}
+
+impl<M> Default for Marks<M> {
+    fn default() -> Self {
+        Marks {
+            by_parity: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
+        }
+    }
+}
+
 /// Creates the ranks of a communicator over `devices` (rank i drives device i). Move each
 /// rank to its own thread; every rank must call the same collectives in the same order.
 pub fn communicator<D: CommDevice>(
@@ -253,6 +280,7 @@ pub fn communicator<D: CommDevice>(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let oversubscribed = n > std::thread::available_parallelism().map_or(1, |c| c.get());
+    let marks: Arc<Vec<Marks<D::Mark>>> = Arc::new((0..n).map(|_| Marks::default()).collect());
     Ok(devices
         .into_iter()
         .zip(states)
@@ -262,6 +290,7 @@ pub fn communicator<D: CommDevice>(
             rank,
             device,
             state,
+            marks: marks.clone(),
             scratch: None,
             seq: 0,
             busy: false,
@@ -279,6 +308,8 @@ pub struct Rank<D: CommDevice> {
     rank: usize,
     device: D,
     state: D::State,
+    /// Every rank's marks (this rank's at `rank`).
+    marks: Arc<Vec<Marks<D::Mark>>>,
     scratch: Option<D::Buffer<u64>>,
     seq: u64,
     busy: bool,
@@ -333,11 +364,13 @@ impl<D: CommDevice> Rank<D> {
 
     /// Sums (or averages) `buf` across ranks, in place. `algorithm: None` picks by size.
     ///
-    /// Every collective first waits for the work queued on this rank's device handle (so
-    /// peers never read a buffer before its producer finished), and returns once its own
-    /// reductions have finished. A buffer produced through another handle with its own
-    /// queue ([`Memory::fork`](crate::backend::Memory::fork)) must be finished by the caller
-    /// first: `synchronize` that handle, or wait for a [`Fence`](crate::backend::Fence).
+    /// A collective is queued, not waited for. The peers' reads of `buf` run after the
+    /// work queued on this rank's device handle before the call; the work queued on it
+    /// after the call runs after the whole collective (the peers' part in it included).
+    /// A buffer produced through another handle with its own queue
+    /// ([`Memory::fork`](crate::backend::Memory::fork)) must be ordered first: make this
+    /// rank's handle wait for a mark recorded there ([`Memory::wait_mark`](crate::backend::Memory::wait_mark)). Read the result
+    /// from another handle the same way, or download it (which waits).
     pub fn all_reduce<T: Precision>(
         &mut self,
         buf: &mut D::Buffer<T>,
@@ -411,6 +444,13 @@ impl<D: CommDevice> Rank<D> {
         self.run(Kind::Barrier, DType::F32, 0, false, 0, 0)
     }
 
+    /// Whether `flag` is true on any rank: a [`barrier`](Self::barrier) whose announces
+    /// carry each rank's flag, so every rank gets the same answer from the same call. The
+    /// ranks' threads exchange it; no device work is involved.
+    pub fn any(&mut self, flag: bool) -> Result<bool, CommError> {
+        self.run_voting(Kind::Barrier, DType::F32, 0, false, (0, 0), flag)
+    }
+
     fn expect(&self, ok: bool, detail: impl FnOnce() -> String) -> Result<(), CommError> {
         if ok {
             Ok(())
@@ -482,6 +522,21 @@ impl<D: CommDevice> Rank<D> {
         input: u64,
         output: u64,
     ) -> Result<(), CommError> {
+        self.run_voting(kind, dtype, count, in_place, (input, output), false)
+            .map(|_| ())
+    }
+
+    /// Runs a collective on `input` and `output` with this rank's `vote`; returns whether
+    /// any rank voted.
+    fn run_voting(
+        &mut self,
+        kind: Kind,
+        dtype: DType,
+        count: usize,
+        in_place: bool,
+        (input, output): (u64, u64),
+        vote: bool,
+    ) -> Result<bool, CommError> {
         let me = self.rank;
         if self.shared.aborted.load(Ordering::SeqCst) {
             let (reason, timed_out) = self.shared.reason();
@@ -509,12 +564,6 @@ impl<D: CommDevice> Rank<D> {
         } else {
             0
         };
-        // Peers read and write this rank's buffers as soon as it announces them: whatever this
-        // handle has queued on them must be finished first. (Work queued on other handles of
-        // the device is the caller's to finish: see `all_reduce`.)
-        self.device
-            .synchronize()
-            .map_err(|source| CommError::Device { me, source })?;
         self.seq += 1;
         let seq = self.seq;
         let ours = Announce {
@@ -526,6 +575,7 @@ impl<D: CommDevice> Rank<D> {
                 in_place,
             },
             bases: [input, output, scratch],
+            vote,
         };
         self.busy = true;
         let result = self.announce_and_execute(&sched, ours);
@@ -538,12 +588,63 @@ impl<D: CommDevice> Rank<D> {
         result
     }
 
-    fn publish(&self, value: u64) {
-        self.shared.signals[self.rank].raise(value);
+    /// Records the mark for flag `value` after the work queued so far, then raises this
+    /// rank's flag to it.
+    fn publish(&self, value: u64) -> Result<(), CommError> {
+        let me = self.rank;
+        let (parity, k) = Self::mark_of(value);
+        let mut marks = self.marks[me].by_parity[parity]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while marks.len() <= k {
+            marks.push(
+                self.device
+                    .new_mark()
+                    .map_err(|source| CommError::Device { me, source })?,
+            );
+        }
+        self.device
+            .record(&marks[k])
+            .map_err(|source| CommError::Device { me, source })?;
+        drop(marks);
+        self.shared.signals[me].raise(value);
+        Ok(())
+    }
+
+    /// Which mark stands for flag `value`: the collective's parity, and the index.
+    fn mark_of(value: u64) -> (usize, usize) {
+        let seq = value >> 32;
+        let low = value & 0xffff_ffff;
+        ((seq % 2) as usize, low.saturating_sub(1) as usize)
+    }
+
+    /// Waits until `peer`'s flag reaches `target`, then orders this rank's queue after the
+    /// work the peer queued before raising it (its mark).
+    fn wait_for(
+        &self,
+        peer: usize,
+        target: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<(), CommError> {
+        self.wait_for_flag(peer, target, what)?;
+        let me = self.rank;
+        let (parity, k) = Self::mark_of(target);
+        let marks = self.marks[peer].by_parity[parity]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(mark) = marks.get(k) else {
+            return Err(CommError::Invalid {
+                me,
+                detail: format!("rank {peer} raised its flag to {target:#x} without its mark"),
+            });
+        };
+        self.device
+            .wait_mark(mark)
+            .map_err(|source| CommError::Device { me, source })
     }
 
     /// Waits until `peer`'s flag reaches `target` ([`Signal::wait_for`]).
-    fn wait_for(
+    fn wait_for_flag(
         &self,
         peer: usize,
         target: u64,
@@ -578,14 +679,19 @@ impl<D: CommDevice> Rank<D> {
             })
     }
 
-    fn announce_and_execute(&mut self, sched: &Schedule, ours: Announce) -> Result<(), CommError> {
+    fn announce_and_execute(
+        &mut self,
+        sched: &Schedule,
+        ours: Announce,
+    ) -> Result<bool, CommError> {
         let (me, n, seq) = (self.rank, self.shared.n, ours.call.seq);
         let hi = seq << 32;
         self.shared.slots[me]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)[(seq % 2) as usize] = Some(ours);
-        self.publish(hi | 1);
+        self.publish(hi | 1)?;
         let mut bases = vec![[0u64; 3]; n];
+        let mut voted = ours.vote;
         for (p, base) in bases.iter_mut().enumerate() {
             if p != me {
                 self.wait_for(p, hi | 1, &|| format!("its call of collective #{seq}"))?;
@@ -608,6 +714,7 @@ impl<D: CommDevice> Rank<D> {
                 });
             }
             *base = theirs.bases;
+            voted |= theirs.vote;
         }
         let index = |b: Buffer| match b {
             Buffer::Input => 0,
@@ -649,7 +756,7 @@ impl<D: CommDevice> Rank<D> {
                 unsafe { self.device.reduce(&mut self.state, step) }
                     .map_err(|source| CommError::Device { me, source })?;
             }
-            self.publish(hi | (2 + i as u64));
+            self.publish(hi | (2 + i as u64))?;
         }
         for &(p, k) in &sched.final_waits[me] {
             self.wait_for(p, hi | (1 + k as u64), &|| {
@@ -674,6 +781,6 @@ impl<D: CommDevice> Rank<D> {
             unsafe { self.device.reduce(&mut self.state, average) }
                 .map_err(|source| CommError::Device { me, source })?;
         }
-        Ok(())
+        Ok(voted)
     }
 }

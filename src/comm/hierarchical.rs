@@ -106,4 +106,21 @@ impl<D: CommDevice + Backend + Clone + 'static> Collective for Hierarchical<D> {
         }
         Ok(())
     }
+
+    fn any(&mut self, flag: bool) -> Result<bool, CommError> {
+        // Over the local ranks, then the leaders across processes, then the leader's
+        // answer over the local ranks again.
+        let here = self.local.any(flag)?;
+        let everywhere = if self.local.rank() == 0 {
+            let mut votes = [f32::from(u8::from(here))];
+            self.global
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .all_reduce(&mut votes, ReduceOp::Sum, Some(MpiAlgorithm::Native))?;
+            votes[0] > 0.0
+        } else {
+            false
+        };
+        self.local.any(everywhere)
+    }
 }

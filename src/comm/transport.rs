@@ -3,6 +3,8 @@
 //! on a kernel device (SIMT, CUDA) the `collective.cu` kernel dereferences the peers'
 //! addresses (the emulator's devices share the host address space; GPUs need peer access).
 
+use std::collections::HashMap;
+
 use half::{bf16, f16};
 
 use crate::backend::cpu::CpuDevice;
@@ -32,7 +34,9 @@ pub trait CommDevice: Memory + Send {
         1
     }
 
-    /// Runs `r` ([`Reduction`]).
+    /// Runs `r` ([`Reduction`]), or queues it on this device handle's queue: work queued
+    /// on the handle afterwards, and any queue that waits for a mark recorded on it
+    /// afterwards ([`Memory::record`]), sees its result.
     ///
     /// # Safety
     /// Every address must point at `r.len` live elements of `r.dtype`; no one else may write
@@ -130,9 +134,16 @@ impl CommDevice for CpuDevice {
 /// Most ranks a communicator holds (a step sums at most one source per rank).
 pub const MAX_RANKS: usize = 64;
 
-/// A kernel device's state: the device array the kernel reads addresses from.
+/// Most address lists a kernel device keeps on the device ([`KernelState`]); past it they
+/// are all dropped and uploaded again as steps need them.
+const MAX_TABLES: usize = 4096;
+
+/// A kernel device's state: the device arrays the kernel reads its addresses from, one per
+/// list of addresses a step has used (sources, then destinations). A training run reduces
+/// the same buffers every step, so after its first step no table is uploaded and a step is
+/// one launch, with nothing for the host to wait for.
 pub struct KernelState<D: KernelDevice> {
-    addresses: D::Buffer<u64>,
+    tables: HashMap<Vec<u64>, D::Buffer<u64>>,
 }
 
 impl<D: KernelDevice + Send> CommDevice for D {
@@ -153,7 +164,7 @@ impl<D: KernelDevice + Send> CommDevice for D {
             self.preload(module)?;
         }
         Ok(KernelState {
-            addresses: self.alloc_zeros::<u64>(2 * MAX_RANKS)?,
+            tables: HashMap::new(),
         })
     }
 
@@ -166,25 +177,32 @@ impl<D: KernelDevice + Send> CommDevice for D {
             return Ok(());
         }
         let (sources, dsts) = (r.sources, r.dsts);
-        // The kernel reads its sources' and destinations' addresses from one device array.
-        let mut table = [0u64; 2 * MAX_RANKS];
-        table[..sources.len()].copy_from_slice(sources);
-        table[sources.len()..sources.len() + dsts.len()].copy_from_slice(dsts);
-        self.write(&table, &mut state.addresses)?;
+        let mut key = Vec::with_capacity(sources.len() + dsts.len());
+        key.extend_from_slice(sources);
+        key.extend_from_slice(dsts);
+        if !state.tables.contains_key(&key) {
+            if state.tables.len() >= MAX_TABLES {
+                // Queued steps may still read the tables: let them finish first.
+                self.synchronize()?;
+                state.tables.clear();
+            }
+            // Uploaded on this queue, so the launch below reads it in place.
+            let table = self.upload(&key)?;
+            state.tables.insert(key.clone(), table);
+        }
+        let table = &state.tables[&key];
         let kernel = PrecisionOp::ReduceSum.kernel(r.dtype);
         let args = [
-            KernelArg::buffer(&state.addresses),
+            KernelArg::buffer(table),
             KernelArg::I32(sources.len() as i32),
             KernelArg::I32(dsts.len() as i32),
             KernelArg::U64(r.len as u64),
             KernelArg::F32(r.scale),
         ];
         // SAFETY: the addresses are live buffers of `len` elements (the caller's contract);
-        // the kernel touches exactly [0, len) of each.
-        unsafe { self.launch(kernel, LaunchConfig::flat(r.len.div_ceil(4)), &args)? };
-        // The flag that publishes this step lives in host memory: the data must be in place
-        // before it is raised.
-        self.synchronize()
+        // the kernel touches exactly [0, len) of each. Queued, not waited for: the
+        // communicator orders peers' queues after it by marks.
+        unsafe { self.launch(kernel, LaunchConfig::flat(r.len.div_ceil(4)), &args) }
     }
 }
 

@@ -42,9 +42,6 @@ pub enum TrainError {
     /// A rank's thread panicked.
     #[error("the thread of rank {0} panicked")]
     RankPanicked(usize),
-    /// The thread that reduces a rank's gradients during the backward pass panicked.
-    #[error("the gradient communication thread of a rank panicked")]
-    CommThreadPanicked,
     /// The loss or the weights are no longer finite numbers: the run stopped at that step.
     #[error("training diverged at step {step} (epoch {epoch}): {problem}")]
     Diverged {

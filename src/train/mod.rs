@@ -18,6 +18,7 @@
 //! * `rank_cores`: which cores each local rank's threads are pinned to.
 //! * `resident`: what a rank keeps on its device for the run (the data set, the step's
 //!   scalars, the ring of step records the host reads late).
+//! * `step_graph`: a step captured as CUDA graphs (the compute between its collectives).
 //!
 //! Across MPI processes the ranks are `comm::hierarchical::Hierarchical` (feature
 //! `mpi`), handed to [`train_ranks`].
@@ -33,6 +34,7 @@ mod rank_cores;
 pub mod recipe;
 pub mod report;
 mod resident;
+mod step_graph;
 pub mod training_loop;
 
 pub use buckets::gradient_buckets;

@@ -2,11 +2,11 @@
 //!
 //! With several ranks in one process, each rank thread is pinned to its share of the CPUs
 //! this process may use (its affinity mask) before it builds its rayon pool, whose workers
-//! inherit the pin, as does the rank's communication thread. With more ranks than CPUs
-//! (4 ranks on 2 cores) ranks r and r + cores share a core. Left to the scheduler, the
-//! ranks' threads migrate between cores and each move leaves its working set in the other
-//! core's private L2: pinned, `train --devices 4` on a 2-core AMD EPYC ran 4.2% faster
-//! (median whole-process wall time of 6 alternated pairs, 2 epochs, chapter recipe).
+//! inherit the pin. With more ranks than CPUs (4 ranks on 2 cores) ranks r and r + cores
+//! share a core. Left to the scheduler, the ranks' threads migrate between cores and each
+//! move leaves its working set in the other core's private L2: pinned, `train --devices 4`
+//! on a 2-core AMD EPYC ran 4.2% faster (median whole-process wall time of 6 alternated
+//! pairs, 2 epochs, chapter recipe).
 //! PyTorch DDP and NCCL bind each rank to cores for the same reason.
 //!
 //! Only where every rank of the run is in this process: two processes of one MPI job on a

@@ -1,9 +1,9 @@
 //! What a rank keeps on its device for the whole run, so that a training step needs nothing
 //! from the host and the host waits for no step: the data set, uploaded once
 //! ([`DeviceSet`]); each epoch's order and learning rates, uploaded once an epoch, the step's
-//! scalars and the loss scaler's state ([`StepState`]); and a ring of step records that the
-//! host reads a few steps late through page-locked memory and fences it asks, never waits
-//! for, while the device is busy ([`Lagged`]).
+//! scalars and the loss scaler's state ([`StepState`]); and a ring of step records in
+//! page-locked host memory that the device writes and the host reads a few steps late,
+//! through fences it asks, never waits for, while the device is busy ([`Lagged`]).
 
 use std::collections::VecDeque;
 
@@ -14,7 +14,7 @@ use crate::model::GatheredShard;
 
 type Buf<B, T> = <B as crate::backend::Memory>::Buffer<T>;
 
-/// Step records the device's ring holds.
+/// Step records the ring holds.
 pub(super) const RING: usize = 8;
 
 /// How many steps the host may queue beyond the last one it has read. When the device is
@@ -23,8 +23,8 @@ pub(super) const RING: usize = 8;
 /// whose loss showed it (it reports that step).
 pub(super) const LAG: usize = 4;
 
-// The host reads a record before the device can overwrite it: LAG steps queued beyond the
-// one being read, and the ring only comes round after RING.
+// The host reads a record before the device can overwrite it: at most LAG steps queued beyond
+// the one being read, and the ring only comes round after RING.
 const _: () = assert!(LAG < RING);
 
 /// A data set on the device: pixels (one byte each) and labels, uploaded once.
@@ -91,8 +91,6 @@ pub(super) struct StepState<B: Backend> {
     pub(super) found: Option<Buf<B, i32>>,
     /// The step's statistics ([`STATS`]).
     pub(super) current: Buf<B, f32>,
-    /// The last [`RING`] steps' records ([`RECORD`] values each).
-    pub(super) ring: Buf<B, f32>,
     /// The stride between batches in `order`: this rank's shard of a full batch.
     pub(super) stride: usize,
 }
@@ -119,7 +117,6 @@ impl<B: Backend> StepState<B> {
             clean: dynamic.then(|| dev.upload(&[clean as i32])).transpose()?,
             found: half.then(|| dev.alloc_zeros(1)).transpose()?,
             current: dev.alloc_zeros(STATS)?,
-            ring: dev.alloc_zeros(RING * RECORD)?,
             stride,
         })
     }
@@ -206,39 +203,42 @@ pub(super) struct Record {
     pub(super) loss_scale: f32,
 }
 
-/// The host's late reading of the ring: after each step the ring is copied to page-locked
-/// memory and a fence marks the copy; a record is read once its fence is done.
+/// The host's late reading of the ring: each step's end writes its record into its slot of
+/// the ring, in page-locked host memory the device writes directly
+/// ([`Backend::step_end`], [`Staging`]), and a fence marks the step; a record is read once
+/// its fence is done. Each record is written by one kernel and no copy ever lands on the
+/// ring, so the records the host reads are never in flight.
 pub(super) struct Lagged<B: Backend + Clone> {
-    staging: Staging<f32>,
+    ring: Staging<f32>,
     queue: VecDeque<Pending>,
-    /// The queue that copies into `staging`.
+    /// The queue that writes `ring`.
     dev: B,
 }
 
 impl<B: Backend + Clone> Drop for Lagged<B> {
     fn drop(&mut self) {
-        // The device may still be copying into the page-locked memory (a run that stops on an
+        // The device may still be writing the page-locked memory (a run that stops on an
         // error leaves steps queued): it is freed only after the queue has finished.
         let _ = self.dev.synchronize();
     }
 }
 
 impl<B: Backend + Clone> Lagged<B> {
-    /// Page-locked memory for a ring on `dev`.
+    /// A ring in page-locked memory that `dev`'s kernels write.
     pub(super) fn new(dev: &B) -> Result<Self, BackendError> {
         Ok(Lagged {
-            staging: dev.alloc_staging(RING * RECORD)?,
+            ring: dev.alloc_staging(RING * RECORD)?,
             queue: VecDeque::new(),
             dev: dev.clone(),
         })
     }
 
-    /// Where a step copies the ring (when `used`: [`Backend::copy_out`], part of the step).
-    pub(super) fn staging(&mut self, used: bool) -> Option<&mut Staging<f32>> {
-        used.then_some(&mut self.staging)
+    /// The ring a step's end writes its record into ([`Backend::step_end`]).
+    pub(super) fn ring(&mut self) -> &mut Staging<f32> {
+        &mut self.ring
     }
 
-    /// Marks a step whose work (the ring's copy included) is queued: step `step` of the run,
+    /// Marks a step whose work (its record's write included) is queued: step `step` of the run,
     /// batch `batch` of the epoch, at learning rate `lr`.
     pub(super) fn mark(
         &mut self,
@@ -266,7 +266,7 @@ impl<B: Backend + Clone> Lagged<B> {
 
     /// The record of `p`, whose copy is done.
     fn record(&self, p: &Pending) -> Record {
-        let ring = self.staging.read();
+        let ring = self.ring.read();
         let at = (p.batch % RING) * RECORD;
         let r = &ring[at..at + RECORD];
         Record {
@@ -300,12 +300,13 @@ impl<B: Backend + Clone> Lagged<B> {
 }
 
 /// A rank's evaluation state: its shard of the test set and the running totals.
-pub(super) struct EvalState<B: Backend> {
+pub(super) struct EvalState<B: Backend + Clone> {
     set: DeviceSet<B>,
     order: Buf<B, u32>,
     batch: Buf<B, u32>,
     totals: Buf<B, f32>,
-    ring: Buf<B, f32>,
+    /// Where each evaluation step's end writes its record (read by no one: the totals are).
+    ring: Staging<f32>,
     unit: Buf<B, f32>,
     /// The rank's test images.
     pub(super) count: usize,
@@ -313,9 +314,18 @@ pub(super) struct EvalState<B: Backend> {
     /// (as the training steps': see `run_rank`).
     graphs: Vec<(usize, Graph)>,
     warmed: Vec<usize>,
+    /// The queue that writes `ring`.
+    dev: B,
 }
 
-impl<B: Backend> EvalState<B> {
+impl<B: Backend + Clone> Drop for EvalState<B> {
+    fn drop(&mut self) {
+        // As `Lagged`'s: the ring is freed only after the steps that write it have run.
+        let _ = self.dev.synchronize();
+    }
+}
+
+impl<B: Backend + Clone> EvalState<B> {
     /// Rank `me` of `ranks`'s share of the test set `images`/`labels`.
     pub(super) fn new(
         dev: &B,
@@ -331,11 +341,12 @@ impl<B: Backend> EvalState<B> {
             order: dev.upload(if order.is_empty() { &[0] } else { &order })?,
             batch: dev.alloc_zeros(1)?,
             totals: dev.alloc_zeros(STATS)?,
-            ring: dev.alloc_zeros(RECORD)?,
+            ring: dev.alloc_staging(RECORD)?,
             unit: dev.upload(&[1.0])?,
             count: hi - lo,
             graphs: Vec::new(),
             warmed: Vec::new(),
+            dev: dev.clone(),
         })
     }
 

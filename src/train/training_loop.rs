@@ -9,14 +9,14 @@ use std::time::Instant;
 
 use half::{bf16, f16};
 
-use super::resident::{DeviceSet, EvalState, Lagged, Planned, Record, StepState, LAG, RING};
+use super::resident::{DeviceSet, EvalState, Lagged, Planned, Record, StepState, LAG};
+use super::step_graph::Between;
 use super::{
     checkpoint, gradient_buckets, rank_cores, EpochReport, Event, LossScaler, StepReport,
     TrainConfig, TrainError,
 };
 use crate::backend::{
-    Backend, BackendError, Fence, Graph, Memory, Precision, SgdStep, Staging, StepScalars, RECORD,
-    STATS,
+    Backend, BackendError, Graph, Memory, Precision, SgdStep, Staging, StepScalars,
 };
 use crate::comm::collective::Collective;
 use crate::comm::communicator::{communicator, CommConfig};
@@ -46,16 +46,13 @@ pub fn check_data(data: &Dataset) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// Sums `stats` over all ranks, and with them whether any rank asks the run to stop
-/// (`stop`): every rank gets the same answer at the same step, so all stop together. The
-/// buffer (`buf`, made at the first call and kept by the caller, so a step allocates nothing)
-/// lives on the rank's own queue, which the collective waits for before peers read it.
+/// Sums `stats` over all ranks (the evaluation's counts). The buffer (`buf`, made at the
+/// first call and kept by the caller) lives on the rank's own queue.
 fn reduce_stats<C: Collective>(
     rank: &mut C,
     buf: &mut Option<StatsBuffer<C>>,
     s: ShardStats,
-    stop: bool,
-) -> Result<(ShardStats, bool), TrainError> {
+) -> Result<ShardStats, TrainError> {
     // One rank holds the sums already: no upload, collective or read back (the loss rounded
     // to f32 as the reduction carries it, so one rank reports what it always did).
     if rank.size() == 1 {
@@ -63,15 +60,10 @@ fn reduce_stats<C: Collective>(
             loss_sum: f64::from(s.loss_sum as f32),
             ..s
         };
-        return Ok((s, stop));
+        return Ok(s);
     }
     let dev = rank.device().clone();
-    let values = [
-        s.loss_sum as f32,
-        s.correct as f32,
-        s.count as f32,
-        f32::from(u8::from(stop)),
-    ];
+    let values = [s.loss_sum as f32, s.correct as f32, s.count as f32];
     let buf = match buf {
         Some(b) => {
             dev.write(&values, b)?;
@@ -86,7 +78,7 @@ fn reduce_stats<C: Collective>(
         correct: v[1] as usize,
         count: v[2] as usize,
     };
-    Ok((all, v[3] != 0.0))
+    Ok(all)
 }
 
 /// The statistics' reduction buffer of a rank ([`reduce_stats`]).
@@ -113,16 +105,67 @@ fn evaluate<C: Collective, T: Precision>(
         correct,
         count,
     };
-    let (all, _) = reduce_stats(rank, stats, mine, false)?;
+    let all = reduce_stats(rank, stats, mine)?;
     Ok(all.correct as f64 / all.count.max(1) as f64)
 }
 
+/// The marks that order a rank's two queues within a step at several ranks: `produced` on
+/// the compute queue (the replica's fork) after a bucket's backward, for the rank's queue
+/// to wait for before reducing it; `reduced` on the rank's queue after the reductions, for
+/// the compute queue to wait for before the update.
+pub(super) struct QueueMarks<D: Memory> {
+    produced: D::Mark,
+    reduced: D::Mark,
+}
+
+impl<D: Memory> QueueMarks<D> {
+    fn new(dev: &D) -> Result<Self, BackendError> {
+        Ok(QueueMarks {
+            produced: dev.new_mark()?,
+            reduced: dev.new_mark()?,
+        })
+    }
+}
+
+/// Orders the rank's queue (where its collectives run) after the compute queue's work so
+/// far, by a mark: the backward work that produced the bucket about to be reduced.
+fn after_compute<C: Collective>(
+    rank: &C,
+    compute: &C::Device,
+    marks: &QueueMarks<C::Device>,
+) -> Result<(), BackendError> {
+    compute.record(&marks.produced)?;
+    rank.device().wait_mark(&marks.produced)
+}
+
+/// Queues the sum of the step's statistics `out` over the ranks, then orders the compute
+/// queue after every reduction of the step; returns the seconds it took the host.
+fn reduce_step_stats<C: Collective>(
+    rank: &mut C,
+    compute: &C::Device,
+    marks: &QueueMarks<C::Device>,
+    out: &mut StatsBuffer<C>,
+) -> Result<f64, TrainError> {
+    let t = Instant::now();
+    after_compute(rank, compute, marks)?;
+    // One-shot, as the evaluation's sums: each element summed in rank order.
+    rank.sum(out, Some(Algorithm::OneShot))?;
+    rank.device().record(&marks.reduced)?;
+    compute.wait_mark(&marks.reduced)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
 /// Forward and backward on this rank's shard (gathered by the device: `shard`, with the
-/// step's scalars `at`, its statistics into `out`) with the gradients' allreduce overlapped:
-/// a communication thread owns the rank for the step and reduces each bucket (tensor by
-/// tensor, in bucket order, the same on every rank) as soon as the backward pass hands it
-/// over. Returns the seconds the compute thread waited for communication after its backward
-/// pass (the part not hidden behind compute).
+/// step's scalars `at`, its statistics into `out`) with the gradients' allreduce overlapped,
+/// as DDP does it: as soon as the backward pass hands a bucket over, the rank's thread
+/// queues the bucket's reduction (tensor by tensor, in bucket order, the same on every
+/// rank) on the rank's own queue, ordered after the backward work that produced it by a
+/// mark, and goes on queueing backward. The statistics are summed the same way after the
+/// backward pass, so every rank's record of the step holds the global loss. Nothing here
+/// waits for a device: on a GPU the reductions run beside the rest of backward. The compute
+/// between the collectives is queued as `between` says (captured stretches, or the stream).
+/// Returns the seconds spent in the collectives (queueing them and waiting for the peers to
+/// queue theirs; on devices whose work is done when queued, reducing).
 fn step_and_reduce<C, T>(
     rank: &mut C,
     replica: &mut Replica<C::Device, T>,
@@ -131,89 +174,121 @@ fn step_and_reduce<C, T>(
         &StepScalars<C::Device>,
         &mut StatsBuffer<C>,
     ),
-    bucket_of: &[usize; PARAMS.len()],
+    (bucket_of, marks): (&[usize; PARAMS.len()], Option<&QueueMarks<C::Device>>),
+    algorithm: Option<Algorithm>,
+    between: &mut Between<'_>,
+) -> Result<f64, TrainError>
+where
+    C: Collective,
+    T: Precision,
+{
+    // One rank has nothing to reduce.
+    let Some(marks) = marks.filter(|_| rank.size() > 1) else {
+        replica.step_gathered(shard, Some(at), out, false, |_, _| {})?;
+        return Ok(0.0);
+    };
+    let compute = replica.dev.clone();
+    let mut in_collectives = 0.0;
+    let mut failed: Option<TrainError> = None;
+    let mut open = Vec::new();
+    let mut filled = [0usize; PARAMS.len()];
+    let mut sizes = [0usize; PARAMS.len()];
+    for &b in bucket_of {
+        sizes[b] += 1;
+    }
+    let computed = replica.step_gathered(shard, Some(at), out, false, |i, g| {
+        open.push(g);
+        filled[bucket_of[i]] += 1;
+        if filled[bucket_of[i]] < sizes[bucket_of[i]] || failed.is_some() {
+            return;
+        }
+        let mut reduce = || -> Result<f64, TrainError> {
+            between.cut(&compute)?;
+            let t = Instant::now();
+            after_compute(rank, &compute, marks)?;
+            for g in open.drain(..) {
+                rank.sum(g, algorithm)?;
+            }
+            let seconds = t.elapsed().as_secs_f64();
+            between.begin(&compute)?;
+            Ok(seconds)
+        };
+        match reduce() {
+            Ok(seconds) => in_collectives += seconds,
+            Err(e) => failed = Some(e),
+        }
+    });
+    computed?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    between.cut(&compute)?;
+    in_collectives += reduce_step_stats(rank, &compute, marks, out)?;
+    between.begin(&compute)?;
+    Ok(in_collectives)
+}
+
+/// Replays a step captured by [`queue_step`] with [`Between::Capture`]: each stretch of
+/// compute, and after stretch k the collective that followed it when it was captured (the
+/// reduction of bucket k of `buckets`, then the statistics'). Returns the seconds spent in
+/// the collectives.
+fn replay_step<C, T>(
+    rank: &mut C,
+    replica: &mut Replica<C::Device, T>,
+    (stretches, buckets): (&[Graph], &[Vec<usize>]),
+    (marks, out): (Option<&QueueMarks<C::Device>>, &mut StatsBuffer<C>),
     algorithm: Option<Algorithm>,
 ) -> Result<f64, TrainError>
 where
     C: Collective,
-    <C::Device as Memory>::Buffer<f32>: Send,
     T: Precision,
 {
-    // The replica computes on its own queue (a fork of the rank's device handle): each bucket
-    // travels with a fence marking the backward work that produced it, and the communication
-    // thread waits for that fence, not for the whole queue, before the peers may read it.
-    // One rank has nothing to reduce: no communication thread, no fences, no waits.
-    if rank.size() == 1 {
-        replica.step_gathered(shard, Some(at), out, false, |_, _| {})?;
-        return Ok(0.0);
-    }
-    let compute = replica.dev.clone();
-    type Bucket<'b, D> = (
-        Vec<&'b mut <D as Memory>::Buffer<f32>>,
-        Result<Fence, BackendError>,
-    );
-    std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel::<Bucket<'_, C::Device>>();
-        let comm = scope.spawn(move || -> Result<(), TrainError> {
-            for (bucket, fence) in rx {
-                fence?.wait()?;
-                for g in bucket {
-                    rank.sum(g, algorithm)?;
-                }
+    let mut in_collectives = 0.0;
+    for (k, stretch) in stretches.iter().enumerate() {
+        stretch.launch()?;
+        let Some(marks) = marks.filter(|_| rank.size() > 1) else {
+            continue;
+        };
+        let compute = replica.dev.clone();
+        if let Some(bucket) = buckets.get(k) {
+            let t = Instant::now();
+            after_compute(rank, &compute, marks)?;
+            // In the bucket's order, as `step_and_reduce` reduced them.
+            for &i in bucket {
+                rank.sum(&mut replica.grads[i], algorithm)?;
             }
-            Ok(())
-        });
-        let mut open = Vec::new();
-        let mut filled = [0usize; PARAMS.len()];
-        let mut sizes = [0usize; PARAMS.len()];
-        for &b in bucket_of {
-            sizes[b] += 1;
+            in_collectives += t.elapsed().as_secs_f64();
+        } else if k == buckets.len() {
+            in_collectives += reduce_step_stats(rank, &compute, marks, out)?;
         }
-        let computed = replica.step_gathered(shard, Some(at), out, false, |i, g| {
-            open.push(g);
-            filled[bucket_of[i]] += 1;
-            if filled[bucket_of[i]] == sizes[bucket_of[i]] {
-                // A failed send means the communication thread already stopped on an
-                // error, which its join below reports.
-                let _ = tx.send((std::mem::take(&mut open), compute.fence()));
-            }
-        });
-        drop(tx);
-        // What follows backward on the device is communication left exposed: finish the
-        // compute queue first, so that its tail is not counted as waiting for the reduction.
-        let finished = compute.synchronize();
-        let t = Instant::now();
-        let reduced = comm.join().map_err(|_| TrainError::CommThreadPanicked)?;
-        let exposed = t.elapsed().as_secs_f64();
-        computed?;
-        reduced?;
-        finished?;
-        Ok(exposed)
-    })
+    }
+    Ok(in_collectives)
 }
 
 /// Queues one training step on the rank's device: the step's scalars, forward and backward
-/// with the gradients' reduction ([`step_and_reduce`]), the overflow check in half
-/// precision, the update, the step's end, and (given `staging`) the ring's copy to the host.
-/// Nothing in it is a host value that changes from step to step, so it can be captured.
-/// Returns the seconds spent waiting for communication.
+/// with the gradients' and the statistics' reduction ([`step_and_reduce`]), the overflow
+/// check in half precision, the update, and the step's end (its record into `ring`, host
+/// memory the device writes). Nothing in it is a host value that changes from step to step,
+/// so the compute between its collectives can be captured (`between`). Returns the seconds
+/// spent in the collectives.
 #[allow(clippy::too_many_arguments)]
 fn queue_step<C, T>(
     rank: &mut C,
     replica: &mut Replica<C::Device, T>,
     set: &DeviceSet<C::Device>,
     state: &mut StepState<C::Device>,
-    staging: Option<&mut Staging<f32>>,
+    ring: &mut Staging<f32>,
     (p, sgd): (&Planned, SgdStep),
-    bucket_of: &[usize; PARAMS.len()],
+    buckets: (&[usize; PARAMS.len()], Option<&QueueMarks<C::Device>>),
     algorithm: Option<Algorithm>,
+    between: &mut Between<'_>,
 ) -> Result<f64, TrainError>
 where
     C: Collective,
-    <C::Device as Memory>::Buffer<f32>: Send,
     T: Precision,
 {
     let dev = replica.dev.clone();
+    between.begin(&dev)?;
     dev.step_begin(
         &state.lr_table,
         &state.batch,
@@ -226,8 +301,9 @@ where
         rank,
         replica,
         (&shard, &state.scalars, &mut state.current),
-        bucket_of,
+        buckets,
         algorithm,
+        between,
     )?;
     if let Some(found) = &mut state.found {
         // 16-bit activations can overflow: a step whose gradients are not all finite is
@@ -243,18 +319,18 @@ where
         LossScaler::GROWTH_INTERVAL,
         &mut state.batch,
         &state.current,
-        &mut state.ring,
+        ring,
     )?;
-    if let Some(staging) = staging {
-        dev.copy_out(&state.ring, staging)?;
-    }
+    between.cut(&dev)?;
     Ok(exposed)
 }
 
 /// One device's training loop. The data set, the epoch's order and learning rates, and the
 /// step's scalars live on the device ([`resident`](super::resident)), so a step is queued
-/// with no host value in it. At one rank the host reads each step's record a few steps late
-/// ([`LAG`]) and waits for no step; at several it reads the reduced statistics each step.
+/// with no host value in it, and the host reads each step's record (the statistics summed
+/// over the ranks) a few steps late ([`LAG`]): it never waits for the device inside an
+/// epoch. At several ranks the ranks' threads agree after each step whether to stop (a host
+/// exchange, [`Collective::any`]).
 fn run_rank<C: Collective, T: Precision>(
     mut rank: C,
     start: &checkpoint::Checkpoint,
@@ -274,6 +350,7 @@ where
         _ => LossScaler::new(T::DTYPE.needs_loss_scaling()),
     };
     let mut stats_buf = None;
+    let marks = (n > 1).then(|| QueueMarks::new(&replica.dev)).transpose()?;
     if let Some(velocity) = &start.velocity {
         for (buf, v) in replica.velocity.iter_mut().zip(velocity) {
             replica.dev.write(v, buf)?;
@@ -300,8 +377,8 @@ where
     // Graphs of the step per batch shape (the shard's and the global batch's sizes), and the
     // shapes whose first step has run. One rank's step waits for nothing on the host, so it
     // can be captured; several ranks' allreduce still waits on the host.
-    let capture = cfg.cuda_graph && n == 1 && dev.can_capture();
-    let mut graphs: Vec<((usize, usize), Graph)> = Vec::new();
+    let capture = cfg.cuda_graph && dev.can_capture();
+    let mut graphs: Vec<((usize, usize), Vec<Graph>)> = Vec::new();
     let mut warmed: Vec<(usize, usize)> = Vec::new();
     let sgd = SgdStep {
         lr: 0.0,
@@ -372,72 +449,60 @@ where
             if step >= total_steps {
                 break;
             }
-            let mut queue_one = || -> Result<f64, TrainError> {
+            let mut queue_one = |between: &mut Between<'_>| -> Result<f64, TrainError> {
                 queue_step(
                     &mut rank,
                     &mut replica,
                     &train_set,
                     &mut state,
-                    lagged.staging(n == 1),
+                    lagged.ring(),
                     (p, sgd),
-                    &bucket_of,
+                    (&bucket_of, marks.as_ref()),
                     cfg.algorithm,
+                    between,
                 )
             };
             let shape = (p.n, p.global);
             allreduce_s += match graphs.iter().find(|(s, _)| *s == shape) {
-                Some((_, graph)) => {
-                    graph.launch()?;
-                    0.0
-                }
+                Some((_, stretches)) => replay_step(
+                    &mut rank,
+                    &mut replica,
+                    (stretches, &buckets),
+                    (marks.as_ref(), &mut state.current),
+                    cfg.algorithm,
+                )?,
                 // A shape's first step runs from the stream: it allocates the shape's
                 // activations and loads the kernels, which a capture may not. Its second is
-                // captured, then launched.
-                None if capture && warmed.contains(&shape) => {
-                    dev.begin_capture()?;
-                    let queued = queue_one();
-                    let graph = dev.end_capture();
-                    let (exposed, graph) = (queued?, graph?);
-                    graph.launch()?;
-                    graphs.push((shape, graph));
+                // captured, then launched. (A rank with no image in the batch writes its
+                // zero statistics from the host: it runs from the stream.)
+                None if capture && warmed.contains(&shape) && p.n > 0 => {
+                    let mut stretches = Vec::new();
+                    let exposed = queue_one(&mut Between::Capture(&mut stretches))?;
+                    graphs.push((shape, stretches));
                     exposed
                 }
                 None => {
                     warmed.push(shape);
-                    queue_one()?
+                    queue_one(&mut Between::Stream)?
                 }
             };
             step += 1;
-            if n == 1 {
-                if stop.load(Ordering::Relaxed) {
-                    return Err(TrainError::Stopped);
-                }
-                lagged.mark((step, i, p.lr))?;
-                for r in lagged.take(LAG)? {
-                    seen(r)?;
-                }
-                continue;
-            }
-            // Several ranks: the statistics are summed across them now, and with them rank
-            // 0's thread carries the caller's request to stop (its event handler failed).
-            let ring = dev.download(&state.ring)?;
-            let v = &ring[(i % RING) * RECORD..(i % RING + 1) * RECORD];
-            let local = ShardStats {
-                loss_sum: v[0] as f64,
-                correct: v[1] as usize,
-                count: v[2] as usize,
+            // The caller's request to stop (its event handler failed) reaches rank 0's
+            // thread; at several ranks every rank learns it at the same step, so that all
+            // stop together.
+            let asked = stop.load(Ordering::Relaxed);
+            let stopping = if n == 1 {
+                asked
+            } else {
+                rank.any(me == 0 && asked)?
             };
-            let asked = me == 0 && stop.load(Ordering::Relaxed);
-            let (s, stopping) = reduce_stats(&mut rank, &mut stats_buf, local, asked)?;
             if stopping {
                 return Err(TrainError::Stopped);
             }
-            seen(Record {
-                step,
-                lr: p.lr,
-                stats: [s.loss_sum as f32, s.correct as f32, s.count as f32],
-                loss_scale: v[STATS],
-            })?;
+            lagged.mark((step, i, p.lr))?;
+            for r in lagged.take(LAG)? {
+                seen(r)?;
+            }
         }
         for r in lagged.drain()? {
             seen(r)?;

@@ -167,6 +167,8 @@ impl<T: DeviceScalar> DeviceBuffer<T> for CpuBuffer<T> {
 
 impl Memory for CpuDevice {
     type Buffer<T: DeviceScalar> = CpuBuffer<T>;
+    // Every operation is done when it returns: nothing to order.
+    crate::no_marks!();
 
     fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<CpuBuffer<T>, BackendError> {
         Ok(CpuBuffer(vec![T::zeroed(); len]))

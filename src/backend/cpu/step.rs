@@ -62,10 +62,11 @@ pub(super) fn shard_stats(op: Checked<ShardStats<'_, CpuDevice>>) -> OpResult {
 pub(super) fn step_end(op: Checked<StepEnd<'_, CpuDevice>>) -> OpResult {
     let op = op.into_inner();
     let b = op.batch.0[0];
-    let slot = b as usize % (op.ring.0.len() / RECORD);
-    let record = &mut op.ring.0[slot * RECORD..(slot + 1) * RECORD];
-    record[..STATS].copy_from_slice(&op.current.0);
-    record[STATS] = op.loss_scale.0[0];
+    let at = b as usize % (op.ring.len() / RECORD) * RECORD;
+    for (i, &v) in op.current.0.iter().enumerate() {
+        op.ring.set(at + i, v);
+    }
+    op.ring.set(at + STATS, op.loss_scale.0[0]);
     op.batch.0[0] = b.wrapping_add(1);
     if let Some(found) = op.found {
         if let Some(clean) = op.clean {

@@ -37,8 +37,8 @@ use std::ffi::{c_char, CStr};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
-    PushKernelArg,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    DriverError, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -470,13 +470,13 @@ impl CudaDevice {
 
     fn function(&self, kernel: &'static KernelSignature) -> Result<CudaFunction, BackendError> {
         let key = (kernel.module, kernel.name);
-        if let Some(f) = self
+        // Held through a miss: ranks sharing the GPU look each kernel up once between them.
+        let mut functions = self
             .gpu
             .functions
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-        {
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = functions.get(&key) {
             return Ok(f.clone());
         }
         let module =
@@ -502,11 +502,7 @@ impl CudaDevice {
                 .load_function(kernel.name)
                 .map_err(driver_err(format!("looking up kernel `{}`", kernel.name)))?
         };
-        self.gpu
-            .functions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, f.clone());
+        functions.insert(key, f.clone());
         Ok(f)
     }
 
@@ -557,6 +553,28 @@ impl<T: DeviceScalar> DeviceBuffer<T> for CudaBuffer<T> {
 
 impl Memory for CudaDevice {
     type Buffer<T: DeviceScalar> = CudaBuffer<T>;
+    // Recorded on handles of the GPU that made it; any GPU's stream may wait for it.
+    type Mark = CudaEvent;
+
+    fn new_mark(&self) -> Result<CudaEvent, BackendError> {
+        // Without timing: an event that only orders streams is the cheapest kind.
+        self.gpu
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(driver_err("creating an event"))
+    }
+
+    fn record(&self, mark: &CudaEvent) -> Result<(), BackendError> {
+        mark.record(&self.queue.stream)
+            .map_err(driver_err("recording an event"))
+    }
+
+    fn wait_mark(&self, mark: &CudaEvent) -> Result<(), BackendError> {
+        self.queue
+            .stream
+            .wait(mark)
+            .map_err(driver_err("making a stream wait for an event"))
+    }
 
     fn alloc_zeros<T: DeviceScalar>(&self, len: usize) -> Result<CudaBuffer<T>, BackendError> {
         let slice = self
@@ -649,49 +667,36 @@ impl Memory for CudaDevice {
         self.bind()?;
         let bytes = len.max(1) * std::mem::size_of::<T>();
         let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the context is current (bind).
-        unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, 0) }
+        // SAFETY: a valid out-pointer; the context is current (bind). Mapped: kernels store
+        // into it (under unified addressing all of cuMemHostAlloc's memory is; the flag says
+        // so where it is not).
+        unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
             .result()
             .map_err(driver_err(format!(
                 "allocating {bytes} bytes of page-locked host memory"
             )))?;
-        // SAFETY: the driver returned `bytes` of host memory, aligned for any type; zeroed
-        // here so that every element is initialized.
-        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
         let addr = ptr as usize;
-        let release = Box::new(move || {
+        let release = move || {
             // SAFETY: allocated by cuMemHostAlloc above and freed once, here. A free that
             // fails leaves nothing to do at drop.
             let _ = unsafe { sys::cuMemFreeHost(addr as *mut std::ffi::c_void) };
-        });
-        // SAFETY: `len` zeroed (valid) elements of T that live until `release`.
-        Ok(unsafe { Staging::from_raw(ptr.cast::<T>(), len, release) })
-    }
-
-    fn copy_out<T: DeviceScalar>(
-        &self,
-        buf: &CudaBuffer<T>,
-        staging: &mut Staging<T>,
-    ) -> Result<(), BackendError> {
-        crate::backend::check::same_len("device-to-staging copy", buf.len(), staging.len())?;
-        self.bind()?;
-        let bytes = buf.len() * std::mem::size_of::<T>();
-        // SAFETY: `staging` holds `bytes` of page-locked memory that outlives the copy (the
-        // caller reads it only after a later fence); the source is a live device buffer of
-        // the same size.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                staging.as_mut_ptr().cast(),
-                buf.device_addr(),
-                bytes,
-                self.queue.stream.cu_stream(),
-            )
+        };
+        let mut device_addr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is the mapped allocation above; a valid out-pointer.
+        if let Err(e) =
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_addr, ptr, 0) }.result()
+        {
+            release();
+            return Err(driver_err("finding where the GPU sees page-locked memory")(
+                e,
+            ));
         }
-        .result()
-        .map_err(|e| {
-            self.queue
-                .waited_err("queueing a copy to page-locked memory".into(), e)
-        })
+        // SAFETY: the driver returned `bytes` of host memory, aligned for any type; zeroed
+        // here so that every element is initialized.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        // SAFETY: `len` zeroed (valid) elements of T that live until `release`, which the
+        // GPU sees at `device_addr`.
+        Ok(unsafe { Staging::from_raw(ptr.cast::<T>(), len, device_addr, Box::new(release)) })
     }
 
     fn fork(&self) -> Result<Self, BackendError> {
@@ -715,15 +720,15 @@ impl Memory for CudaDevice {
 
     fn end_capture(&self) -> Result<Graph, BackendError> {
         self.bind()?;
-        let graph = self
+        let Some(graph) = self
             .queue
             .stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(|e| self.queue.waited_err("ending a stream capture".into(), e))?
-            .ok_or_else(|| BackendError::Unsupported {
-                op: "graph capture",
-                what: "a capture that recorded no work".into(),
-            })?;
+        else {
+            // Nothing was queued: a graph that does nothing.
+            return Ok(Graph::new(|| Ok(())));
+        };
         graph
             .upload()
             .map_err(driver_err("uploading a graph to the GPU"))?;

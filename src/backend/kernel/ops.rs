@@ -18,7 +18,7 @@ use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Pool2dShape, Precision,
     PrecisionOp,
 };
-use crate::kernels::{elementwise as ew, optim as optim_kernels, step, KernelSignature};
+use crate::kernels::{elementwise as ew, optim as optim_kernels, step, KernelSignature, Scalar};
 
 fn i32_arg(v: usize) -> KernelArg {
     // Shapes are validated to fit i32 before any launch.
@@ -558,10 +558,15 @@ impl<D: KernelDevice> BackendImpl for D {
             KernelArg::I32(op.growth_interval.min(i32::MAX as usize) as i32),
             KernelArg::buffer_mut(op.batch),
             KernelArg::buffer(op.current),
-            KernelArg::buffer_mut(op.ring),
+            KernelArg::Ptr {
+                addr: op.ring.device_addr(),
+                elem: Scalar::F32,
+                mutable: true,
+            },
             KernelArg::I32(slots),
         ];
-        // SAFETY: see the module docs (one thread; the ring's slots are passed).
+        // SAFETY: see the module docs (one thread; the ring's slots are passed; the ring is
+        // host memory mapped for the device, alive while `op` borrows it).
         unsafe { self.launch(&step::STEP_END, LaunchConfig::single(), &args) }
     }
 }
