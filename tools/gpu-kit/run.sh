@@ -434,26 +434,26 @@ ratio() { local x=$(( $1 * 100 / $2 )); printf '%d.%02dx' $(( x / 100 )) $(( x %
 last_epoch() { grep -E '^epoch ' "$1" | tail -n 1 | sed -E 's/ +/ /g'; }
 train_args=(--backend cuda --epochs 2 --batch 256 --lr 0.1 --momentum 0.9 --weight-decay 0 --data "$data")
 if want train; then
-  for n in 1 "$gpus"; do
-    if [ "$n" = 1 ] && [ "${did_one:-}" = 1 ]; then
-      record SKIP "nanoddp train --backend cuda --devices N" "N = $gpus GPU(s) visible: nothing beyond --devices 1 to run"
-      TRAIN_ROWS+=("| nanoddp \`--devices N\` | SKIP | N = $gpus |")
-      continue
-    fi
-    if [ "$n" = 0 ]; then
-      record SKIP "nanoddp train --backend cuda --devices N" "no GPU found: N = 0"
-      TRAIN_ROWS+=("| nanoddp \`--devices N\` | SKIP | no GPU |")
-      continue
-    fi
-    did_one=1
-    run_step "train-devices-$n" "nanoddp train --backend cuda --devices $n" "$(limit 900)" \
-      "$cli" train "${train_args[@]}" --devices "$n" --metrics "$logs/train-devices-$n.jsonl"
-    line=$(last_epoch "$CUR_LOG")
-    [ -n "$line" ] && note "$line"
-    TRAIN_ROWS+=("| nanoddp \`--devices $n\` | $CUR_STATUS | $(md_cell "${line:-$(last_line)}") |")
-    [ "$n" = 1 ] && [ -n "$line" ] && NANODDP_RATE=$(rate "$line")
-    finish_step
-  done
+  if [ "$gpus" = 0 ]; then
+    record SKIP "nanoddp train --backend cuda" "no GPU found"
+    TRAIN_ROWS+=("| nanoddp | SKIP | no GPU |")
+  else
+    # One GPU with and without graphs; 4 ranks on the visible GPUs (round-robin: on one GPU
+    # the multi-rank path runs for real); every visible GPU when there are others.
+    runs=("1 on" "1 off" "4 on")
+    [ "$gpus" -gt 1 ] && [ "$gpus" != 4 ] && runs+=("$gpus on")
+    for spec in "${runs[@]}"; do
+      read -r n graph <<<"$spec"
+      run_step "train-devices-$n-graph-$graph" "nanoddp train --backend cuda --devices $n --cuda-graph $graph" \
+        "$(limit 900)" "$cli" train "${train_args[@]}" --devices "$n" --cuda-graph "$graph" \
+        --metrics "$logs/train-devices-$n-graph-$graph.jsonl"
+      line=$(last_epoch "$CUR_LOG")
+      [ -n "$line" ] && note "$line"
+      TRAIN_ROWS+=("| nanoddp \`--devices $n --cuda-graph $graph\` | $CUR_STATUS | $(md_cell "${line:-$(last_line)}") |")
+      [ "$spec" = "1 on" ] && [ -n "$line" ] && NANODDP_RATE=$(rate "$line")
+      finish_step
+    done
+  fi
 fi
 
 if want bench; then
@@ -464,9 +464,9 @@ fi
 # ------------------------------------------------------------------ PyTorch, same model
 if want torch; then
   if ! command -v "$PYTHON" >/dev/null 2>&1; then
-    record SKIP "PyTorch LeNet (eager, compile)" "no $PYTHON"
+    record SKIP "PyTorch LeNet (eager, compile, graphed)" "no $PYTHON"
   else
-    for mode in eager compile; do
+    for mode in eager compile graphed; do
       run_step "torch-$mode" "PyTorch LeNet, $mode" "$(limit 900)" env PYTHONUNBUFFERED=1 "$PYTHON" \
         "$kit/torch_lenet_gpu.py" --mode "$mode" --data "$data" --epochs 2 --batch 256 --lr 0.1 --momentum 0.9 --weight-decay 0
       line=$(grep -E '^torch ' "$CUR_LOG" | tail -n 1 | sed -E 's/ +/ /g')
@@ -481,8 +481,8 @@ if want torch; then
       fi
       finish_step
       [ "$CUR_STATUS" = SKIP ] && [ "$mode" = eager ] && [[ "$skipline" == *"no usable CUDA GPU"* || "$skipline" == *"not importable"* ]] && {
-        record SKIP "PyTorch LeNet, compile" "as eager: ${skipline#SKIP: }"
-        TORCH_ROWS+=("| PyTorch compile | SKIP | as eager |")
+        record SKIP "PyTorch LeNet, compile and graphed" "as eager: ${skipline#SKIP: }"
+        TORCH_ROWS+=("| PyTorch compile, graphed | SKIP | as eager |")
         break
       }
     done

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The same LeNet in PyTorch on the same GPU: the yardstick for `nanoddp train --backend cuda`.
 
-    python3 torch_lenet_gpu.py [--data DIR] [--mode eager|compile|both] [--epochs 2] [--batch 256]
+    python3 torch_lenet_gpu.py [--data DIR] [--mode eager|compile|graphed|both|all] [--epochs 2] [--batch 256]
 
 The model, data and optimizer match what run.sh gives nanoddp
 (`train --backend cuda --epochs 2 --batch 256 --lr 0.1 --momentum 0.9 --weight-decay 0`):
@@ -17,9 +17,18 @@ Differences kept on purpose: the data set lives on the GPU (PyTorch's fastest id
 uploads each batch from host memory), and TF32 is off for convolutions and matmuls (PyTorch
 turns it on for cuDNN convolutions by default; nanoddp computes in true fp32): --tf32 allows it.
 
+Modes: eager; torch.compile; graphed, the whole step (the batch's gather from the
+device-resident data, forward, backward, the SGD step and the running loss and accuracy)
+captured once as a CUDA graph with torch.cuda.graph and replayed, the learning rate a device
+tensor the host refills before each replay (PyTorch's whole-network capture recipe; three
+warm-up steps on a side stream first, which train too). The epoch's last, partial batch runs
+eagerly in graphed mode (a graph has one shape). `both` is eager and compile, `all` adds
+graphed.
+
 Timing: the training loop of each epoch, between two torch.cuda.synchronize() calls (test
 accuracy is computed after, untimed), as nanoddp times its epochs. With torch.compile the
-first epoch includes compilation; the last epoch is the steady-state figure.
+first epoch includes compilation, in graphed mode the capture; the last epoch is the
+steady-state figure.
 
 Prints one line per epoch and one `RESULT {json}` line per mode. Exits 77 (skip) when torch or
 a CUDA GPU is missing, 0 on success, 1 on an error.
@@ -101,6 +110,8 @@ def lenet(torch):
 
 
 def train(torch, args, data, mode):
+    if mode == "graphed":
+        return train_graphed(torch, args, data)
     F = torch.nn.functional
     xtr, ytr, xte, yte = data
     torch.manual_seed(args.seed)
@@ -140,14 +151,101 @@ def train(torch, args, data, mode):
             step += 1
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
+        per_epoch.append(epoch_record(torch, args, net, data, mode, epoch, n,
+                                      loss_sum.item(), correct.item(), seconds))
+    return report(mode, args, n, per_epoch)
+
+
+def epoch_record(torch, args, net, data, mode, epoch, n, loss_sum, correct, seconds):
+    _, _, xte, yte = data
+    with torch.no_grad():
+        test_correct = sum(int((net(xte[i:i + args.batch]).argmax(1) == yte[i:i + args.batch]).sum())
+                           for i in range(0, xte.shape[0], args.batch))
+    rec = {"epoch": epoch, "train_loss": loss_sum / n, "train_acc": correct / n,
+           "test_acc": test_correct / xte.shape[0], "seconds": seconds, "images_per_s": n / seconds}
+    print(f"torch {mode:7}  epoch {epoch:>3}  loss {rec['train_loss']:.4f}  train acc {rec['train_acc']:.4f}  "
+          f"test acc {rec['test_acc']:.4f}  {seconds:.2f} s  {rec['images_per_s']:.0f} img/s", flush=True)
+    return rec
+
+
+def train_graphed(torch, args, data):
+    """The whole step as one CUDA graph, replayed for every full batch."""
+    F = torch.nn.functional
+    xtr, ytr, _, _ = data
+    torch.manual_seed(args.seed)
+    net = lenet(torch).cuda()
+    # torch.optim.SGD's update written out with the rate as a device tensor: its own code
+    # turns a tensor rate into a Python number, a host read that a capture refuses. The same
+    # arithmetic (dampening 0, not Nesterov; the first step's buffer is the gradient).
+    lr = torch.tensor(args.lr, device="cuda")
+    params = list(net.parameters())
+    velocity = [torch.zeros_like(p) for p in params]
+
+    def sgd():
         with torch.no_grad():
-            test_correct = sum(int((net(xte[i:i + args.batch]).argmax(1) == yte[i:i + args.batch]).sum())
-                               for i in range(0, xte.shape[0], args.batch))
-        rec = {"epoch": epoch, "train_loss": loss_sum.item() / n, "train_acc": correct.item() / n,
-               "test_acc": test_correct / xte.shape[0], "seconds": seconds, "images_per_s": n / seconds}
-        per_epoch.append(rec)
-        print(f"torch {mode:7}  epoch {epoch:>3}  loss {rec['train_loss']:.4f}  train acc {rec['train_acc']:.4f}  "
-              f"test acc {rec['test_acc']:.4f}  {seconds:.2f} s  {rec['images_per_s']:.0f} img/s", flush=True)
+            for p, v in zip(params, velocity):
+                g = p.grad if args.weight_decay == 0 else p.grad.add(p, alpha=args.weight_decay)
+                v.mul_(args.momentum).add_(g)
+                p.sub_(v * lr)
+                p.grad.zero_()
+
+    n = xtr.shape[0]
+    full = n // args.batch
+    steps_per_epoch = (n + args.batch - 1) // args.batch
+    total = steps_per_epoch * args.epochs
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(args.seed)
+    idx = torch.zeros(args.batch, device="cuda", dtype=torch.long)
+    loss_sum = torch.zeros((), device="cuda")
+    correct = torch.zeros((), device="cuda", dtype=torch.long)
+
+    def step(index):
+        x, y = xtr[index], ytr[index]
+        out = net(x)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        sgd()
+        loss_sum.add_(loss.detach() * y.shape[0])
+        correct.add_((out.detach().argmax(1) == y).sum())
+
+    # Warm-up on a side stream (allocations, cuDNN's choices, the optimizer's state), then
+    # the capture: PyTorch's recipe. The warm-up steps train on the first batch.
+    idx.copy_(torch.arange(args.batch, device="cuda"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(idx)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(idx)
+    step_no, per_epoch = 0, []
+    for epoch in range(1, args.epochs + 1):
+        perm = torch.randperm(n, device="cuda", generator=gen)
+        loss_sum.zero_()
+        correct.zero_()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for b in range(steps_per_epoch):
+            rate = args.lr
+            if args.schedule == "cosine":
+                rate = args.lr * 0.5 * (1.0 + math.cos(math.pi * step_no / total))
+            lr.fill_(rate)
+            if b < full:
+                idx.copy_(perm[b * args.batch:(b + 1) * args.batch])
+                graph.replay()
+            else:
+                step(perm[b * args.batch:])
+            step_no += 1
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        per_epoch.append(epoch_record(torch, args, net, data, "graphed", epoch, n,
+                                      loss_sum.item(), correct.item(), seconds))
+    return report("graphed", args, n, per_epoch)
+
+
+def report(mode, args, n, per_epoch):
     last = per_epoch[-1]
     result = {"mode": mode, "epochs": args.epochs, "batch": args.batch, "train_images": n,
               "images_per_s_last_epoch": round(last["images_per_s"]),
@@ -160,7 +258,7 @@ def train(torch, args, data, mode):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=default_data(), help="folder with the four IDX(.gz) files")
-    ap.add_argument("--mode", choices=["eager", "compile", "both"], default="both")
+    ap.add_argument("--mode", choices=["eager", "compile", "graphed", "both", "all"], default="both")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=0.1)
@@ -187,7 +285,7 @@ def main():
           f"TF32 {'on' if args.tf32 else 'off'}", flush=True)
     data = load(torch, args.data, "cuda")
 
-    modes = ["eager", "compile"] if args.mode == "both" else [args.mode]
+    modes = {"both": ["eager", "compile"], "all": ["eager", "compile", "graphed"]}.get(args.mode, [args.mode])
     skipped = []
     for mode in modes:
         if mode == "compile" and not hasattr(torch, "compile"):
