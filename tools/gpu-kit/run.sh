@@ -9,7 +9,7 @@
 #   --out FILE          the report (default ./gpu-report.md); full logs go to FILE's name
 #                       without .md plus .logs/ (default ./gpu-report.logs/)
 #   --steps LIST        comma-separated, in this order when run: system, tests, train, bench,
-#                       torch, sanitizer (default: all)
+#                       profile, torch, sanitizer (default: all)
 #   --tests LIST        with the tests step: only these binaries (e.g. conv,pool,train)
 #   --data DIR          Fashion-MNIST for the train and PyTorch steps (default: the kit's
 #                       data/fashion-mnist)
@@ -43,8 +43,8 @@ while [ $# -gt 0 ]; do
 done
 case "$scale" in '' | *[!0-9]* | 0) echo "run.sh: --timeout-scale takes a positive integer" >&2; exit 2 ;; esac
 for s in ${steps//,/ }; do
-  case "$s" in all|system|tests|train|bench|torch|sanitizer) ;;
-    *) echo "run.sh: unknown step '$s' (system, tests, train, bench, torch, sanitizer)" >&2; exit 2 ;;
+  case "$s" in all|system|tests|train|bench|profile|torch|sanitizer) ;;
+    *) echo "run.sh: unknown step '$s' (system, tests, train, bench, profile, torch, sanitizer)" >&2; exit 2 ;;
   esac
 done
 want() { [[ ",$steps," == *",all,"* || ",$steps," == *",$1,"* ]]; }
@@ -459,6 +459,48 @@ fi
 if want bench; then
   run_step bench-kernels "nanoddp bench kernels --backend cuda" "$(limit 600)" "$cli" bench kernels --backend cuda
   finish_step
+fi
+
+# ------------------------------------------------------------------ one step's kernels
+# The sum of one steady training step's kernel times (Nsight Compute, clocks as they run),
+# beside the step time the train step measured: how far the host or the gaps between
+# kernels keep the GPU from its own work. One rank, from the stream (--cuda-graph off: ncu
+# profiles kernels one launch at a time); a steady fp32 step is 26 launches, and the skip
+# passes the first 10 steps.
+if want profile; then
+  ncu_dirs=()
+  [ -n "${CUDA_HOME:-}" ] && ncu_dirs+=("$CUDA_HOME/bin")
+  [ -n "${CUDA_PATH:-}" ] && ncu_dirs+=("$CUDA_PATH/bin")
+  ncu_dirs+=(/usr/local/cuda/bin)
+  for d in /usr/local/cuda-*/bin; do [ -d "$d" ] && ncu_dirs+=("$d"); done
+  ncu=$(find_tool ncu "${ncu_dirs[@]}") || ncu=""
+  if [ -z "$ncu" ]; then
+    record SKIP "ncu: one step's kernel times" "ncu not found on PATH nor in ${ncu_dirs[*]}"
+  elif [ "$gpus" = 0 ]; then
+    record SKIP "ncu: one step's kernel times" "no GPU found"
+  else
+    run_step profile-step "ncu: the kernels of one steady step (fp32, batch 256, 1 GPU)" "$(limit 600)" \
+      "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum --launch-skip 260 \
+      --launch-count 26 "$cli" train --backend cuda --devices 1 --cuda-graph off --epochs 1 \
+      --max-steps 12 --batch 256 --data "$data"
+    sum=$("$PYTHON" - "$CUR_LOG" <<'PY'
+import csv, sys
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 3]
+head = next((r for r in rows if "Metric Value" in r), None)
+if head:
+    unit, value, name = head.index("Metric Unit"), head.index("Metric Value"), head.index("Metric Name")
+    us = [float(r[value].replace(",", "")) * scale.get(r[unit], float("nan"))
+          for r in rows if r is not head and r[name] == "gpu__time_duration.sum"]
+    print(f"{len(us)} kernels, {sum(us):.1f} us")
+PY
+)
+    note "${sum:-no gpu__time_duration.sum rows in the output of ncu}"
+    if [ -n "$sum" ] && [ -n "${NANODDP_RATE:-}" ] && [ "$NANODDP_RATE" -gt 0 ]; then
+      RATIO_ROWS+=("one steady step's kernels (ncu, graph off): $sum; the step at --devices 1 with graphs: $(( 256 * 1000000 / NANODDP_RATE )) us ($NANODDP_RATE img/s at batch 256)")
+    fi
+    finish_step
+  fi
 fi
 
 # ------------------------------------------------------------------ PyTorch, same model
