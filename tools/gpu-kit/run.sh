@@ -250,6 +250,16 @@ link() { # link TARGET PATH, remembered
   make_dirs "$(dirname "$2")" && ln -s "$1" "$2" 2>/dev/null && CREATED+=("$2")
 }
 
+cuda_tool_dirs() { # the CUDA toolkit's bin folders, into CUDA_TOOL_DIRS
+  CUDA_TOOL_DIRS=()
+  [ -n "${CUDA_HOME:-}" ] && CUDA_TOOL_DIRS+=("$CUDA_HOME/bin")
+  [ -n "${CUDA_PATH:-}" ] && CUDA_TOOL_DIRS+=("$CUDA_PATH/bin")
+  CUDA_TOOL_DIRS+=(/usr/local/cuda/bin)
+  local d
+  for d in /usr/local/cuda-*/bin; do [ -d "$d" ] && CUDA_TOOL_DIRS+=("$d"); done
+  return 0
+}
+
 find_tool() { # NAME DIR...: PATH first, then the folders given
   local name=$1 d
   shift
@@ -468,14 +478,10 @@ fi
 # profiles kernels one launch at a time); a steady fp32 step is 26 launches, and the skip
 # passes the first 10 steps.
 if want profile; then
-  ncu_dirs=()
-  [ -n "${CUDA_HOME:-}" ] && ncu_dirs+=("$CUDA_HOME/bin")
-  [ -n "${CUDA_PATH:-}" ] && ncu_dirs+=("$CUDA_PATH/bin")
-  ncu_dirs+=(/usr/local/cuda/bin)
-  for d in /usr/local/cuda-*/bin; do [ -d "$d" ] && ncu_dirs+=("$d"); done
-  ncu=$(find_tool ncu "${ncu_dirs[@]}") || ncu=""
+  cuda_tool_dirs
+  ncu=$(find_tool ncu "${CUDA_TOOL_DIRS[@]}") || ncu=""
   if [ -z "$ncu" ]; then
-    record SKIP "ncu: one step's kernel times" "ncu not found on PATH nor in ${ncu_dirs[*]}"
+    record SKIP "ncu: one step's kernel times" "ncu not found on PATH nor in ${CUDA_TOOL_DIRS[*]}"
   elif [ "$gpus" = 0 ]; then
     record SKIP "ncu: one step's kernel times" "no GPU found"
   else
@@ -533,14 +539,10 @@ fi
 
 # ------------------------------------------------------------------ compute-sanitizer
 if want sanitizer; then
-  san_dirs=()
-  [ -n "${CUDA_HOME:-}" ] && san_dirs+=("$CUDA_HOME/bin")
-  [ -n "${CUDA_PATH:-}" ] && san_dirs+=("$CUDA_PATH/bin")
-  san_dirs+=(/usr/local/cuda/bin)
-  for d in /usr/local/cuda-*/bin; do [ -d "$d" ] && san_dirs+=("$d"); done
-  san=$(find_tool compute-sanitizer "${san_dirs[@]}") || san=""
+  cuda_tool_dirs
+  san=$(find_tool compute-sanitizer "${CUDA_TOOL_DIRS[@]}") || san=""
   if [ -z "$san" ]; then
-    record SKIP "compute-sanitizer" "not found on PATH nor in ${san_dirs[*]}"
+    record SKIP "compute-sanitizer" "not found on PATH nor in ${CUDA_TOOL_DIRS[*]}"
   else
     if command -v compute-sanitizer >/dev/null 2>&1; then where="on PATH"; else where="not on PATH; found"; fi
     ENV_NOTES+=("compute-sanitizer: $where \`$san\` ($("$san" --version 2>/dev/null | grep -i version | head -n 1))")

@@ -92,6 +92,25 @@ unsafe fn launch_pool<D: KernelDevice, T: Precision>(
 }
 
 /// Launches an element-wise conversion `kernel` from `x` to `out` (equal lengths).
+/// The SGD kernels' trailing arguments, alike for one tensor and for a table of them: the
+/// step's host values, then where the device holds the rate and unscaling (`at`, or null),
+/// and the overflow flag (`found`, or null).
+fn sgd_scalars<D: KernelDevice>(
+    step: crate::backend::SgdStep,
+    at: Option<&crate::backend::StepScalars<D>>,
+    found: Option<&D::Buffer<i32>>,
+) -> [KernelArg; 7] {
+    [
+        KernelArg::F32(step.lr),
+        KernelArg::F32(step.inv_scale),
+        KernelArg::F32(step.momentum),
+        KernelArg::F32(step.weight_decay),
+        KernelArg::optional(at.map(|at| &at.lr)),
+        KernelArg::optional(at.map(|at| &at.inv_scale)),
+        KernelArg::optional(found),
+    ]
+}
+
 fn launch_cast<D: KernelDevice, S: DeviceScalar, T: DeviceScalar>(
     device: &D,
     kernel: &'static KernelSignature,
@@ -424,14 +443,10 @@ impl<D: KernelDevice> BackendImpl for D {
             KernelArg::optional_mut(op.velocity),
             KernelArg::optional_mut(op.w_copy),
             KernelArg::U64(n as u64),
-            KernelArg::F32(op.step.lr),
-            KernelArg::F32(op.step.inv_scale),
-            KernelArg::F32(op.step.momentum),
-            KernelArg::F32(op.step.weight_decay),
-            KernelArg::optional(op.at.map(|at| &at.lr)),
-            KernelArg::optional(op.at.map(|at| &at.inv_scale)),
-            KernelArg::optional(op.found),
-        ];
+        ]
+        .into_iter()
+        .chain(sgd_scalars(op.step, op.at, op.found))
+        .collect::<Vec<_>>();
         // SAFETY: see the module docs.
         unsafe {
             self.launch(
@@ -449,16 +464,10 @@ impl<D: KernelDevice> BackendImpl for D {
         let longest = op.tensors.iter().map(|t| t.w.len()).max().unwrap_or(0);
         let mut cfg = LaunchConfig::flat(longest);
         cfg.grid.1 = op.tensors.len() as u32;
-        let args = [
-            KernelArg::buffer(&op.table.table),
-            KernelArg::F32(op.step.lr),
-            KernelArg::F32(op.step.inv_scale),
-            KernelArg::F32(op.step.momentum),
-            KernelArg::F32(op.step.weight_decay),
-            KernelArg::optional(op.at.map(|at| &at.lr)),
-            KernelArg::optional(op.at.map(|at| &at.inv_scale)),
-            KernelArg::optional(op.found),
-        ];
+        let args = [KernelArg::buffer(&op.table.table)]
+            .into_iter()
+            .chain(sgd_scalars(op.step, op.at, op.found))
+            .collect::<Vec<_>>();
         // SAFETY: see the module docs; the table holds each checked tensor's live addresses
         // and length (just pointed), and the grid's y covers exactly those tensors.
         unsafe { self.launch(PrecisionOp::SgdStepTensors.kernel(T::DTYPE), cfg, &args) }
