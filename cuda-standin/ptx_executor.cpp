@@ -1091,7 +1091,11 @@ void BlockRun::step(Thread& t) {
                 dst(m);
                 break;
             }
-            case Op::Membar: case Op::Fence: case Op::Nop: break;
+            // Blocks may run on several OS threads: a fence orders this thread's memory
+            // accesses for the others as the GPU's does (the threads of one block run one
+            // at a time, so it orders nothing more within a block).
+            case Op::Membar: case Op::Fence: std::atomic_thread_fence(std::memory_order_seq_cst); break;
+            case Op::Nop: break;
         }
     next:
         ++t.pc;

@@ -751,6 +751,7 @@ private:
             }
             if (in.op == Op::BarSync && (m == "sync" || m == "cta" || m == "aligned")) continue;
             if (in.op == Op::BarSync && m == "warp") { in.op = Op::BarWarpSync; continue; }
+            if (in.op == Op::Membar && m == "gl") continue;  // device scope: a fence (executor)
             // Hints and orderings that do not change a sequential execution's results.
             static const std::set<std::string> ignored = {
                 "nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "sync", "aligned", "relaxed", "acquire", "release",

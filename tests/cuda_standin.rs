@@ -474,8 +474,8 @@ fn launches_are_checked_against_the_limits() {
         )
         .is_err());
     // __launch_bounds__(256) kernels refuse bigger blocks.
-    let conv = raw_function(&ctx, "conv", "conv2d_forward_f32");
-    let sig = nanoddp::kernels::conv::CONV2D_FORWARD_F32.max_threads;
+    let conv = raw_function(&ctx, "conv", "conv2d_forward_64x64_f32");
+    let sig = nanoddp::kernels::conv::CONV2D_FORWARD_64X64_F32.max_threads;
     assert_eq!(sig, Some(256));
     let mut b = stream.launch_builder(&conv);
     let zero = 0i32;
@@ -483,7 +483,11 @@ fn launches_are_checked_against_the_limits() {
         b.arg(&input);
     }
     b.arg(&out);
-    for _ in 0..(nanoddp::kernels::conv::CONV2D_FORWARD_F32.params.len() - 4) {
+    for _ in 0..(nanoddp::kernels::conv::CONV2D_FORWARD_64X64_F32
+        .params
+        .len()
+        - 4)
+    {
         b.arg(&zero);
     }
     let cfg = cudarc::driver::LaunchConfig {
@@ -539,9 +543,20 @@ fn the_backend_opts_in_to_large_dynamic_shared_memory() {
         block: (512, 1, 1),
         shared_bytes: 0,
     };
-    let args = vec![KernelArg::I32(0); nanoddp::kernels::conv::CONV2D_FORWARD_F32.params.len()];
+    let args = vec![
+        KernelArg::I32(0);
+        nanoddp::kernels::conv::CONV2D_FORWARD_64X64_F32
+            .params
+            .len()
+    ];
     // SAFETY: rejected by the check before any launch.
-    let err = unsafe { dev.launch(&nanoddp::kernels::conv::CONV2D_FORWARD_F32, bad, &args) };
+    let err = unsafe {
+        dev.launch(
+            &nanoddp::kernels::conv::CONV2D_FORWARD_64X64_F32,
+            bad,
+            &args,
+        )
+    };
     assert!(
         matches!(err, Err(BackendError::BadLaunch { .. })),
         "{err:?}"

@@ -14,12 +14,18 @@ use crate::kernels::{
 /// The kernels that exist per storage precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrecisionOp {
-    /// `conv2d_forward_*`
-    Conv2dForward,
-    /// `conv2d_backward_input_*`
-    Conv2dBackwardInput,
-    /// `conv2d_backward_filter_*`
-    Conv2dBackwardFilter,
+    /// `conv2d_forward_64x64_*` (the 64 x 64 tile, for more than 32 output channels)
+    Conv2dForward64x64,
+    /// `conv2d_forward_32x128_*` (the 32 x 128 tile, for at most 32)
+    Conv2dForward32x128,
+    /// `conv2d_backward_input_64x64_*` (for more than 32 input channels)
+    Conv2dBackwardInput64x64,
+    /// `conv2d_backward_input_32x128_*` (for at most 32)
+    Conv2dBackwardInput32x128,
+    /// `conv2d_backward_filter_64x64_*` (filter and bias gradients)
+    Conv2dBackwardFilter64x64,
+    /// `conv2d_backward_filter_32x16_*` (for at most 32 x 16 filter elements)
+    Conv2dBackwardFilter32x16,
     /// `conv2d_backward_bias_*`
     Conv2dBackwardBias,
     /// `max_pool_forward_*`
@@ -57,9 +63,12 @@ impl PrecisionOp {
     pub fn kernel(self, dtype: DType) -> &'static KernelSignature {
         // Each is one `NANODDP_ENTRY_EACH_TYPE` template: its entries in `DType::ALL` order.
         let per_type: &'static [&'static KernelSignature; DType::ALL.len()] = match self {
-            Self::Conv2dForward => &conv::CONV2D_FORWARD,
-            Self::Conv2dBackwardInput => &conv::CONV2D_BACKWARD_INPUT,
-            Self::Conv2dBackwardFilter => &conv::CONV2D_BACKWARD_FILTER,
+            Self::Conv2dForward64x64 => &conv::CONV2D_FORWARD_64X64,
+            Self::Conv2dForward32x128 => &conv::CONV2D_FORWARD_32X128,
+            Self::Conv2dBackwardInput64x64 => &conv::CONV2D_BACKWARD_INPUT_64X64,
+            Self::Conv2dBackwardInput32x128 => &conv::CONV2D_BACKWARD_INPUT_32X128,
+            Self::Conv2dBackwardFilter64x64 => &conv::CONV2D_BACKWARD_FILTER_64X64,
+            Self::Conv2dBackwardFilter32x16 => &conv::CONV2D_BACKWARD_FILTER_32X16,
             Self::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS,
             Self::MaxPoolForward => &pool::MAX_POOL_FORWARD,
             Self::MaxPoolBackward => &pool::MAX_POOL_BACKWARD,

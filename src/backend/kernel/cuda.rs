@@ -44,7 +44,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::launch::check_launch;
 use super::nvrtc::{self, Output};
-use super::{KernelArg, KernelDevice, LaunchConfig};
+use super::{KernelArg, KernelDevice, LaunchConfig, Scratch};
 use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Fence, Graph, Memory, Staging};
 use crate::kernels::{KernelModule, KernelSignature};
 
@@ -232,6 +232,8 @@ struct Queue {
     ordinal: usize,
     stream: Arc<CudaStream>,
     in_flight: Mutex<Vec<&'static str>>,
+    /// Shared by the handles on this queue, whose work is ordered.
+    scratch: Scratch<CudaDevice>,
 }
 
 impl Queue {
@@ -240,6 +242,7 @@ impl Queue {
             ordinal,
             stream,
             in_flight: Mutex::new(Vec::new()),
+            scratch: Scratch::default(),
         })
     }
 
@@ -747,6 +750,10 @@ impl Memory for CudaDevice {
 }
 
 impl KernelDevice for CudaDevice {
+    fn scratch(&self) -> Result<[KernelArg; 2], BackendError> {
+        self.queue.scratch.args(self)
+    }
+
     fn enable_peer_access(&self, peer: &CudaDevice) -> Result<(), BackendError> {
         let (me, them) = (self.gpu.info.ordinal, peer.gpu.info.ordinal);
         if me == them {

@@ -3,6 +3,7 @@
 //! ([`check_launch`]) by every executor.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 use crate::kernels::{KernelSignature, ParamKind, Scalar};
@@ -282,6 +283,64 @@ pub trait KernelDevice: Memory {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), BackendError>;
+
+    /// This handle's [`Scratch`] area, as kernel arguments: its floats and its counters.
+    fn scratch(&self) -> Result<[KernelArg; 2], BackendError>;
+}
+
+/// Floats of partial results in a [`Scratch`] area.
+pub const SCRATCH_FLOATS: usize = 1 << 20;
+/// Counters in a [`Scratch`] area, zero between launches.
+pub const SCRATCH_COUNTERS: usize = 4096;
+
+/// Device memory a handle's kernels share, one launch at a time (work on one queue is
+/// ordered): [`SCRATCH_FLOATS`] floats for partial results (the filter gradient's split
+/// sums, `kernels/conv.cu`), and [`SCRATCH_COUNTERS`] ints that are zero between launches
+/// (a kernel that counts in them resets them before it ends). Allocated the first time a
+/// kernel asks for it, which in training is a step's first run, from the stream: never
+/// inside a graph capture.
+pub struct Scratch<M: Memory> {
+    area: Mutex<Option<ScratchArea<M>>>,
+}
+
+/// A [`Scratch`] area once made: the floats, the counters.
+type ScratchArea<M> = (<M as Memory>::Buffer<f32>, <M as Memory>::Buffer<i32>);
+
+impl<M: Memory> std::fmt::Debug for Scratch<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let made = self
+            .area
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        f.debug_struct("Scratch").field("made", &made).finish()
+    }
+}
+
+impl<M: Memory> Default for Scratch<M> {
+    fn default() -> Self {
+        Scratch {
+            area: Mutex::new(None),
+        }
+    }
+}
+
+impl<M: Memory> Scratch<M> {
+    /// The area on `dev` (made on the first call) as kernel arguments: `float*`, `int*`.
+    pub fn args(&self, dev: &M) -> Result<[KernelArg; 2], BackendError> {
+        let mut area = self.area.lock().unwrap_or_else(PoisonError::into_inner);
+        if area.is_none() {
+            *area = Some((
+                dev.alloc_zeros::<f32>(SCRATCH_FLOATS)?,
+                dev.alloc_zeros::<i32>(SCRATCH_COUNTERS)?,
+            ));
+        }
+        let (floats, counters) = area.as_mut().expect("made above");
+        Ok([
+            KernelArg::buffer_mut(floats),
+            KernelArg::buffer_mut(counters),
+        ])
+    }
 }
 
 #[cfg(test)]

@@ -20,4 +20,6 @@ pub mod simt_module;
 mod launch;
 mod ops;
 
-pub use launch::{KernelArg, KernelDevice, LaunchConfig};
+pub use launch::{
+    KernelArg, KernelDevice, LaunchConfig, Scratch, SCRATCH_COUNTERS, SCRATCH_FLOATS,
+};

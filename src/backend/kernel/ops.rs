@@ -6,8 +6,8 @@
 //! [`Checked`], so the shape is valid and every buffer's length is the one it implies, and
 //! the kernel's index ranges are exactly that shape.
 
-use super::{KernelArg, KernelDevice, LaunchConfig};
-use crate::backend::backend_impl::{run, OpResult};
+use super::{KernelArg, KernelDevice, LaunchConfig, SCRATCH_COUNTERS, SCRATCH_FLOATS};
+use crate::backend::backend_impl::OpResult;
 use crate::backend::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward, Fill,
@@ -53,8 +53,11 @@ fn gemm_args<D: KernelDevice, A: DeviceScalar, C: DeviceScalar>(
     ]
 }
 
-fn conv_dims(s: &Conv2dShape) -> [KernelArg; 10] {
+/// The convolution kernels' shape arguments: batch, C, H, W, O, KH, KW, stride, pad, P, Q.
+fn conv_dims(s: &Conv2dShape) -> [KernelArg; 11] {
     [
+        i32_arg(s.batch),
+        i32_arg(s.in_c),
         i32_arg(s.in_h),
         i32_arg(s.in_w),
         i32_arg(s.out_c),
@@ -64,8 +67,70 @@ fn conv_dims(s: &Conv2dShape) -> [KernelArg; 10] {
         i32_arg(s.pad),
         i32_arg(s.out_h()),
         i32_arg(s.out_w()),
-        KernelArg::I32(0),
     ]
+}
+
+/// A block tile of `kernels/conv.cu`'s implicit GEMMs: `rows` x `cols` outputs of the
+/// product, `threads` per block.
+#[derive(Clone, Copy)]
+struct ConvTile {
+    rows: usize,
+    cols: usize,
+    threads: u32,
+}
+
+const TILE_64X64: ConvTile = ConvTile {
+    rows: 64,
+    cols: 64,
+    threads: 256,
+};
+const TILE_32X128: ConvTile = ConvTile {
+    rows: 32,
+    cols: 128,
+    threads: 256,
+};
+const TILE_32X16: ConvTile = ConvTile {
+    rows: 32,
+    cols: 16,
+    threads: 128,
+};
+
+impl ConvTile {
+    /// The grid over a product of `rows` x `cols` outputs, `depth` blocks deep.
+    fn launch(self, cols: usize, rows: usize, depth: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid: (
+                blocks(cols, self.cols),
+                blocks(rows, self.rows),
+                depth as u32,
+            ),
+            block: (self.threads, 1, 1),
+            shared_bytes: 0,
+        }
+    }
+
+    fn count(self, cols: usize, rows: usize) -> usize {
+        cols.div_ceil(self.cols) * rows.div_ceil(self.rows)
+    }
+}
+
+/// Blocks a filter-gradient launch aims for: two per SM of a 132-SM H100, a constant (not
+/// the GPU's own count) so the split, and with it every bit of the result, is the same on
+/// every GPU.
+const FILTER_BLOCKS: usize = 256;
+
+/// Slices of the batch the filter gradient is split into: about [`FILTER_BLOCKS`] blocks,
+/// at most one per image, as many partial gradients as the scratch area holds, and 1 (no
+/// partials) when the tiles outnumber its counters.
+fn filter_splits(s: &Conv2dShape, tile: ConvTile) -> usize {
+    let depth = s.in_c * s.k_h * s.k_w;
+    let tiles = tile.count(depth, s.out_c);
+    if tiles > SCRATCH_COUNTERS {
+        return 1;
+    }
+    let partial = s.out_c * depth + s.out_c;
+    let fit = SCRATCH_FLOATS / partial;
+    (FILTER_BLOCKS / tiles).min(s.batch).min(fit).max(1)
 }
 
 /// Launches pooling `op` on `T` storage: `buffers`, then the shape's dimensions, one thread
@@ -219,28 +284,23 @@ impl<D: KernelDevice> BackendImpl for D {
 
     fn conv2d_forward<T: Precision>(&self, op: Checked<Conv2dForward<'_, D, T>>) -> OpResult {
         let op = op.into_inner();
+        let s = op.shape;
+        let (kernel, tile) = if s.out_c > 32 {
+            (PrecisionOp::Conv2dForward64x64, TILE_64X64)
+        } else {
+            (PrecisionOp::Conv2dForward32x128, TILE_32X128)
+        };
         let mut args = vec![
             KernelArg::buffer(op.x),
             KernelArg::buffer(op.w),
             KernelArg::optional(op.bias),
             KernelArg::buffer_mut(op.y),
         ];
-        args.push(i32_arg(op.shape.in_c));
-        let mut dims = conv_dims(op.shape);
-        dims[9] = KernelArg::I32(op.relu.into());
-        args.extend(dims);
-        let pixels = op.shape.out_h() * op.shape.out_w();
-        let cfg = LaunchConfig {
-            grid: (
-                blocks(pixels, 256),
-                op.shape.out_c as u32,
-                op.shape.batch as u32,
-            ),
-            block: (256, 1, 1),
-            shared_bytes: 0,
-        };
+        args.extend(conv_dims(s));
+        args.push(KernelArg::I32(op.relu.into()));
+        let cfg = tile.launch(s.batch * s.out_h() * s.out_w(), s.out_c, 1);
         // SAFETY: see the module docs.
-        unsafe { self.launch(PrecisionOp::Conv2dForward.kernel(T::DTYPE), cfg, &args) }
+        unsafe { self.launch(kernel.kernel(T::DTYPE), cfg, &args) }
     }
 
     fn conv2d_backward_input<T: Precision>(
@@ -248,70 +308,51 @@ impl<D: KernelDevice> BackendImpl for D {
         op: Checked<Conv2dBackwardInput<'_, D, T>>,
     ) -> OpResult {
         let op = op.into_inner();
+        let s = op.shape;
+        let (kernel, tile) = if s.in_c > 32 {
+            (PrecisionOp::Conv2dBackwardInput64x64, TILE_64X64)
+        } else {
+            (PrecisionOp::Conv2dBackwardInput32x128, TILE_32X128)
+        };
         let mut args = vec![
             KernelArg::buffer(op.dy),
             KernelArg::buffer(op.w),
             KernelArg::buffer_mut(op.dx),
-            i32_arg(op.shape.in_c),
         ];
-        args.extend(&conv_dims(op.shape)[..9]);
-        let cfg = LaunchConfig {
-            grid: (
-                blocks(op.shape.in_h * op.shape.in_w, 256),
-                op.shape.in_c as u32,
-                op.shape.batch as u32,
-            ),
-            block: (256, 1, 1),
-            shared_bytes: 0,
-        };
+        args.extend(conv_dims(s));
+        let cfg = tile.launch(s.batch * s.in_h * s.in_w, s.in_c, 1);
         // SAFETY: see the module docs.
-        unsafe {
-            self.launch(
-                PrecisionOp::Conv2dBackwardInput.kernel(T::DTYPE),
-                cfg,
-                &args,
-            )
-        }
+        unsafe { self.launch(kernel.kernel(T::DTYPE), cfg, &args) }
     }
 
+    /// One launch for the filter gradient and, when asked, the bias gradient: the batch split
+    /// into [`filter_splits`] slices whose partial sums the scratch area holds.
     fn conv2d_backward_filter<T: Precision>(
         &self,
         op: Checked<Conv2dBackwardFilter<'_, D, T>>,
     ) -> OpResult {
         let op = op.into_inner();
-        let ws = op.shape.sizes().1;
+        let s = op.shape;
+        let depth = s.in_c * s.k_h * s.k_w;
+        let (kernel, tile) = if s.out_c <= 32 && depth <= 16 {
+            (PrecisionOp::Conv2dBackwardFilter32x16, TILE_32X16)
+        } else {
+            (PrecisionOp::Conv2dBackwardFilter64x64, TILE_64X64)
+        };
+        let splits = filter_splits(s, tile);
         let mut args = vec![
             KernelArg::buffer(op.x),
             KernelArg::buffer(op.dy),
             KernelArg::buffer_mut(op.dw),
-            i32_arg(op.shape.batch),
-            i32_arg(op.shape.in_c),
+            KernelArg::optional_mut(op.db),
         ];
-        args.extend(&conv_dims(op.shape)[..9]);
-        let cfg = LaunchConfig {
-            grid: (ws as u32, 1, 1),
-            block: (256, 1, 1),
-            shared_bytes: 0,
-        };
-        // SAFETY: see the module docs.
-        unsafe {
-            self.launch(
-                PrecisionOp::Conv2dBackwardFilter.kernel(T::DTYPE),
-                cfg,
-                &args,
-            )
-        }?;
-        match op.db {
-            Some(db) => {
-                let bias = Conv2dBackwardBias {
-                    shape: op.shape,
-                    dy: op.dy,
-                    db,
-                };
-                run(self, bias, Self::conv2d_backward_bias)
-            }
-            None => Ok(()),
-        }
+        args.extend(self.scratch()?);
+        args.extend(conv_dims(s));
+        args.push(i32_arg(splits));
+        let cfg = tile.launch(depth, s.out_c, splits);
+        // SAFETY: see the module docs; the scratch area holds `splits` partial gradients
+        // (filter_splits) and a counter per tile.
+        unsafe { self.launch(kernel.kernel(T::DTYPE), cfg, &args) }
     }
 
     fn conv2d_backward_bias<T: Precision>(

@@ -31,7 +31,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use super::launch::check_launch;
-use super::{KernelArg, KernelDevice, LaunchConfig};
+use super::{KernelArg, KernelDevice, LaunchConfig, Scratch};
 use crate::backend::error::c_text;
 use crate::backend::{BackendError, DeviceBuffer, DeviceScalar, Memory};
 use crate::kernels::{simt_entries, KernelSignature};
@@ -195,6 +195,8 @@ extern "C" {
 pub struct SimtDevice {
     ordinal: usize,
     config: Mutex<SimtConfig>,
+    /// This handle's own (a clone gets another: handles may launch from several threads).
+    scratch: Scratch<SimtDevice>,
 }
 
 impl Clone for SimtDevice {
@@ -215,6 +217,7 @@ impl SimtDevice {
         SimtDevice {
             ordinal,
             config: Mutex::new(config),
+            scratch: Scratch::default(),
         }
     }
 
@@ -354,6 +357,10 @@ impl Memory for SimtDevice {
 pub const SLOWDOWN: u32 = 50;
 
 impl KernelDevice for SimtDevice {
+    fn scratch(&self) -> Result<[KernelArg; 2], BackendError> {
+        self.scratch.args(self)
+    }
+
     fn slowdown(&self) -> u32 {
         SLOWDOWN
     }
