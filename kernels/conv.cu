@@ -57,34 +57,29 @@
 #define CONV_BK 16          // reduction steps staged per pass
 #define CONV_THREADS 256    // conv2d_backward_bias's block
 
-// A position (a, b, c) in a box of extent (·, B, C) that advances along the flattened index
-// by carries: a filter tap (c, i, j) in C x KH x KW, or a pixel (n, p, q) in batch x P x Q.
-struct Index3 {
-    int a, b, c;
-    __device__ __forceinline__ void start(int flat, int nb, int nc) {
-        a = flat / (nb * nc);
-        const int rest = flat - a * nb * nc;
-        b = rest / nc;
-        c = rest - b * nc;
-    }
-    __device__ __forceinline__ void advance(int step, int nb, int nc) {
-        c += step;
-        while (c >= nc) { c -= nc; ++b; }
-        while (b >= nb) { b -= nb; ++a; }
-    }
-};
+// The reduction index's part of every gathered address, per 16-step slice: one entry per
+// step, computed by 16 threads (divisions allowed: 16 per slice per block), double-buffered
+// so that the next slice's entries are written while this slice's loads read theirs. An
+// entry is (offset into B, row, column, offset into A); the row is OFF_PLANE where the
+// index is past the reduction's end, so every bounds test fails.
+#define OFF_PLANE (1 << 29)
 
 template <int BM_, int BN_, int TM_, int TN_>
 struct Tile {
     static constexpr int BM = BM_, BN = BN_, TM = TM_, TN = TN_;
     static constexpr int TY = BM / TM, TX = BN / TN, THREADS = TX * TY;
+    static constexpr int AS = BM + 1;  // a staged A row's stride: a store's 16 lanes in 16 banks
+    // Loads per slice: A by rows (lane % BK the step: weights are contiguous along it), B by
+    // columns (lane % BN the column: pixels are contiguous along it).
+    static constexpr int A_ROWS = THREADS / CONV_BK, A_PER = BM / A_ROWS;
+    static constexpr int B_ROWS = THREADS / BN, B_PER = CONV_BK / B_ROWS;
 };
 
 // acc[i][j] += Σ_k as[k][ty + TY·i] · bs[k][tx + TX·j] over one staged slice, the slice's
-// products summed into fresh registers first (blocked summation); with `carry`, added to
-// acc through a Kahan sum.
+// products summed into fresh registers first (blocked summation); COMPENSATED adds them to
+// acc through a Kahan sum (carry).
 template <class Cfg, bool COMPENSATED>
-__device__ __forceinline__ void multiply_slice(const float (*as)[Cfg::BM], const float (*bs)[Cfg::BN],
+__device__ __forceinline__ void multiply_slice(const float (*as)[Cfg::AS], const float (*bs)[Cfg::BN],
                                                float (&acc)[Cfg::TM][Cfg::TN], float (&carry)[Cfg::TM][Cfg::TN],
                                                int ty, int tx) {
     float part[Cfg::TM][Cfg::TN];
@@ -110,60 +105,72 @@ __device__ __forceinline__ void multiply_slice(const float (*as)[Cfg::BM], const
         }
 }
 
+// The product's main loop over the reduction range [begin, end), 16 steps a slice:
+// entry(k) gives step k's table entry (OFF_PLANE row past end); load_a(m, r, e) the A element
+// of tile row m (this thread's r-th A row) at the step of entry e; load_b(e) this thread's
+// B column at the step of entry e. Leaves the TM x TN sums in acc (minus carry when
+// COMPENSATED).
+template <class Cfg, bool COMPENSATED, class Entry, class LoadA, class LoadB>
+__device__ __forceinline__ void gathered_product(int begin, int end, int m0, Entry entry, LoadA load_a,
+                                                 LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
+                                                 float (&carry)[Cfg::TM][Cfg::TN]) {
+    __shared__ float as[CONV_BK][Cfg::AS];
+    __shared__ float bs[CONV_BK][Cfg::BN];
+    __shared__ int4 table[2][CONV_BK];
+    const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
+    const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
+    const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
+    for (int i = 0; i < Cfg::TM; ++i)
+        for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = carry[i][j] = 0.0f;
+    if (tid < CONV_BK) table[0][tid] = entry(begin + tid);
+    __syncthreads();
+    int now = 0;
+    for (int k0 = begin; k0 < end; k0 += CONV_BK) {
+        const int4 ea = table[now][a_k];
+        for (int r = 0; r < Cfg::A_PER; ++r) as[a_k][a_m + Cfg::A_ROWS * r] = load_a(m0 + a_m + Cfg::A_ROWS * r, r, ea);
+        for (int r = 0; r < Cfg::B_PER; ++r) bs[b_row + Cfg::B_ROWS * r][b_col] = load_b(table[now][b_row + Cfg::B_ROWS * r]);
+        if (tid < CONV_BK) table[now ^ 1][tid] = entry(k0 + CONV_BK + tid);
+        __syncthreads();
+        multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx);
+        __syncthreads();
+        now ^= 1;
+    }
+}
+
 // ---------------------------------------------------------------- forward
-// Grid (ceil(batch·P·Q / BN), ceil(O / BM)). Slices: A = w[o][k] (rows of the filter,
-// contiguous in k), B = x̂[k][(n,p,q)], each thread loading one fixed column of B.
+// Grid (ceil(batch·P·Q / BN), ceil(O / BM)). A = w[o][k] (rows of the filter), B = x̂[k][(n,p,q)]:
+// entry(k = (c, i, j)) = (c·H·W + i·W + j, i, j, k); each thread's B column is one output pixel.
 template <class T, class Cfg>
 __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* __restrict__ w,
                                              const float* __restrict__ bias, T* __restrict__ y, int batch, int in_c,
                                              int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
                                              int out_h, int out_w, int relu) {
-    __shared__ float as[CONV_BK][Cfg::BM];
-    __shared__ float bs[CONV_BK][Cfg::BN];
-    const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN;
-    const int pixels = out_h * out_w, cols = batch * pixels, depth = in_c * k_h * k_w;
-    // B: this thread's column and its first reduction rows (every THREADS / BN-th).
-    constexpr int B_ROWS = Cfg::THREADS / Cfg::BN;  // rows loaded per pass, one per thread group
-    const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
-    const int col = n0 + b_col;
+    const int pixels = out_h * out_w, cols = batch * pixels, window = k_h * k_w, depth = in_c * window;
+    const int col = n0 + (int)threadIdx.x % Cfg::BN;
     const bool col_ok = col < cols;
-    int img = 0, ih0 = 0, iw0 = 0;
+    int x_col = 0, ih0 = OFF_PLANE, iw0 = 0;
     if (col_ok) {
-        img = col / pixels;
-        const int pq = col - img * pixels, p = pq / out_w;
+        const int img = col / pixels, pq = col - img * pixels, p = pq / out_w;
         ih0 = p * stride - pad;
         iw0 = (pq - p * out_w) * stride - pad;
+        x_col = img * in_c * in_h * in_w + ih0 * in_w + iw0;
     }
-    const T* x_img = x + (long long)img * in_c * in_h * in_w;
-    constexpr int B_PER = CONV_BK / B_ROWS;  // rows of B per thread per slice
-    Index3 tap[B_PER];
-    for (int r = 0; r < B_PER; ++r) tap[r].start(b_row + B_ROWS * r, k_h, k_w);
-    // A: rows m0 + tid / BK + (THREADS / BK)·r, column tid % BK.
-    constexpr int A_ROWS = Cfg::THREADS / CONV_BK, A_PER = Cfg::BM / A_ROWS;
-    const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
-
+    auto entry = [&](int k) {
+        if (k >= depth) return make_int4(0, OFF_PLANE, 0, -1);
+        const int c = k / window, ij = k - c * window, i = ij / k_w, j = ij - i * k_w;
+        return make_int4(c * in_h * in_w + i * in_w + j, i, j, k);
+    };
+    auto load_a = [&](int m, int, int4 e) {
+        return (e.w >= 0 && m < out_c) ? (float)w[m * depth + e.w] : 0.0f;
+    };
+    auto load_b = [&](int4 e) {
+        const int ih = ih0 + e.y, iw = iw0 + e.z;
+        return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[x_col + e.x] : 0.0f;
+    };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    for (int i = 0; i < Cfg::TM; ++i)
-        for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = carry[i][j] = 0.0f;
-    for (int k0 = 0; k0 < depth; k0 += CONV_BK) {
-        for (int r = 0; r < A_PER; ++r) {
-            const int m = m0 + a_m + A_ROWS * r, k = k0 + a_k;
-            as[a_k][a_m + A_ROWS * r] = (m < out_c && k < depth) ? (float)w[(long long)m * depth + k] : 0.0f;
-        }
-        for (int r = 0; r < B_PER; ++r) {
-            const int k = k0 + b_row + B_ROWS * r;
-            const int ih = ih0 + tap[r].b, iw = iw0 + tap[r].c;
-            float v = 0.0f;
-            if (col_ok && k < depth && ih >= 0 && ih < in_h && iw >= 0 && iw < in_w)
-                v = (float)x_img[((long long)tap[r].a * in_h + ih) * in_w + iw];
-            bs[b_row + B_ROWS * r][b_col] = v;
-            tap[r].advance(CONV_BK, k_h, k_w);
-        }
-        __syncthreads();
-        multiply_slice<Cfg, false>(as, bs, acc, carry, ty, tx);
-        __syncthreads();
-    }
+    gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
+    const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
     for (int j = 0; j < Cfg::TN; ++j) {
         const int c = n0 + tx + Cfg::TX * j;
         if (c >= cols) continue;
@@ -174,88 +181,69 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
             float v = acc[i][j];
             if (bias) v += bias[o];
             if (relu) v = fmaxf(v, 0.0f);
-            y[((long long)n * out_c + o) * pixels + pq] = (T)v;
+            y[(n * out_c + o) * pixels + pq] = (T)v;
         }
     }
 }
 
 // ---------------------------------------------------------------- input gradient
-// Grid (ceil(batch·H·W / BN), ceil(C / BM)). Reduction over (o, i, j): A = w[o][c][i][j]
-// read as [c][(o,i,j)], B = dy at the output pixel (p, q) with p·s = h + pad - i,
-// q·s = w + pad - j (zero where that is no pixel).
+// Grid (ceil(batch·H·W / BN), ceil(C / BM)). The reduction runs over (o, i, j): A =
+// w[o][c][i][j] as [c][(o,i,j)], B = dy at the output pixel (p, q) with p·s = h + pad - i,
+// q·s = w + pad - j (zero where that is no pixel): entry = (o·P·Q, i, j, o·C·KH·KW + i·KW + j).
 template <class T, class Cfg>
 __device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, const T* __restrict__ w,
                                                     T* __restrict__ dx, int batch, int in_c, int in_h, int in_w,
                                                     int out_c, int k_h, int k_w, int stride, int pad, int out_h,
                                                     int out_w) {
-    __shared__ float as[CONV_BK][Cfg::BM];
-    __shared__ float bs[CONV_BK][Cfg::BN];
-    const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN;
     const int plane = in_h * in_w, cols = batch * plane, window = k_h * k_w, depth = out_c * window;
     const int out_plane = out_h * out_w;
-    constexpr int B_ROWS = Cfg::THREADS / Cfg::BN, B_PER = CONV_BK / B_ROWS;
-    const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
-    const int col = n0 + b_col;
+    const int col = n0 + (int)threadIdx.x % Cfg::BN;
     const bool col_ok = col < cols;
-    int img = 0, h = 0, wc = 0;
+    int dy_img = 0, hp = -OFF_PLANE, wp = 0;  // (h + pad, w + pad); off every plane when no column
     if (col_ok) {
-        img = col / plane;
-        const int hw = col - img * plane;
-        h = hw / in_w;
-        wc = hw - h * in_w;
+        const int img = col / plane, hw = col - img * plane, h = hw / in_w;
+        hp = h + pad;
+        wp = hw - h * in_w + pad;
+        dy_img = img * out_c * out_plane;
     }
-    const T* dy_img = dy + (long long)img * out_c * out_plane;
-    Index3 tap[B_PER];  // (o, i, j) of this thread's rows of B
-    for (int r = 0; r < B_PER; ++r) tap[r].start(b_row + B_ROWS * r, k_h, k_w);
-    constexpr int A_ROWS = Cfg::THREADS / CONV_BK, A_PER = Cfg::BM / A_ROWS;
-    const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
-    Index3 a_tap;  // (o, i·KW + j) of this thread's column of A, as (o, 0, ij)
-    a_tap.start(a_k, 1, window);
-
+    auto entry = [&](int k) {
+        if (k >= depth) return make_int4(0, OFF_PLANE, 0, -1);
+        const int o = k / window, ij = k - o * window, i = ij / k_w;
+        return make_int4(o * out_plane, i, ij - i * k_w, o * in_c * window + ij);
+    };
+    auto load_a = [&](int c, int, int4 e) {
+        return (e.w >= 0 && c < in_c) ? (float)w[e.w + c * window] : 0.0f;
+    };
+    auto load_b = [&](int4 e) {
+        int p = hp - e.y, q = wp - e.z;
+        if (stride != 1) {  // uniform: no divisions at stride 1
+            if (p % stride != 0 || q % stride != 0) return 0.0f;
+            p /= stride;
+            q /= stride;
+        }
+        return ((unsigned)p < (unsigned)out_h && (unsigned)q < (unsigned)out_w) ? (float)dy[dy_img + e.x + p * out_w + q]
+                                                                                : 0.0f;
+    };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    for (int i = 0; i < Cfg::TM; ++i)
-        for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = carry[i][j] = 0.0f;
-    for (int k0 = 0; k0 < depth; k0 += CONV_BK) {
-        const bool a_ok = k0 + a_k < depth;
-        for (int r = 0; r < A_PER; ++r) {
-            const int c = m0 + a_m + A_ROWS * r;
-            as[a_k][a_m + A_ROWS * r] =
-                (a_ok && c < in_c) ? (float)w[((long long)a_tap.a * in_c + c) * window + a_tap.c] : 0.0f;
-        }
-        a_tap.advance(CONV_BK, 1, window);
-        for (int r = 0; r < B_PER; ++r) {
-            const int k = k0 + b_row + B_ROWS * r;
-            int p = h + pad - tap[r].b, q = wc + pad - tap[r].c;
-            bool ok = col_ok && k < depth && p >= 0 && q >= 0;
-            if (stride != 1) {  // uniform: no divisions at stride 1
-                ok = ok && p % stride == 0 && q % stride == 0;
-                p /= stride;
-                q /= stride;
-            }
-            ok = ok && p < out_h && q < out_w;
-            bs[b_row + B_ROWS * r][b_col] = ok ? (float)dy_img[(long long)tap[r].a * out_plane + p * out_w + q] : 0.0f;
-            tap[r].advance(CONV_BK, k_h, k_w);
-        }
-        __syncthreads();
-        multiply_slice<Cfg, false>(as, bs, acc, carry, ty, tx);
-        __syncthreads();
-    }
+    gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
+    const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
     for (int j = 0; j < Cfg::TN; ++j) {
         const int cl = n0 + tx + Cfg::TX * j;
         if (cl >= cols) continue;
         const int n = cl / plane, hw = cl - n * plane;
         for (int i = 0; i < Cfg::TM; ++i) {
             const int c = m0 + ty + Cfg::TY * i;
-            if (c < in_c) dx[((long long)n * in_c + c) * plane + hw] = (T)acc[i][j];
+            if (c < in_c) dx[(n * in_c + c) * plane + hw] = (T)acc[i][j];
         }
     }
 }
 
 // ---------------------------------------------------------------- filter and bias gradients
 // Grid (ceil(K / BN), ceil(O / BM), S). Block (bx, by, s) reduces images
-// [s·per, min(batch, (s + 1)·per)), per = ceil(batch / S), over (n, p, q): A = dy[o][(n,p,q)],
-// B = x̂[(n,p,q)][k], each thread loading one fixed column k of B.
+// [s·per, min(batch, (s + 1)·per)), per = ceil(batch / S), over the pixels r = (n, p, q):
+// A = dy[o][r], B = x̂[r][k], entry(r) = (n·C·H·W + (p·s - pad)·W + q·s - pad, p·s - pad,
+// q·s - pad, n·O·P·Q + p·Q + q); each thread's B column is one filter tap (c, i, j).
 // `scratch`: S·(O·K + O) floats of partials; `counters`: one int per tile, zero between
 // launches (the last block of each tile resets its own). Neither is used when S = 1.
 // `db_or_null`: no bias gradient when null.
@@ -263,73 +251,54 @@ template <class T, class Cfg>
 __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, const T* __restrict__ dy,
                                                      float* __restrict__ dw, float* __restrict__ db_or_null,
                                                      float* __restrict__ scratch, int* __restrict__ counters,
-                                                     int batch, int in_c, int in_h,
-                                                     int in_w, int out_c, int k_h, int k_w, int stride, int pad,
-                                                     int out_h, int out_w, int splits) {
-    __shared__ float as[CONV_BK][Cfg::BM];
-    __shared__ float bs[CONV_BK][Cfg::BN];
+                                                     int batch, int in_c, int in_h, int in_w, int out_c, int k_h,
+                                                     int k_w, int stride, int pad, int out_h, int out_w,
+                                                     int splits) {
     __shared__ int last;
     const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN, s = blockIdx.z;
     const int pixels = out_h * out_w, window = k_h * k_w, depth = in_c * window;
     const int per = (batch + splits - 1) / splits;
     const int img0 = min(batch, s * per), img1 = min(batch, img0 + per);
-    const int r0 = img0 * pixels, r1 = img1 * pixels;
     const bool with_bias = db_or_null != nullptr && blockIdx.x == 0;
-    // B: column k = n0 + b_col (a fixed filter tap), rows every B_ROWS-th pixel.
-    constexpr int B_ROWS = Cfg::THREADS / Cfg::BN, B_PER = CONV_BK / B_ROWS;
-    const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
-    const int kc = n0 + b_col;
-    const bool col_ok = kc < depth;
-    Index3 tap;
-    tap.start(col_ok ? kc : 0, k_h, k_w);
-    const long long x_tap = (long long)tap.a * in_h * in_w;
-    Index3 pix[B_PER];  // (n, p, q) of this thread's rows of B
-    for (int r = 0; r < B_PER; ++r) pix[r].start(r0 + b_row + B_ROWS * r, out_h, out_w);
-    // A: rows o = m0 + a_m + A_ROWS·r, one pixel per thread per slice.
-    constexpr int A_ROWS = Cfg::THREADS / CONV_BK, A_PER = Cfg::BM / A_ROWS;
-    const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
-    Index3 a_pix;  // (n, 0, p·Q + q)
-    a_pix.start(r0 + a_k, 1, pixels);
-    float bias_acc[A_PER], bias_carry[A_PER];
-    for (int r = 0; r < A_PER; ++r) bias_acc[r] = bias_carry[r] = 0.0f;
-
-    float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    for (int i = 0; i < Cfg::TM; ++i)
-        for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = carry[i][j] = 0.0f;
-    const long long x_image = (long long)in_c * in_h * in_w, dy_image = (long long)out_c * pixels;
-    for (int k0 = r0; k0 < r1; k0 += CONV_BK) {
-        const bool a_ok = k0 + a_k < r1;
-        for (int r = 0; r < A_PER; ++r) {
-            const int o = m0 + a_m + A_ROWS * r;
-            float v = 0.0f;
-            if (a_ok && o < out_c) v = (float)dy[a_pix.a * dy_image + (long long)o * pixels + a_pix.c];
-            as[a_k][a_m + A_ROWS * r] = v;
-            if (with_bias) {  // Kahan, one term at a time: these lanes' share of db
-                const float yv = v - bias_carry[r];
-                const float t = bias_acc[r] + yv;
-                bias_carry[r] = (t - bias_acc[r]) - yv;
-                bias_acc[r] = t;
-            }
-        }
-        a_pix.advance(CONV_BK, 1, pixels);
-        for (int r = 0; r < B_PER; ++r) {
-            const int k = k0 + b_row + B_ROWS * r;
-            const int ih = pix[r].b * stride - pad + tap.b, iw = pix[r].c * stride - pad + tap.c;
-            float v = 0.0f;
-            if (col_ok && k < r1 && ih >= 0 && ih < in_h && iw >= 0 && iw < in_w)
-                v = (float)x[pix[r].a * x_image + x_tap + (long long)ih * in_w + iw];
-            bs[b_row + B_ROWS * r][b_col] = v;
-            pix[r].advance(CONV_BK, out_h, out_w);
-        }
-        __syncthreads();
-        multiply_slice<Cfg, true>(as, bs, acc, carry, ty, tx);
-        __syncthreads();
+    const int kc = n0 + tid % Cfg::BN;  // this thread's B column: filter tap (c, i, j)
+    int x_tap = 0, ti = OFF_PLANE, tj = 0;
+    if (kc < depth) {
+        const int c = kc / window, ij = kc - c * window;
+        ti = ij / k_w;
+        tj = ij - ti * k_w;
+        x_tap = c * in_h * in_w + ti * in_w + tj;
     }
+    const int r1 = img1 * pixels;
+    auto entry = [&](int r) {
+        if (r >= r1) return make_int4(0, OFF_PLANE, 0, -1);
+        const int n = r / pixels, pq = r - n * pixels, p = pq / out_w, q = pq - p * out_w;
+        const int ih0 = p * stride - pad, iw0 = q * stride - pad;
+        return make_int4(n * in_c * in_h * in_w + ih0 * in_w + iw0, ih0, iw0, n * out_c * pixels + pq);
+    };
+    float bias_acc[Cfg::A_PER], bias_carry[Cfg::A_PER];
+    for (int r = 0; r < Cfg::A_PER; ++r) bias_acc[r] = bias_carry[r] = 0.0f;
+    auto load_a = [&](int o, int r, int4 e) {
+        const float v = (e.w >= 0 && o < out_c) ? (float)dy[e.w + o * pixels] : 0.0f;
+        if (with_bias) {  // Kahan, one term at a time: these lanes' share of db
+            const float yv = v - bias_carry[r];
+            const float t = bias_acc[r] + yv;
+            bias_carry[r] = (t - bias_acc[r]) - yv;
+            bias_acc[r] = t;
+        }
+        return v;
+    };
+    auto load_b = [&](int4 e) {
+        const int ih = e.y + ti, iw = e.z + tj;
+        return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[e.x + x_tap] : 0.0f;
+    };
+    float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
+    gathered_product<Cfg, true>(img0 * pixels, r1, m0, entry, load_a, load_b, acc, carry);
     // The bias partials: the CONV_BK lanes sharing each row of A (consecutive lanes) added
     // by a fixed tree of shuffles.
-    float bias_part[A_PER];
-    for (int r = 0; r < A_PER; ++r) {
+    const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
+    float bias_part[Cfg::A_PER];
+    for (int r = 0; r < Cfg::A_PER; ++r) {
         float v = bias_acc[r] - bias_carry[r];
         for (int off = CONV_BK / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
         bias_part[r] = v;
@@ -344,13 +313,13 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
             const int k = n0 + tx + Cfg::TX * j;
             if (k >= depth) continue;
             const float v = acc[i][j] - carry[i][j];
-            if (slot) slot[(long long)o * depth + k] = v;
-            else dw[(long long)o * depth + k] = v;
+            if (slot) slot[o * depth + k] = v;
+            else dw[o * depth + k] = v;
         }
     }
     if (with_bias && a_k == 0)
-        for (int r = 0; r < A_PER; ++r) {
-            const int o = m0 + a_m + A_ROWS * r;
+        for (int r = 0; r < Cfg::A_PER; ++r) {
+            const int o = m0 + a_m + Cfg::A_ROWS * r;
             if (o >= out_c) continue;
             if (slot) slot[out_c * depth + o] = bias_part[r];
             else db_or_null[o] = bias_part[r];
@@ -368,23 +337,24 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     __syncthreads();
     if (!last) return;
     __threadfence();
+    const volatile float* partials = scratch;  // other blocks' writes: past the L1
     for (int e = tid; e < Cfg::BM * Cfg::BN; e += Cfg::THREADS) {
         const int o = m0 + e / Cfg::BN, k = n0 + e % Cfg::BN;
         if (o >= out_c || k >= depth) continue;
         float sum = 0.0f, c = 0.0f;
         for (int t = 0; t < splits; ++t) {
-            const float yv = ((volatile float*)scratch)[(long long)t * total + (long long)o * depth + k] - c;
+            const float yv = partials[(long long)t * total + o * depth + k] - c;
             const float u = sum + yv;
             c = (u - sum) - yv;
             sum = u;
         }
-        dw[(long long)o * depth + k] = sum - c;
+        dw[o * depth + k] = sum - c;
     }
     if (db_or_null && blockIdx.x == 0)
         for (int o = m0 + tid; o < min(out_c, m0 + Cfg::BM); o += Cfg::THREADS) {
             float sum = 0.0f, c = 0.0f;
             for (int t = 0; t < splits; ++t) {
-                const float yv = ((volatile float*)scratch)[(long long)t * total + out_c * depth + o] - c;
+                const float yv = partials[(long long)t * total + out_c * depth + o] - c;
                 const float u = sum + yv;
                 c = (u - sum) - yv;
                 sum = u;
