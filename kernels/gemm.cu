@@ -25,7 +25,7 @@
 //   60,000 same-sign terms: 2.0e-7 relative with the tiles' sums added plainly even in two
 //   levels, 4e-8 compensated). 32 more registers and 64 adds per 256 FMAs; needs IEEE adds
 //   as written (no -use_fast_math).
-//   Launch: grid (ceil(N/64), ceil(M/64)), block 256.
+//   Launch: grid (ceil(N/64), ceil(M/64), K ranges), block 256.
 //
 // gemm_{f16,bf16}_wmma_{f32,f16,bf16}out — tensor cores through nvcuda::wmma, 16-bit in
 //   (fp16 or bf16, both exact in the f32 accumulators' products), float accumulate, out in
@@ -36,17 +36,77 @@
 //   any shape works; shared rows are padded (24 and 72 halves) to spread banks while keeping
 //   wmma's 16-byte leading-dimension rule. The epilogue goes through shared memory (float) to
 //   apply alpha, beta, bias and ReLU per element with bounds checks.
-//   Launch: grid (ceil(N/64), ceil(M/64)), block 128.
+//   Launch: grid (ceil(N/64), ceil(M/64), K ranges), block 128.
+// Split K (both kernels): a product with few tiles of C (LeNet's fc layers: 2 to 52 tiles for
+//   132 SMs) is cut along K into gridDim.z ranges of k_per_split (a multiple of 16, chosen
+//   from the shape alone, so the bits are the same on every GPU). With one range a block
+//   applies the epilogue itself. Otherwise each block writes its partial tile (f32) into
+//   slot z of `scratch` (z·M·N + row·N + column), and the last block of the tile to finish
+//   (an int counter per tile in `counters`, reset by that block) adds the slots in order,
+//   compensated, and applies the epilogue: deterministic, whichever block finishes last.
 #include "simt.cuh"
 
 #define GEMM_BM 64
 #define GEMM_BN 64
 #define GEMM_BK 16
 
+// C[gm][gn] = epilogue(alpha · sum + beta · C) (see the header).
+template <class TOut>
+__device__ __forceinline__ void gemm_epilogue(TOut* __restrict__ c, const float* __restrict__ bias, int gm, int gn,
+                                              int ldc, float sum, float alpha, float beta, int relu) {
+    TOut* out = &c[(long long)gm * ldc + gn];
+    float v = alpha * sum;
+    if (beta != 0.0f) v = fmaf(beta, (float)*out, v);  // beta = 0 never reads C (it may be garbage)
+    if (bias) v += bias[gn];
+    if (relu) v = fmaxf(v, 0.0f);
+    *out = (TOut)v;
+}
+
+// Split K, after every thread wrote its partials: whether this block is the last of its tile
+// to finish (then its counter is reset for the next launch).
+__device__ __forceinline__ bool gemm_last_of_tile(int* __restrict__ counters) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        const int done = atomicAdd(&counters[tile], 1);
+        last = done == (int)gridDim.z - 1;
+        if (last) counters[tile] = 0;
+    }
+    __syncthreads();
+    const bool is_last = last;
+    __threadfence();
+    return is_last;
+}
+
+// Split K, in the tile's last block: each element's partials added in slot order
+// (compensated), then the epilogue.
+template <class TOut>
+__device__ __forceinline__ void gemm_add_partials(const float* __restrict__ scratch, TOut* __restrict__ c,
+                                                  const float* __restrict__ bias, int m, int n, int ldc, float alpha,
+                                                  float beta, int relu) {
+    const volatile float* partials = scratch;  // other blocks' writes: past the L1
+    const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
+    for (int e = threadIdx.x; e < GEMM_BM * GEMM_BN; e += blockDim.x) {
+        const int gm = m0 + e / GEMM_BN, gn = n0 + e % GEMM_BN;
+        if (gm >= m || gn >= n) continue;
+        float sum = 0.0f, carry = 0.0f;
+        for (int z = 0; z < (int)gridDim.z; ++z) {
+            const float y = partials[((long long)z * m + gm) * n + gn] - carry;
+            const float t = sum + y;
+            carry = (t - sum) - y;
+            sum = t;
+        }
+        gemm_epilogue(c, bias, gm, gn, ldc, sum - carry, alpha, beta, relu);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     gemm_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
              const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc, int trans_a,
-             int trans_b, float alpha, float beta, int relu) {
+             int trans_b, float alpha, float beta, int relu, float* __restrict__ scratch,
+             int* __restrict__ counters, int k_per_split) {
     __shared__ float as[GEMM_BK][GEMM_BM];
     __shared__ float bs[GEMM_BK][GEMM_BN];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -57,7 +117,8 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) acc[i][j] = carry[i][j] = 0.0f;
 
-    for (int k0 = 0; k0 < k; k0 += GEMM_BK) {
+    const int k_begin = blockIdx.z * k_per_split, k_end = min(k, k_begin + k_per_split);
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_BK) {
         for (int r = 0; r < 4; ++r) {
             int idx = threadIdx.x + 256 * r;
             // A tile (64 rows of op(A) x 16 ks): walk memory contiguously in either layout.
@@ -66,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(256)
             else { ak = idx % GEMM_BK; am = idx / GEMM_BK; }
             int gm = m0 + am, gk = k0 + ak;
             float av = 0.0f;
-            if (gm < m && gk < k) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
+            if (gm < m && gk < k_end) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
             as[ak][am] = av;
             // B tile (16 ks x 64 columns of op(B)).
             int bk, bn;
@@ -75,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(256)
             int gn = n0 + bn;
             gk = k0 + bk;
             float bv = 0.0f;
-            if (gn < n && gk < k) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
+            if (gn < n && gk < k_end) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
             bs[bk][bn] = bv;
         }
         __syncthreads();
@@ -99,20 +160,19 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
     }
 
+    const bool split = gridDim.z > 1;
     for (int i = 0; i < 4; ++i) {
         int gm = m0 + ty + 16 * i;
         if (gm >= m) continue;
         for (int j = 0; j < 4; ++j) {
             int gn = n0 + tx + 16 * j;
             if (gn >= n) continue;
-            float* out = &c[(long long)gm * ldc + gn];
-            float v = alpha * acc[i][j];
-            if (beta != 0.0f) v = fmaf(beta, *out, v);  // beta = 0 never reads C (it may be garbage)
-            if (bias_or_null) v += bias_or_null[gn];
-            if (relu) v = fmaxf(v, 0.0f);
-            *out = v;
+            const float sum = acc[i][j] - carry[i][j];
+            if (split) scratch[((long long)blockIdx.z * m + gm) * n + gn] = sum;
+            else gemm_epilogue(c, bias_or_null, gm, gn, ldc, sum, alpha, beta, relu);
         }
     }
+    if (split && gemm_last_of_tile(counters)) gemm_add_partials(scratch, c, bias_or_null, m, n, ldc, alpha, beta, relu);
 }
 
 #define WMMA_LDA 24  // 16 + 8 halves: a 48-byte row stride spreads shared-memory banks
@@ -123,7 +183,8 @@ template <class TIn, class TOut>
 __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* __restrict__ b,
                                               TOut* __restrict__ c, const float* __restrict__ bias, int m, int n, int k,
                                               int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha,
-                                              float beta, int relu) {
+                                              float beta, int relu, float* __restrict__ scratch,
+                                              int* __restrict__ counters, int k_per_split) {
     using namespace nvcuda;
     // wmma::load/store_matrix_sync need 256-bit (32-byte) aligned tile pointers; 16-bit and
     // float arrays alone are only 2- and 4-byte aligned. Every tile offset used below is a
@@ -139,7 +200,8 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
     for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-    for (int k0 = 0; k0 < k; k0 += GEMM_BK) {
+    const int k_begin = blockIdx.z * k_per_split, k_end = min(k, k_begin + k_per_split);
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_BK) {
         for (int r = 0; r < 8; ++r) {  // 1024 elements of each tile, 128 threads
             int idx = threadIdx.x + 128 * r;
             int am, ak;
@@ -147,7 +209,7 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
             else { ak = idx % GEMM_BK; am = idx / GEMM_BK; }
             int gm = m0 + am, gk = k0 + ak;
             TIn av = (TIn)0.0f;
-            if (gm < m && gk < k) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
+            if (gm < m && gk < k_end) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
             as[am * WMMA_LDA + ak] = av;
             int bk, bn;
             if (trans_b) { bk = idx % GEMM_BK; bn = idx / GEMM_BK; }
@@ -155,7 +217,7 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
             int gn = n0 + bn;
             gk = k0 + bk;
             TIn bv = (TIn)0.0f;
-            if (gn < n && gk < k) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
+            if (gn < n && gk < k_end) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
             bs[bk * WMMA_LDB + bn] = bv;
         }
         __syncthreads();
@@ -173,16 +235,15 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
             wmma::store_matrix_sync(&cs[(wm + 16 * i) * WMMA_LDC + wn + 16 * j], acc[i][j], WMMA_LDC,
                                     wmma::mem_row_major);
     __syncthreads();
+    const bool split = gridDim.z > 1;
     for (int idx = threadIdx.x; idx < GEMM_BM * GEMM_BN; idx += 128) {
         int gm = m0 + idx / GEMM_BN, gn = n0 + idx % GEMM_BN;
         if (gm >= m || gn >= n) continue;
-        TOut* out = &c[(long long)gm * ldc + gn];
-        float v = alpha * cs[(idx / GEMM_BN) * WMMA_LDC + idx % GEMM_BN];
-        if (beta != 0.0f) v = fmaf(beta, (float)*out, v);
-        if (bias) v += bias[gn];
-        if (relu) v = fmaxf(v, 0.0f);
-        *out = (TOut)v;
+        const float sum = cs[(idx / GEMM_BN) * WMMA_LDC + idx % GEMM_BN];
+        if (split) scratch[((long long)blockIdx.z * m + gm) * n + gn] = sum;
+        else gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
     }
+    if (split && gemm_last_of_tile(counters)) gemm_add_partials(scratch, c, bias, m, n, ldc, alpha, beta, relu);
 }
 
 // The entries: (input, output) types. bf16 wmma exists from sm_80 on; an older target (the
@@ -191,33 +252,40 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
 #define GEMM_BF16_BODY(TOut) __trap()
 #else
 #define GEMM_BF16_BODY(TOut) \
-    gemm_wmma<__nv_bfloat16, TOut>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu)
+    gemm_wmma<__nv_bfloat16, TOut>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu, \
+                                   scratch, counters, k_per_split)
 #endif
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_f16_wmma_f32out(const __half* __restrict__ a, const __half* __restrict__ b, float* __restrict__ c,
                          const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
-                         int trans_a, int trans_b, float alpha, float beta, int relu) {
-    gemm_wmma<__half, float>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu);
+                         int trans_a, int trans_b, float alpha, float beta, int relu, float* __restrict__ scratch,
+                         int* __restrict__ counters, int k_per_split) {
+    gemm_wmma<__half, float>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu,
+                             scratch, counters, k_per_split);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_f16_wmma_f16out(const __half* __restrict__ a, const __half* __restrict__ b, __half* __restrict__ c,
                          const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
-                         int trans_a, int trans_b, float alpha, float beta, int relu) {
-    gemm_wmma<__half, __half>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu);
+                         int trans_a, int trans_b, float alpha, float beta, int relu, float* __restrict__ scratch,
+                         int* __restrict__ counters, int k_per_split) {
+    gemm_wmma<__half, __half>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu,
+                              scratch, counters, k_per_split);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_bf16_wmma_f32out(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
                           float* __restrict__ c, const float* __restrict__ bias_or_null, int m, int n, int k, int lda,
-                          int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu) {
+                          int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu,
+                          float* __restrict__ scratch, int* __restrict__ counters, int k_per_split) {
     GEMM_BF16_BODY(float);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_bf16_wmma_bf16out(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
                            __nv_bfloat16* __restrict__ c, const float* __restrict__ bias_or_null, int m, int n, int k,
-                           int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu) {
+                           int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu,
+                           float* __restrict__ scratch, int* __restrict__ counters, int k_per_split) {
     GEMM_BF16_BODY(__nv_bfloat16);
 }

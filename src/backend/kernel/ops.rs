@@ -114,6 +114,25 @@ impl ConvTile {
     }
 }
 
+/// Blocks a GEMM with few tiles of C aims for, by splitting K (`kernels/gemm.cu`): a constant,
+/// so the split, and with it every bit of the result, is the same on every GPU.
+const GEMM_BLOCKS: usize = 128;
+
+/// The K range each block of a GEMM multiplies over: all of K (no split) for a product with
+/// enough tiles, else K cut into ranges of at least 32 (a multiple of the kernels' 16-step
+/// slices) for about [`GEMM_BLOCKS`] blocks, as many partial products as the scratch area
+/// holds.
+fn gemm_k_per_split(m: usize, n: usize, k: usize) -> usize {
+    let tiles = m.div_ceil(64) * n.div_ceil(64);
+    let whole = k.max(1);
+    if tiles >= GEMM_BLOCKS || tiles > SCRATCH_COUNTERS || k < 64 {
+        return whole;
+    }
+    let fit = SCRATCH_FLOATS / (m * n).max(1);
+    let splits = GEMM_BLOCKS.div_ceil(tiles).min(k / 32).min(fit).max(1);
+    k.div_ceil(splits).next_multiple_of(16).min(whole)
+}
+
 /// Blocks a filter-gradient launch aims for: two per SM of a 132-SM H100, a constant (not
 /// the GPU's own count) so the split, and with it every bit of the result, is the same on
 /// every GPU.
@@ -272,13 +291,18 @@ impl<D: KernelDevice> BackendImpl for D {
         let kernel = gemm_kernel(A::DTYPE, O::DTYPE)?;
         // 64x64 tiles of C: 256 threads on CUDA cores, 4 warps of wmma fragments for half.
         let threads = if A::DTYPE.is_half() { 128 } else { 256 };
+        let (m, n, k) = (op.shape.m, op.shape.n, op.shape.k);
+        let per = gemm_k_per_split(m, n, k);
         let cfg = LaunchConfig {
-            grid: (blocks(op.shape.n, 64), blocks(op.shape.m, 64), 1),
+            grid: (blocks(n, 64), blocks(m, 64), blocks(k, per)),
             block: (threads, 1, 1),
             shared_bytes: 0,
         };
-        let args = gemm_args(op.into_inner());
-        // SAFETY: see the module docs.
+        let mut args = gemm_args(op.into_inner());
+        args.extend(self.scratch()?);
+        args.push(i32_arg(per));
+        // SAFETY: see the module docs; the scratch area holds a partial C per K range
+        // (gemm_k_per_split) and a counter per tile.
         unsafe { self.launch(kernel, cfg, &args) }
     }
 
