@@ -138,23 +138,63 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
 }
 
 // ---------------------------------------------------------------- forward
-// Grid (ceil(batch·P·Q / BN), ceil(O / BM)). A = w[o][k] (rows of the filter), B = x̂[k][(n,p,q)]:
+// The output pixel (p, q) of column `idx` of an image's columns; p = -1 for a column that is
+// no pixel. Plain order: row-major, P·Q columns. Pooled order (a 2x2, stride-2 average pool
+// fused into the epilogue): first the pool's windows, four consecutive columns each (so the
+// four lanes holding them add them by two shuffles), then the pixels no window reads (the
+// last row and column of an odd plane: the ReLU's backward still reads them), then padding
+// to a multiple of 4 columns per image (pooled_columns), so no window straddles two images.
+__device__ __forceinline__ int2 pixel_of(int idx, int out_h, int out_w, bool pooled) {
+    if (!pooled) {
+        const int p = idx / out_w;
+        return make_int2(p, idx - p * out_w);
+    }
+    const int ph = out_h / 2, pw = out_w / 2, in_windows = 4 * ph * pw;
+    if (idx < in_windows) {
+        const int win = idx >> 2, e = idx & 3, wh = win / pw;
+        return make_int2(2 * wh + (e >> 1), 2 * (win - wh * pw) + (e & 1));
+    }
+    int j = idx - in_windows;
+    const int edge = out_w - 2 * pw, beside = 2 * ph * edge;  // pixels right of the windows
+    if (j < beside) {
+        const int p = j / edge;
+        return make_int2(p, 2 * pw + j - p * edge);
+    }
+    j -= beside;
+    if (j >= (out_h - 2 * ph) * out_w) return make_int2(-1, 0);
+    const int p = j / out_w;
+    return make_int2(2 * ph + p, j - p * out_w);
+}
+
+// Columns per image: P·Q, or in pooled order rounded up to a multiple of 4.
+__device__ __forceinline__ int image_columns(int out_h, int out_w, bool pooled) {
+    return pooled ? (out_h * out_w + 3) / 4 * 4 : out_h * out_w;
+}
+
+// Grid (ceil(batch·columns / BN), ceil(O / BM)). A = w[o][k] (rows of the filter), B = x̂[k][(n,p,q)]:
 // entry(k = (c, i, j)) = (c·H·W + i·W + j, i, j, k); each thread's B column is one output pixel.
+// With `pooled_or_null` the columns are in pooled order and the epilogue also writes the 2x2
+// average of each window of ReLU outputs (from the f32 values, before rounding to T).
 template <class T, class Cfg>
 __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* __restrict__ w,
-                                             const float* __restrict__ bias, T* __restrict__ y, int batch, int in_c,
-                                             int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
-                                             int out_h, int out_w, int relu) {
+                                             const float* __restrict__ bias, T* __restrict__ y,
+                                             T* __restrict__ pooled, int batch, int in_c, int in_h, int in_w,
+                                             int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w,
+                                             int relu) {
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN;
-    const int pixels = out_h * out_w, cols = batch * pixels, window = k_h * k_w, depth = in_c * window;
+    const bool pool = pooled != nullptr;
+    const int pixels = out_h * out_w, span = image_columns(out_h, out_w, pool), cols = batch * span;
+    const int window = k_h * k_w, depth = in_c * window;
     const int col = n0 + (int)threadIdx.x % Cfg::BN;
-    const bool col_ok = col < cols;
     int x_col = 0, ih0 = OFF_PLANE, iw0 = 0;
-    if (col_ok) {
-        const int img = col / pixels, pq = col - img * pixels, p = pq / out_w;
-        ih0 = p * stride - pad;
-        iw0 = (pq - p * out_w) * stride - pad;
-        x_col = img * in_c * in_h * in_w + ih0 * in_w + iw0;
+    if (col < cols) {
+        const int img = col / span;
+        const int2 pq = pixel_of(col - img * span, out_h, out_w, pool);
+        if (pq.x >= 0) {
+            ih0 = pq.x * stride - pad;
+            iw0 = pq.y * stride - pad;
+            x_col = img * in_c * in_h * in_w + ih0 * in_w + iw0;
+        }
     }
     auto entry = [&](int k) {
         if (k >= depth) return make_int4(0, OFF_PLANE, 0, -1);
@@ -171,17 +211,25 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
     gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
     const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
+    const int ph = out_h / 2, pw = out_w / 2;
+    SIMT_UNROLL
     for (int j = 0; j < Cfg::TN; ++j) {
         const int c = n0 + tx + Cfg::TX * j;
-        if (c >= cols) continue;
-        const int n = c / pixels, pq = c - n * pixels;
+        const int n = c / span, idx = c - n * span;
+        const int2 pq = c < cols ? pixel_of(idx, out_h, out_w, pool) : make_int2(-1, 0);
+        SIMT_UNROLL
         for (int i = 0; i < Cfg::TM; ++i) {
             const int o = m0 + ty + Cfg::TY * i;
-            if (o >= out_c) continue;
             float v = acc[i][j];
-            if (bias) v += bias[o];
+            if (bias && o < out_c) v += bias[o];
             if (relu) v = fmaxf(v, 0.0f);
-            y[(n * out_c + o) * pixels + pq] = (T)v;
+            if (pq.x >= 0 && o < out_c) y[(n * out_c + o) * pixels + pq.x * out_w + pq.y] = (T)v;
+            if (pool) {  // every lane: the four lanes of a window add their values
+                float sum = v + __shfl_xor_sync(0xffffffffu, v, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                if (pq.x >= 0 && o < out_c && idx < 4 * ph * pw && (idx & 3) == 0)
+                    pooled[(n * out_c + o) * ph * pw + (idx >> 2)] = (T)(sum * 0.25f);
+            }
         }
     }
 }
@@ -409,10 +457,10 @@ using Tile32x16 = Tile<32, 16, 2, 2>;
 
 #define CONV_FORWARD_PARAMS                                                                                   \
     (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y, \
-     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,     \
-     int out_w, int relu)
+     T* __restrict__ pooled_or_null, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w,     \
+     int stride, int pad, int out_h, int out_w, int relu)
 #define CONV_FORWARD_ARGS \
-    (x, w, bias_or_null, y, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu)
+    (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu)
 #define CONV_INPUT_PARAMS                                                                                      \
     (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,     \
      int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w)
@@ -445,14 +493,16 @@ template <class T> __device__ __forceinline__ void conv2d_backward_filter_32x16 
 
 NANODDP_ENTRY_EACH_TYPE(conv2d_forward_64x64, (256, 2),
     (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y,
-     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,
-     int out_w, int relu),
-    (x, w, bias_or_null, y, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu))
+     T* __restrict__ pooled_or_null, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w,
+     int stride, int pad, int out_h, int out_w, int relu),
+    (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w,
+     relu))
 NANODDP_ENTRY_EACH_TYPE(conv2d_forward_32x128, (256, 2),
     (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y,
-     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,
-     int out_w, int relu),
-    (x, w, bias_or_null, y, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu))
+     T* __restrict__ pooled_or_null, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w,
+     int stride, int pad, int out_h, int out_w, int relu),
+    (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w,
+     relu))
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_64x64, (256, 2),
     (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,
      int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),

@@ -26,6 +26,8 @@
 #include <mma.h>
 
 #define SIMT_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+// Unrolls the loop that follows: register arrays indexed by its counter stay in registers.
+#define SIMT_UNROLL _Pragma("unroll")
 
 #else
 // ============================================================================ host side
@@ -58,6 +60,7 @@
 #endif
 #define SIMT_SHARED_REGISTER(name) ::simt::register_shared(&(name), sizeof(name))
 #define SIMT_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::simt::dynamic_shared())
+#define SIMT_UNROLL  // the host compiler needs no hint: the emulator has no register file
 
 struct uint3 {
     unsigned int x, y, z;

@@ -75,28 +75,13 @@ pub trait BackendImpl: Memory + Sized {
     fn shard_stats(&self, op: Checked<ShardStats<'_, Self>>) -> OpResult;
     fn step_end(&self, op: Checked<StepEnd<'_, Self>>) -> OpResult;
 
-    /// Default: the convolution with its ReLU, then the pool reading `y` back.
+    /// Default: the convolution with its ReLU, then the pool reading `y` back
+    /// ([`conv_relu_then_pool`]).
     fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolForward<'_, Self, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        let relu = true;
-        let forward = Conv2dForward {
-            shape: op.conv,
-            x: op.x,
-            w: op.w,
-            bias: op.bias,
-            y: &mut *op.y,
-            relu,
-        };
-        run(self, forward, Self::conv2d_forward)?;
-        let pooling = AvgPoolForward {
-            shape: op.pool,
-            x: &*op.y,
-            y: op.pooled,
-        };
-        run(self, pooling, Self::avg_pool_forward)
+        conv_relu_then_pool(self, op)
     }
 
     /// The pool's backward and the ReLU's in one pass (every backend implements it: the
@@ -150,6 +135,32 @@ pub trait BackendImpl: Memory + Sized {
         };
         run(self, filter, Self::conv2d_backward_filter)
     }
+}
+
+/// [`BackendImpl::conv2d_relu_avg_pool_forward`] unfused: the convolution with its ReLU, then
+/// the pool reading `y` back (the default, and a fusing backend's way for shapes it does not
+/// fuse).
+pub(super) fn conv_relu_then_pool<B: BackendImpl, T: Precision>(
+    backend: &B,
+    op: Checked<Conv2dReluAvgPoolForward<'_, B, T>>,
+) -> OpResult {
+    let op = op.into_inner();
+    let relu = true;
+    let forward = Conv2dForward {
+        shape: op.conv,
+        x: op.x,
+        w: op.w,
+        bias: op.bias,
+        y: &mut *op.y,
+        relu,
+    };
+    run(backend, forward, B::conv2d_forward)?;
+    let pooling = AvgPoolForward {
+        shape: op.pool,
+        x: &*op.y,
+        y: op.pooled,
+    };
+    run(backend, pooling, B::avg_pool_forward)
 }
 
 /// Checks `args` and runs `op` on them: how the fused defaults call their parts (the checks

@@ -7,12 +7,13 @@
 //! the kernel's index ranges are exactly that shape.
 
 use super::{KernelArg, KernelDevice, LaunchConfig, SCRATCH_COUNTERS, SCRATCH_FLOATS};
-use crate::backend::backend_impl::OpResult;
+use crate::backend::backend_impl::{conv_relu_then_pool, OpResult};
 use crate::backend::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
-    Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward, Fill,
-    GatherBatch, Gemm, GradCheck, GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward,
-    Scale, Sgd, SgdMany, ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
+    Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
+    Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck, GradCheckMany, MaxPoolBackward,
+    MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, ShardStats, SoftmaxCrossEntropy, StepBegin,
+    StepEnd,
 };
 use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Pool2dShape, Precision,
@@ -68,6 +69,42 @@ fn conv_dims(s: &Conv2dShape) -> [KernelArg; 11] {
         i32_arg(s.out_h()),
         i32_arg(s.out_w()),
     ]
+}
+
+/// Launches `kernels/conv.cu`'s forward: `y` and, with `pooled`, its 2x2 average pool (the
+/// columns in pooled order, four per window and a multiple of four per image).
+fn launch_conv_forward<D: KernelDevice, T: Precision>(
+    device: &D,
+    s: &Conv2dShape,
+    (x, w, bias): (&D::Buffer<T>, &D::Buffer<T>, Option<&D::Buffer<f32>>),
+    y: &mut D::Buffer<T>,
+    pooled: Option<&mut D::Buffer<T>>,
+    relu: bool,
+) -> OpResult {
+    let (kernel, tile) = if s.out_c > 32 {
+        (PrecisionOp::Conv2dForward64x64, TILE_64X64)
+    } else {
+        (PrecisionOp::Conv2dForward32x128, TILE_32X128)
+    };
+    let pixels = s.out_h() * s.out_w();
+    let columns = if pooled.is_some() {
+        pixels.next_multiple_of(4)
+    } else {
+        pixels
+    };
+    let mut args = vec![
+        KernelArg::buffer(x),
+        KernelArg::buffer(w),
+        KernelArg::optional(bias),
+        KernelArg::buffer_mut(y),
+        KernelArg::optional_mut(pooled),
+    ];
+    args.extend(conv_dims(s));
+    args.push(KernelArg::I32(relu.into()));
+    let cfg = tile.launch(s.batch * columns, s.out_c, 1);
+    // SAFETY: the arguments were checked as the operation's (module docs); `pooled` has the
+    // size of a 2x2, stride-2 pool of `y`.
+    unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
 }
 
 /// A block tile of `kernels/conv.cu`'s implicit GEMMs: `rows` x `cols` outputs of the
@@ -308,23 +345,22 @@ impl<D: KernelDevice> BackendImpl for D {
 
     fn conv2d_forward<T: Precision>(&self, op: Checked<Conv2dForward<'_, D, T>>) -> OpResult {
         let op = op.into_inner();
-        let s = op.shape;
-        let (kernel, tile) = if s.out_c > 32 {
-            (PrecisionOp::Conv2dForward64x64, TILE_64X64)
-        } else {
-            (PrecisionOp::Conv2dForward32x128, TILE_32X128)
-        };
-        let mut args = vec![
-            KernelArg::buffer(op.x),
-            KernelArg::buffer(op.w),
-            KernelArg::optional(op.bias),
-            KernelArg::buffer_mut(op.y),
-        ];
-        args.extend(conv_dims(s));
-        args.push(KernelArg::I32(op.relu.into()));
-        let cfg = tile.launch(s.batch * s.out_h() * s.out_w(), s.out_c, 1);
-        // SAFETY: see the module docs.
-        unsafe { self.launch(kernel.kernel(T::DTYPE), cfg, &args) }
+        launch_conv_forward(self, op.shape, (op.x, op.w, op.bias), op.y, None, op.relu)
+    }
+
+    /// One launch where the pool is LeNet's kind (2x2, stride 2: the convolution's epilogue
+    /// pools), else the convolution, then the pool.
+    fn conv2d_relu_avg_pool_forward<T: Precision>(
+        &self,
+        op: Checked<Conv2dReluAvgPoolForward<'_, D, T>>,
+    ) -> OpResult {
+        let p = op.pool;
+        if !(p.k_h == 2 && p.k_w == 2 && p.stride == 2) {
+            return conv_relu_then_pool(self, op);
+        }
+        let op = op.into_inner();
+        let inputs = (op.x, op.w, op.bias);
+        launch_conv_forward(self, op.conv, inputs, op.y, Some(op.pooled), true)
     }
 
     fn conv2d_backward_input<T: Precision>(
