@@ -60,9 +60,33 @@
 // The reduction index's part of every gathered address, per 16-step slice: one entry per
 // step, computed by 16 threads (divisions allowed: 16 per slice per block), double-buffered
 // so that the next slice's entries are written while this slice's loads read theirs. An
-// entry is (offset into B, row, column, offset into A); the row is OFF_PLANE where the
-// index is past the reduction's end, so every bounds test fails.
+// entry is (offset into B, row, column, offset into A, offset into the pooled gradient); the
+// row is OFF_PLANE and the A offset -1 where the index is past the reduction's end, so every
+// bounds test fails.
 #define OFF_PLANE (1 << 29)
+
+struct Tap {
+    int b, row, col, a, pooled;
+};
+__device__ __forceinline__ Tap tap(int b, int row, int col, int a, int pooled) {
+    Tap t;
+    t.b = b;
+    t.row = row;
+    t.col = col;
+    t.a = a;
+    t.pooled = pooled;
+    return t;
+}
+__device__ __forceinline__ Tap no_tap() { return tap(0, OFF_PLANE, 0, -1, -1); }
+
+// The convolution's output gradient where a 2x2, stride-2 average pool follows its ReLU:
+// d_pooled of the pixel's window / 4 where the ReLU passed (y > 0), 0 where it did not or
+// no window reads the pixel (pooled_at < 0).
+template <class T>
+__device__ __forceinline__ float through_pool(const T* __restrict__ d_pooled, const T* __restrict__ y, int y_at,
+                                              int pooled_at) {
+    return (pooled_at >= 0 && (float)y[y_at] > 0.0f) ? (float)d_pooled[pooled_at] * 0.25f : 0.0f;
+}
 
 template <int BM_, int BN_, int TM_, int TN_>
 struct Tile {
@@ -116,7 +140,7 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
                                                  float (&carry)[Cfg::TM][Cfg::TN]) {
     __shared__ float as[CONV_BK][Cfg::AS];
     __shared__ float bs[CONV_BK][Cfg::BN];
-    __shared__ int4 table[2][CONV_BK];
+    __shared__ Tap table[2][CONV_BK];
     const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
     const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
@@ -126,7 +150,7 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
     __syncthreads();
     int now = 0;
     for (int k0 = begin; k0 < end; k0 += CONV_BK) {
-        const int4 ea = table[now][a_k];
+        const Tap ea = table[now][a_k];
         for (int r = 0; r < Cfg::A_PER; ++r) as[a_k][a_m + Cfg::A_ROWS * r] = load_a(m0 + a_m + Cfg::A_ROWS * r, r, ea);
         for (int r = 0; r < Cfg::B_PER; ++r) bs[b_row + Cfg::B_ROWS * r][b_col] = load_b(table[now][b_row + Cfg::B_ROWS * r]);
         if (tid < CONV_BK) table[now ^ 1][tid] = entry(k0 + CONV_BK + tid);
@@ -197,16 +221,16 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
         }
     }
     auto entry = [&](int k) {
-        if (k >= depth) return make_int4(0, OFF_PLANE, 0, -1);
+        if (k >= depth) return no_tap();
         const int c = k / window, ij = k - c * window, i = ij / k_w, j = ij - i * k_w;
-        return make_int4(c * in_h * in_w + i * in_w + j, i, j, k);
+        return tap(c * in_h * in_w + i * in_w + j, i, j, k, 0);
     };
-    auto load_a = [&](int m, int, int4 e) {
-        return (e.w >= 0 && m < out_c) ? (float)w[m * depth + e.w] : 0.0f;
+    auto load_a = [&](int m, int, Tap e) {
+        return (e.a >= 0 && m < out_c) ? (float)w[m * depth + e.a] : 0.0f;
     };
-    auto load_b = [&](int4 e) {
-        const int ih = ih0 + e.y, iw = iw0 + e.z;
-        return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[x_col + e.x] : 0.0f;
+    auto load_b = [&](Tap e) {
+        const int ih = ih0 + e.row, iw = iw0 + e.col;
+        return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[x_col + e.b] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
     gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
@@ -237,41 +261,47 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
 // ---------------------------------------------------------------- input gradient
 // Grid (ceil(batch·H·W / BN), ceil(C / BM)). The reduction runs over (o, i, j): A =
 // w[o][c][i][j] as [c][(o,i,j)], B = dy at the output pixel (p, q) with p·s = h + pad - i,
-// q·s = w + pad - j (zero where that is no pixel): entry = (o·P·Q, i, j, o·C·KH·KW + i·KW + j).
+// q·s = w + pad - j (zero where that is no pixel): entry = (o·P·Q, i, j, o·C·KH·KW + i·KW + j,
+// o·(P/2)·(Q/2)). With `y_or_null`, `dy` is the gradient at a 2x2, stride-2 average pool of
+// the ReLU output y, and B is the convolution's output gradient through both (through_pool).
 template <class T, class Cfg>
-__device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, const T* __restrict__ w,
-                                                    T* __restrict__ dx, int batch, int in_c, int in_h, int in_w,
-                                                    int out_c, int k_h, int k_w, int stride, int pad, int out_h,
-                                                    int out_w) {
+__device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, const T* __restrict__ y,
+                                                    const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c,
+                                                    int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
+                                                    int pad, int out_h, int out_w) {
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN;
     const int plane = in_h * in_w, cols = batch * plane, window = k_h * k_w, depth = out_c * window;
-    const int out_plane = out_h * out_w;
+    const int out_plane = out_h * out_w, ph = out_h / 2, pw = out_w / 2;
     const int col = n0 + (int)threadIdx.x % Cfg::BN;
     const bool col_ok = col < cols;
-    int dy_img = 0, hp = -OFF_PLANE, wp = 0;  // (h + pad, w + pad); off every plane when no column
+    int dy_img = 0, pooled_img = 0, hp = -OFF_PLANE, wp = 0;  // (h + pad, w + pad); off every plane when no column
     if (col_ok) {
         const int img = col / plane, hw = col - img * plane, h = hw / in_w;
         hp = h + pad;
         wp = hw - h * in_w + pad;
         dy_img = img * out_c * out_plane;
+        pooled_img = img * out_c * ph * pw;
     }
     auto entry = [&](int k) {
-        if (k >= depth) return make_int4(0, OFF_PLANE, 0, -1);
+        if (k >= depth) return no_tap();
         const int o = k / window, ij = k - o * window, i = ij / k_w;
-        return make_int4(o * out_plane, i, ij - i * k_w, o * in_c * window + ij);
+        return tap(o * out_plane, i, ij - i * k_w, o * in_c * window + ij, o * ph * pw);
     };
-    auto load_a = [&](int c, int, int4 e) {
-        return (e.w >= 0 && c < in_c) ? (float)w[e.w + c * window] : 0.0f;
+    auto load_a = [&](int c, int, Tap e) {
+        return (e.a >= 0 && c < in_c) ? (float)w[e.a + c * window] : 0.0f;
     };
-    auto load_b = [&](int4 e) {
-        int p = hp - e.y, q = wp - e.z;
+    auto load_b = [&](Tap e) {
+        int p = hp - e.row, q = wp - e.col;
         if (stride != 1) {  // uniform: no divisions at stride 1
             if (p % stride != 0 || q % stride != 0) return 0.0f;
             p /= stride;
             q /= stride;
         }
-        return ((unsigned)p < (unsigned)out_h && (unsigned)q < (unsigned)out_w) ? (float)dy[dy_img + e.x + p * out_w + q]
-                                                                                : 0.0f;
+        if (!((unsigned)p < (unsigned)out_h && (unsigned)q < (unsigned)out_w)) return 0.0f;
+        const int at = dy_img + e.b + p * out_w + q;
+        if (!y) return (float)dy[at];
+        const bool read = p < 2 * ph && q < 2 * pw;
+        return through_pool(dy, y, at, read ? pooled_img + e.pooled + (p >> 1) * pw + (q >> 1) : -1);
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
     gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
@@ -291,21 +321,25 @@ __device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, co
 // Grid (ceil(K / BN), ceil(O / BM), S). Block (bx, by, s) reduces images
 // [s·per, min(batch, (s + 1)·per)), per = ceil(batch / S), over the pixels r = (n, p, q):
 // A = dy[o][r], B = x̂[r][k], entry(r) = (n·C·H·W + (p·s - pad)·W + q·s - pad, p·s - pad,
-// q·s - pad, n·O·P·Q + p·Q + q); each thread's B column is one filter tap (c, i, j).
+// q·s - pad, n·O·P·Q + p·Q + q, the pixel's window in the pooled gradient or -1); each
+// thread's B column is one filter tap (c, i, j). With `y_or_null`, `dy` is the gradient at a
+// 2x2, stride-2 average pool of the ReLU output y, and A is the convolution's output
+// gradient through both (through_pool).
 // `scratch`: S·(O·K + O) floats of partials; `counters`: one int per tile, zero between
 // launches (the last block of each tile resets its own). Neither is used when S = 1.
 // `db_or_null`: no bias gradient when null.
 template <class T, class Cfg>
 __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, const T* __restrict__ dy,
-                                                     float* __restrict__ dw, float* __restrict__ db_or_null,
-                                                     float* __restrict__ scratch, int* __restrict__ counters,
-                                                     int batch, int in_c, int in_h, int in_w, int out_c, int k_h,
-                                                     int k_w, int stride, int pad, int out_h, int out_w,
-                                                     int splits) {
+                                                     const T* __restrict__ y, float* __restrict__ dw,
+                                                     float* __restrict__ db_or_null, float* __restrict__ scratch,
+                                                     int* __restrict__ counters, int batch, int in_c, int in_h,
+                                                     int in_w, int out_c, int k_h, int k_w, int stride, int pad,
+                                                     int out_h, int out_w, int splits) {
     __shared__ int last;
     const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN, s = blockIdx.z;
     const int pixels = out_h * out_w, window = k_h * k_w, depth = in_c * window;
+    const int ph = out_h / 2, pw = out_w / 2;
     const int per = (batch + splits - 1) / splits;
     const int img0 = min(batch, s * per), img1 = min(batch, img0 + per);
     const bool with_bias = db_or_null != nullptr && blockIdx.x == 0;
@@ -319,15 +353,20 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     }
     const int r1 = img1 * pixels;
     auto entry = [&](int r) {
-        if (r >= r1) return make_int4(0, OFF_PLANE, 0, -1);
+        if (r >= r1) return no_tap();
         const int n = r / pixels, pq = r - n * pixels, p = pq / out_w, q = pq - p * out_w;
         const int ih0 = p * stride - pad, iw0 = q * stride - pad;
-        return make_int4(n * in_c * in_h * in_w + ih0 * in_w + iw0, ih0, iw0, n * out_c * pixels + pq);
+        const int window_at = (p < 2 * ph && q < 2 * pw) ? n * out_c * ph * pw + (p >> 1) * pw + (q >> 1) : -1;
+        return tap(n * in_c * in_h * in_w + ih0 * in_w + iw0, ih0, iw0, n * out_c * pixels + pq, window_at);
     };
     float bias_acc[Cfg::A_PER], bias_carry[Cfg::A_PER];
     for (int r = 0; r < Cfg::A_PER; ++r) bias_acc[r] = bias_carry[r] = 0.0f;
-    auto load_a = [&](int o, int r, int4 e) {
-        const float v = (e.w >= 0 && o < out_c) ? (float)dy[e.w + o * pixels] : 0.0f;
+    auto load_a = [&](int o, int r, Tap e) {
+        float v = 0.0f;
+        if (e.a >= 0 && o < out_c) {
+            const int at = e.a + o * pixels;
+            v = y ? through_pool(dy, y, at, e.pooled >= 0 ? e.pooled + o * ph * pw : -1) : (float)dy[at];
+        }
         if (with_bias) {  // Kahan, one term at a time: these lanes' share of db
             const float yv = v - bias_carry[r];
             const float t = bias_acc[r] + yv;
@@ -336,9 +375,9 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
         }
         return v;
     };
-    auto load_b = [&](int4 e) {
-        const int ih = e.y + ti, iw = e.z + tj;
-        return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[e.x + x_tap] : 0.0f;
+    auto load_b = [&](Tap e) {
+        const int ih = e.row + ti, iw = e.col + tj;
+        return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[e.b + x_tap] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
     gathered_product<Cfg, true>(img0 * pixels, r1, m0, entry, load_a, load_b, acc, carry);
@@ -462,15 +501,17 @@ using Tile32x16 = Tile<32, 16, 2, 2>;
 #define CONV_FORWARD_ARGS \
     (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu)
 #define CONV_INPUT_PARAMS                                                                                      \
-    (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,     \
-     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w)
-#define CONV_INPUT_ARGS (dy, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w)
+    (const T* __restrict__ dy, const T* __restrict__ y_or_null, const T* __restrict__ w, T* __restrict__ dx,  \
+     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,     \
+     int out_w)
+#define CONV_INPUT_ARGS (dy, y_or_null, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w)
 #define CONV_FILTER_PARAMS                                                                                     \
-    (const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ dw, float* __restrict__ db_or_null, \
-     float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h, int in_w,          \
-     int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int splits)
+    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null, float* __restrict__ dw, \
+     float* __restrict__ db_or_null, float* __restrict__ scratch, int* __restrict__ counters, int batch,         \
+     int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w,        \
+     int splits)
 #define CONV_FILTER_ARGS \
-    (x, dy, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, splits)
+    (x, dy, y_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, splits)
 
 template <class T> __device__ __forceinline__ void conv2d_forward_64x64 CONV_FORWARD_PARAMS {
     conv_forward<T, Tile64x64> CONV_FORWARD_ARGS;
@@ -504,23 +545,29 @@ NANODDP_ENTRY_EACH_TYPE(conv2d_forward_32x128, (256, 2),
     (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w,
      relu))
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_64x64, (256, 2),
-    (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,
-     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),
-    (dy, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
+    (const T* __restrict__ dy, const T* __restrict__ y_or_null, const T* __restrict__ w, T* __restrict__ dx,
+     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,
+     int out_w),
+    (dy, y_or_null, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_32x128, (256, 2),
-    (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,
-     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),
-    (dy, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
+    (const T* __restrict__ dy, const T* __restrict__ y_or_null, const T* __restrict__ w, T* __restrict__ dx,
+     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,
+     int out_w),
+    (dy, y_or_null, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter_64x64, (256, 2),
-    (const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ dw, float* __restrict__ db_or_null,
-     float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h, int in_w,
-     int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int splits),
-    (x, dy, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, splits))
+    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null, float* __restrict__ dw,
+     float* __restrict__ db_or_null, float* __restrict__ scratch, int* __restrict__ counters, int batch,
+     int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w,
+     int splits),
+    (x, dy, y_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad,
+     out_h, out_w, splits))
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter_32x16, (128),
-    (const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ dw, float* __restrict__ db_or_null,
-     float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h, int in_w,
-     int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int splits),
-    (x, dy, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, splits))
+    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null, float* __restrict__ dw,
+     float* __restrict__ db_or_null, float* __restrict__ scratch, int* __restrict__ counters, int batch,
+     int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w,
+     int splits),
+    (x, dy, y_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad,
+     out_h, out_w, splits))
 
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_bias, (256),
     (const T* __restrict__ dy, float* __restrict__ db, int batch, int out_c, int pixels),

@@ -141,7 +141,7 @@ fn bad_conv_shapes_are_errors<B: Backend>(dev: &B) -> Vec<u8> {
 /// The fused calls against the float64 reference of the separate operations:
 /// convolution + ReLU + average pool forward, average pool + ReLU backward, the filter and
 /// bias gradients together, the whole backward pass (filter, bias, input), and a first
-/// layer's backward from its pool's output gradient. Pools that tile the plane, that leave its last row and column
+/// and a later layer's backward from its pool's output gradient. Pools that tile the plane, that leave its last row and column
 /// uncovered (9x9 by 2), and that overlap (3 by 2). (Batch 2, and conv2's case with 6 output
 /// channels, on the PTX executor: see `common::Lean`.)
 fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce: Tol) -> Vec<u8> {
@@ -225,30 +225,47 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         // gradients through the pool and the ReLU. The default rounds the convolution's
         // output gradient to T on the way (one half rounding per term in fp16), a fused
         // backend keeps it in f32: the looser of the two tolerances.
-        let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
-        let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
-        let mut workspace = dev.upload(&poison(ys)).unwrap();
-        dev.conv2d_relu_avg_pool_backward(
-            &s,
-            &pool,
-            &x_,
-            &act_,
-            &dp_,
-            &mut dw,
-            &mut db,
-            &mut workspace,
-        )
-        .unwrap();
+        // Then a later layer's: the input gradient too, from the same output gradient.
         let loose = Tol {
             atol: tol.atol.max(tol_reduce.atol),
             rtol: tol.rtol.max(tol_reduce.rtol),
         };
         let want_w = r::conv_backward_filter(&s, &wide(&x), &want);
-        let what = format!("first-layer backward filter {s:?}");
-        check_download(dev, &dw, &what, &want_w, loose, &mut out);
         let want_b = r::conv_backward_bias(&s, &want);
-        let what = format!("first-layer backward bias {s:?}");
-        check_download(dev, &db, &what, &want_b, loose, &mut out);
+        let want_x = r::conv_backward_input(&s, &want, &wide(&w));
+        for layer in ["first-layer", "later-layer"] {
+            let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
+            let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
+            let mut dx = dev.upload(&poison(xs)).unwrap();
+            let mut workspace = dev.upload(&poison(ys)).unwrap();
+            let input = (layer == "later-layer").then_some((&w_, &mut dx));
+            dev.conv2d_relu_avg_pool_backward(
+                &s,
+                &pool,
+                &x_,
+                &act_,
+                &dp_,
+                &mut dw,
+                &mut db,
+                input,
+                &mut workspace,
+            )
+            .unwrap();
+            let what = format!("{layer} backward filter {s:?}");
+            check_download(dev, &dw, &what, &want_w, loose, &mut out);
+            let what = format!("{layer} backward bias {s:?}");
+            check_download(dev, &db, &what, &want_b, loose, &mut out);
+            if layer == "later-layer" {
+                // Unfused, the output gradient is rounded to T before the input gradient
+                // sums it, and that sum is rounded again: two roundings of T, not one.
+                let twice = Tol {
+                    atol: loose.atol,
+                    rtol: 2.0 * loose.rtol,
+                };
+                let what = format!("{layer} backward input {s:?}");
+                check_download(dev, &dx, &what, &want_x, twice, &mut out);
+            }
+        }
 
         let dy: Vec<T> = random(&mut g, ys);
         let dy_ = dev.upload(&dy).unwrap();

@@ -112,28 +112,55 @@ pub trait BackendImpl: Memory + Sized {
     }
 
     /// Default: the convolution's output gradient into the op's workspace
-    /// ([`BackendImpl::avg_pool_relu_backward`]), then its filter and bias gradients.
+    /// ([`BackendImpl::avg_pool_relu_backward`]), then its filter and bias gradients (and the
+    /// input gradient when asked).
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, Self, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        let d_y = op.workspace;
-        let unpool = AvgPoolReluBackward {
-            pool: op.pool,
-            d_pooled: op.d_pooled,
-            y: op.y,
-            dx: &mut *d_y,
-        };
-        run(self, unpool, Self::avg_pool_relu_backward)?;
-        let filter = Conv2dBackwardFilter {
-            shape: op.conv,
-            x: op.x,
-            dy: &*d_y,
-            dw: op.dw,
-            db: Some(op.db),
-        };
-        run(self, filter, Self::conv2d_backward_filter)
+        unpool_then_backward(self, op)
+    }
+}
+
+/// [`BackendImpl::conv2d_relu_avg_pool_backward`] unfused: the convolution's output gradient
+/// into the op's workspace, then its gradients (the default, and a fusing backend's way for
+/// pools it does not fuse).
+pub(super) fn unpool_then_backward<B: BackendImpl, T: Precision>(
+    backend: &B,
+    op: Checked<Conv2dReluAvgPoolBackward<'_, B, T>>,
+) -> OpResult {
+    let op = op.into_inner();
+    let d_y = op.workspace;
+    let unpool = AvgPoolReluBackward {
+        pool: op.pool,
+        d_pooled: op.d_pooled,
+        y: op.y,
+        dx: &mut *d_y,
+    };
+    run(backend, unpool, B::avg_pool_relu_backward)?;
+    match op.input {
+        Some((w, dx)) => {
+            let backward = Conv2dBackward {
+                shape: op.conv,
+                x: op.x,
+                w,
+                dy: &*d_y,
+                dw: op.dw,
+                db: op.db,
+                dx,
+            };
+            run(backend, backward, B::conv2d_backward)
+        }
+        None => {
+            let filter = Conv2dBackwardFilter {
+                shape: op.conv,
+                x: op.x,
+                dy: &*d_y,
+                dw: op.dw,
+                db: Some(op.db),
+            };
+            run(backend, filter, B::conv2d_backward_filter)
+        }
     }
 }
 

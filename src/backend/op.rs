@@ -22,6 +22,10 @@ use crate::kernels::Scalar;
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
 
+/// A convolution's filter and the buffer its input gradient goes to, for the backward passes
+/// that compute one.
+pub type InputGradient<'a, B, T> = (&'a Buf<B, T>, &'a mut Buf<B, T>);
+
 /// An operation's arguments, with the checks they must pass before a backend runs them.
 pub trait Args {
     /// Checks the shape, and every buffer's length against it.
@@ -409,6 +413,8 @@ pub struct Conv2dReluAvgPoolBackward<'a, B: Memory, T: DeviceScalar> {
     pub d_pooled: &'a Buf<B, T>,
     pub dw: &'a mut Buf<B, f32>,
     pub db: &'a mut Buf<B, f32>,
+    /// The filter and where the input gradient goes, when it is wanted.
+    pub input: Option<InputGradient<'a, B, T>>,
     /// The size of `y`: where a backend that does not fuse holds the conv's output gradient.
     pub workspace: &'a mut Buf<B, T>,
 }
@@ -423,6 +429,14 @@ impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolBackward<'_, B, T> {
         )?;
         let (y, d_pooled) = (self.y.len(), self.d_pooled.len());
         check::pool("avg_pool_backward", self.pool, y, d_pooled, None)?;
+        if let Some((w, dx)) = &self.input {
+            let buffers = [
+                ("dy", y, Output),
+                ("w", w.len(), Filter),
+                ("dx", dx.len(), Input),
+            ];
+            check::conv("conv2d_backward_input", self.conv, buffers)?;
+        }
         check::same_len(
             "conv2d_relu_avg_pool_backward workspace",
             self.workspace.len(),

@@ -14,8 +14,8 @@ use super::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Conv2dBackward,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
     Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
-    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, SgdTensor,
-    ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
+    GradCheckMany, InputGradient, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd,
+    SgdMany, SgdTensor, ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
@@ -193,12 +193,13 @@ pub trait Backend: Memory + Sized {
         db: &mut Buf<Self, f32>,
         dx: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
-    /// The backward of [`Backend::conv2d_relu_avg_pool_forward`] for a first layer (no
-    /// input gradient): the filter and bias gradients from the gradient at the pool's
-    /// output, through the pool and the ReLU whose output `y` is. Backends that fuse it
-    /// compute the convolution's output gradient a few images at a time where it is used;
-    /// the others hold it in `workspace` (the size of `y`, its contents undefined after), so
-    /// a training step allocates nothing: the caller keeps it from step to step.
+    /// The backward of [`Backend::conv2d_relu_avg_pool_forward`]: the filter and bias
+    /// gradients from the gradient at the pool's output, through the pool and the ReLU whose
+    /// output `y` is, and with `input` = `Some((w, dx))` the input gradient too (`None` for a
+    /// first layer, whose input needs none). Backends that fuse it compute the
+    /// convolution's output gradient where it is used; the others hold it in `workspace`
+    /// (the size of `y`, its contents undefined after), so a training step allocates
+    /// nothing: the caller keeps it from step to step.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
@@ -209,6 +210,7 @@ pub trait Backend: Memory + Sized {
         d_pooled: &Buf<Self, T>,
         dw: &mut Buf<Self, f32>,
         db: &mut Buf<Self, f32>,
+        input: Option<InputGradient<'_, Self, T>>,
         workspace: &mut Buf<Self, T>,
     ) -> Result<(), BackendError>;
 
@@ -609,6 +611,7 @@ impl<B: BackendImpl> Backend for B {
         d_pooled: &Buf<B, T>,
         dw: &mut Buf<B, f32>,
         db: &mut Buf<B, f32>,
+        input: Option<InputGradient<'_, B, T>>,
         workspace: &mut Buf<B, T>,
     ) -> Result<(), BackendError> {
         let op = Conv2dReluAvgPoolBackward {
@@ -619,6 +622,7 @@ impl<B: BackendImpl> Backend for B {
             d_pooled,
             dw,
             db,
+            input,
             workspace,
         };
         run(self, op, BackendImpl::conv2d_relu_avg_pool_backward)

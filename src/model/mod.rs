@@ -171,9 +171,10 @@ struct Activations<B: Backend, T: Precision> {
     d_h_lin: B::Buffer<T>,
     d_h: B::Buffer<T>,
     d_p2: B::Buffer<T>,
+    /// conv2's output gradient, where a backend that does not fuse its backward holds it.
     d_c2: B::Buffer<T>,
     d_p1: B::Buffer<T>,
-    /// conv1's output gradient, where a backend that does not fuse its backward holds it.
+    /// conv1's output gradient, likewise.
     d_c1: B::Buffer<T>,
 }
 
@@ -569,8 +570,17 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             Epilogue::default(),
         )?;
         // pool2, conv2's ReLU, conv2.
-        dev.avg_pool_relu_backward(&pool2(n), &a.d_p2, &a.c2, &mut a.d_c2)?;
-        dev.conv2d_backward(&conv2(n), &a.p1, w2, &a.d_c2, g_w2, g_b2, &mut a.d_p1)?;
+        dev.conv2d_relu_avg_pool_backward(
+            &conv2(n),
+            &pool2(n),
+            &a.p1,
+            &a.c2,
+            &a.d_p2,
+            g_w2,
+            g_b2,
+            Some((w2, &mut a.d_p1)),
+            &mut a.d_c2,
+        )?;
         ready(weight(CONV2), g_w2);
         ready(bias(CONV2), g_b2);
         // pool1, conv1's ReLU, conv1 (no gradient for the images).
@@ -582,6 +592,7 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             &a.d_p1,
             g_w1,
             g_b1,
+            None,
             &mut a.d_c1,
         )?;
         ready(weight(CONV1), g_w1);

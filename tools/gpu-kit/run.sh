@@ -475,7 +475,7 @@ fi
 # The sum of one steady training step's kernel times (Nsight Compute, clocks as they run),
 # beside the step time the train step measured: how far the host or the gaps between
 # kernels keep the GPU from its own work. One rank, from the stream (--cuda-graph off: ncu
-# profiles kernels one launch at a time); a steady fp32 step is 24 launches (the first 34: the
+# profiles kernels one launch at a time); a steady fp32 step is 20 launches (the first 28: the
 # stand-in's call audit, docs/cuda-standin.md), and the skip passes the first 10 steps.
 if want profile; then
   cuda_tool_dirs
@@ -486,8 +486,8 @@ if want profile; then
     record SKIP "ncu: one step's kernel times" "no GPU found"
   else
     run_step profile-step "ncu: the kernels of one steady step (fp32, batch 256, 1 GPU)" "$(limit 600)" \
-      "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum --launch-skip 250 \
-      --launch-count 24 "$cli" train --backend cuda --devices 1 --cuda-graph off --epochs 1 \
+      "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum --launch-skip 208 \
+      --launch-count 20 "$cli" train --backend cuda --devices 1 --cuda-graph off --epochs 1 \
       --max-steps 12 --batch 256 --data "$data"
     sum=$("$PYTHON" - "$CUR_LOG" <<'PY'
 import csv, sys

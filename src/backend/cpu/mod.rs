@@ -378,7 +378,17 @@ impl BackendImpl for CpuDevice {
             d_pooled: &op.d_pooled.0,
             y: &op.y.0,
         };
-        conv::backward_filter(op.conv, &op.x.0, dy, &mut op.dw.0, Some(&mut op.db.0), None);
+        let input = op
+            .input
+            .map(|(w, dx)| (w.0.as_slice(), dx.0.as_mut_slice()));
+        conv::backward_filter(
+            op.conv,
+            &op.x.0,
+            dy,
+            &mut op.dw.0,
+            Some(&mut op.db.0),
+            input,
+        );
         Ok(())
     }
 

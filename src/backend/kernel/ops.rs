@@ -7,17 +7,17 @@
 //! the kernel's index ranges are exactly that shape.
 
 use super::{KernelArg, KernelDevice, LaunchConfig, SCRATCH_COUNTERS, SCRATCH_FLOATS};
-use crate::backend::backend_impl::{conv_relu_then_pool, OpResult};
+use crate::backend::backend_impl::{conv_relu_then_pool, unpool_then_backward, OpResult};
 use crate::backend::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck, GradCheckMany, MaxPoolBackward,
-    MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, ShardStats, SoftmaxCrossEntropy, StepBegin,
-    StepEnd,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
+    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, ShardStats,
+    SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use crate::backend::{
-    gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Pool2dShape, Precision,
-    PrecisionOp,
+    gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Memory, Pool2dShape,
+    Precision, PrecisionOp,
 };
 use crate::kernels::{elementwise as ew, optim as optim_kernels, step, KernelSignature, Scalar};
 
@@ -71,12 +71,19 @@ fn conv_dims(s: &Conv2dShape) -> [KernelArg; 11] {
     ]
 }
 
+/// A convolution's input, filter and bias.
+type ConvOperands<'a, D, T> = (
+    &'a <D as Memory>::Buffer<T>,
+    &'a <D as Memory>::Buffer<T>,
+    Option<&'a <D as Memory>::Buffer<f32>>,
+);
+
 /// Launches `kernels/conv.cu`'s forward: `y` and, with `pooled`, its 2x2 average pool (the
 /// columns in pooled order, four per window and a multiple of four per image).
 fn launch_conv_forward<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
-    (x, w, bias): (&D::Buffer<T>, &D::Buffer<T>, Option<&D::Buffer<f32>>),
+    (x, w, bias): ConvOperands<'_, D, T>,
     y: &mut D::Buffer<T>,
     pooled: Option<&mut D::Buffer<T>>,
     relu: bool,
@@ -104,6 +111,67 @@ fn launch_conv_forward<D: KernelDevice, T: Precision>(
     let cfg = tile.launch(s.batch * columns, s.out_c, 1);
     // SAFETY: the arguments were checked as the operation's (module docs); `pooled` has the
     // size of a 2x2, stride-2 pool of `y`.
+    unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
+}
+
+/// Launches `kernels/conv.cu`'s input gradient from `dy`, or with `(d_pooled, Some(y))` from
+/// the gradient at a 2x2, stride-2 average pool of the ReLU output `y`.
+fn launch_conv_backward_input<D: KernelDevice, T: Precision>(
+    device: &D,
+    s: &Conv2dShape,
+    (dy, y): (&D::Buffer<T>, Option<&D::Buffer<T>>),
+    w: &D::Buffer<T>,
+    dx: &mut D::Buffer<T>,
+) -> OpResult {
+    let (kernel, tile) = if s.in_c > 32 {
+        (PrecisionOp::Conv2dBackwardInput64x64, TILE_64X64)
+    } else {
+        (PrecisionOp::Conv2dBackwardInput32x128, TILE_32X128)
+    };
+    let mut args = vec![
+        KernelArg::buffer(dy),
+        KernelArg::optional(y),
+        KernelArg::buffer(w),
+        KernelArg::buffer_mut(dx),
+    ];
+    args.extend(conv_dims(s));
+    let cfg = tile.launch(s.batch * s.in_h * s.in_w, s.in_c, 1);
+    // SAFETY: the arguments were checked as the operation's (module docs); with `y`, `dy`
+    // has the size of a 2x2, stride-2 pool of it.
+    unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
+}
+
+/// Launches `kernels/conv.cu`'s filter gradient (and bias gradient with `db`) from `dy`, or
+/// with `(d_pooled, Some(y))` through a 2x2, stride-2 average pool and the ReLU before it:
+/// the batch split into [`filter_splits`] slices whose partial sums the scratch area holds.
+fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
+    device: &D,
+    s: &Conv2dShape,
+    x: &D::Buffer<T>,
+    (dy, y): (&D::Buffer<T>, Option<&D::Buffer<T>>),
+    dw: &mut D::Buffer<f32>,
+    db: Option<&mut D::Buffer<f32>>,
+) -> OpResult {
+    let depth = s.in_c * s.k_h * s.k_w;
+    let (kernel, tile) = if s.out_c <= 32 && depth <= 16 {
+        (PrecisionOp::Conv2dBackwardFilter32x16, TILE_32X16)
+    } else {
+        (PrecisionOp::Conv2dBackwardFilter64x64, TILE_64X64)
+    };
+    let splits = filter_splits(s, tile);
+    let mut args = vec![
+        KernelArg::buffer(x),
+        KernelArg::buffer(dy),
+        KernelArg::optional(y),
+        KernelArg::buffer_mut(dw),
+        KernelArg::optional_mut(db),
+    ];
+    args.extend(device.scratch()?);
+    args.extend(conv_dims(s));
+    args.push(i32_arg(splits));
+    let cfg = tile.launch(depth, s.out_c, splits);
+    // SAFETY: the arguments were checked as the operation's (module docs); the scratch area
+    // holds `splits` partial gradients (filter_splits) and a counter per tile.
     unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
 }
 
@@ -368,51 +436,36 @@ impl<D: KernelDevice> BackendImpl for D {
         op: Checked<Conv2dBackwardInput<'_, D, T>>,
     ) -> OpResult {
         let op = op.into_inner();
-        let s = op.shape;
-        let (kernel, tile) = if s.in_c > 32 {
-            (PrecisionOp::Conv2dBackwardInput64x64, TILE_64X64)
-        } else {
-            (PrecisionOp::Conv2dBackwardInput32x128, TILE_32X128)
-        };
-        let mut args = vec![
-            KernelArg::buffer(op.dy),
-            KernelArg::buffer(op.w),
-            KernelArg::buffer_mut(op.dx),
-        ];
-        args.extend(conv_dims(s));
-        let cfg = tile.launch(s.batch * s.in_h * s.in_w, s.in_c, 1);
-        // SAFETY: see the module docs.
-        unsafe { self.launch(kernel.kernel(T::DTYPE), cfg, &args) }
+        launch_conv_backward_input(self, op.shape, (op.dy, None), op.w, op.dx)
     }
 
-    /// One launch for the filter gradient and, when asked, the bias gradient: the batch split
-    /// into [`filter_splits`] slices whose partial sums the scratch area holds.
+    /// One launch for the filter gradient and, when asked, the bias gradient.
     fn conv2d_backward_filter<T: Precision>(
         &self,
         op: Checked<Conv2dBackwardFilter<'_, D, T>>,
     ) -> OpResult {
         let op = op.into_inner();
-        let s = op.shape;
-        let depth = s.in_c * s.k_h * s.k_w;
-        let (kernel, tile) = if s.out_c <= 32 && depth <= 16 {
-            (PrecisionOp::Conv2dBackwardFilter32x16, TILE_32X16)
-        } else {
-            (PrecisionOp::Conv2dBackwardFilter64x64, TILE_64X64)
-        };
-        let splits = filter_splits(s, tile);
-        let mut args = vec![
-            KernelArg::buffer(op.x),
-            KernelArg::buffer(op.dy),
-            KernelArg::buffer_mut(op.dw),
-            KernelArg::optional_mut(op.db),
-        ];
-        args.extend(self.scratch()?);
-        args.extend(conv_dims(s));
-        args.push(i32_arg(splits));
-        let cfg = tile.launch(depth, s.out_c, splits);
-        // SAFETY: see the module docs; the scratch area holds `splits` partial gradients
-        // (filter_splits) and a counter per tile.
-        unsafe { self.launch(kernel.kernel(T::DTYPE), cfg, &args) }
+        launch_conv_backward_filter(self, op.shape, op.x, (op.dy, None), op.dw, op.db)
+    }
+
+    /// Where the pool is 2x2 with stride 2, the gradient kernels read the pool's output
+    /// gradient and the ReLU's output themselves (no workspace): one launch for the filter
+    /// and bias gradients, one for the input gradient. Other pools: the trait's default.
+    fn conv2d_relu_avg_pool_backward<T: Precision>(
+        &self,
+        op: Checked<Conv2dReluAvgPoolBackward<'_, D, T>>,
+    ) -> OpResult {
+        let p = op.pool;
+        if !(p.k_h == 2 && p.k_w == 2 && p.stride == 2) {
+            return unpool_then_backward(self, op);
+        }
+        let op = op.into_inner();
+        let through = (op.d_pooled, Some(op.y));
+        launch_conv_backward_filter(self, op.conv, op.x, through, op.dw, Some(op.db))?;
+        match op.input {
+            Some((w, dx)) => launch_conv_backward_input(self, op.conv, through, w, dx),
+            None => Ok(()),
+        }
     }
 
     fn conv2d_backward_bias<T: Precision>(
