@@ -53,6 +53,7 @@
 // conv2d_backward_bias: db[o] = Σ dy[:, o] (the linear layers' bias gradients too); one
 // block per output channel, a compensated running sum per thread, then a tree (fixed order).
 #include "simt.cuh"
+#include "split_sum.cuh"
 
 #define CONV_BK 16          // reduction steps staged per pass
 #define CONV_THREADS 256    // conv2d_backward_bias's block
@@ -261,31 +262,30 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
 // ---------------------------------------------------------------- input gradient
 // Grid (ceil(batch·H·W / BN), ceil(C / BM)). The reduction runs over (o, i, j): A =
 // w[o][c][i][j] as [c][(o,i,j)], B = dy at the output pixel (p, q) with p·s = h + pad - i,
-// q·s = w + pad - j (zero where that is no pixel): entry = (o·P·Q, i, j, o·C·KH·KW + i·KW + j,
-// o·(P/2)·(Q/2)). With `y_or_null`, `dy` is the gradient at a 2x2, stride-2 average pool of
-// the ReLU output y, and B is the convolution's output gradient through both (through_pool).
+// q·s = w + pad - j (zero where that is no pixel): entry = (o·P·Q, i, j, o·C·KH·KW + i·KW + j).
+// (Each dy element is read by KH·KW columns: where a pool follows, the filter gradient's pass
+// writes the output gradient it computes through the pool once, for this one to read.)
 template <class T, class Cfg>
-__device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, const T* __restrict__ y,
-                                                    const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c,
-                                                    int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
-                                                    int pad, int out_h, int out_w) {
+__device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, const T* __restrict__ w,
+                                                    T* __restrict__ dx, int batch, int in_c, int in_h, int in_w,
+                                                    int out_c, int k_h, int k_w, int stride, int pad, int out_h,
+                                                    int out_w) {
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN;
     const int plane = in_h * in_w, cols = batch * plane, window = k_h * k_w, depth = out_c * window;
-    const int out_plane = out_h * out_w, ph = out_h / 2, pw = out_w / 2;
+    const int out_plane = out_h * out_w;
     const int col = n0 + (int)threadIdx.x % Cfg::BN;
     const bool col_ok = col < cols;
-    int dy_img = 0, pooled_img = 0, hp = -OFF_PLANE, wp = 0;  // (h + pad, w + pad); off every plane when no column
+    int dy_img = 0, hp = -OFF_PLANE, wp = 0;  // (h + pad, w + pad); off every plane when no column
     if (col_ok) {
         const int img = col / plane, hw = col - img * plane, h = hw / in_w;
         hp = h + pad;
         wp = hw - h * in_w + pad;
         dy_img = img * out_c * out_plane;
-        pooled_img = img * out_c * ph * pw;
     }
     auto entry = [&](int k) {
         if (k >= depth) return no_tap();
         const int o = k / window, ij = k - o * window, i = ij / k_w;
-        return tap(o * out_plane, i, ij - i * k_w, o * in_c * window + ij, o * ph * pw);
+        return tap(o * out_plane, i, ij - i * k_w, o * in_c * window + ij, 0);
     };
     auto load_a = [&](int c, int, Tap e) {
         return (e.a >= 0 && c < in_c) ? (float)w[e.a + c * window] : 0.0f;
@@ -297,11 +297,8 @@ __device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, co
             p /= stride;
             q /= stride;
         }
-        if (!((unsigned)p < (unsigned)out_h && (unsigned)q < (unsigned)out_w)) return 0.0f;
-        const int at = dy_img + e.b + p * out_w + q;
-        if (!y) return (float)dy[at];
-        const bool read = p < 2 * ph && q < 2 * pw;
-        return through_pool(dy, y, at, read ? pooled_img + e.pooled + (p >> 1) * pw + (q >> 1) : -1);
+        return ((unsigned)p < (unsigned)out_h && (unsigned)q < (unsigned)out_w) ? (float)dy[dy_img + e.b + p * out_w + q]
+                                                                                : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
     gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
@@ -324,13 +321,15 @@ __device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, co
 // q·s - pad, n·O·P·Q + p·Q + q, the pixel's window in the pooled gradient or -1); each
 // thread's B column is one filter tap (c, i, j). With `y_or_null`, `dy` is the gradient at a
 // 2x2, stride-2 average pool of the ReLU output y, and A is the convolution's output
-// gradient through both (through_pool).
+// gradient through both (through_pool), which `dy_out_or_null` receives (from the blocks of
+// the first column of tiles: each element once) for an input-gradient pass to read.
 // `scratch`: S·(O·K + O) floats of partials; `counters`: one int per tile, zero between
 // launches (the last block of each tile resets its own). Neither is used when S = 1.
 // `db_or_null`: no bias gradient when null.
 template <class T, class Cfg>
 __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, const T* __restrict__ dy,
-                                                     const T* __restrict__ y, float* __restrict__ dw,
+                                                     const T* __restrict__ y, T* __restrict__ dy_out,
+                                                     float* __restrict__ dw,
                                                      float* __restrict__ db_or_null, float* __restrict__ scratch,
                                                      int* __restrict__ counters, int batch, int in_c, int in_h,
                                                      int in_w, int out_c, int k_h, int k_w, int stride, int pad,
@@ -366,6 +365,7 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
         if (e.a >= 0 && o < out_c) {
             const int at = e.a + o * pixels;
             v = y ? through_pool(dy, y, at, e.pooled >= 0 ? e.pooled + o * ph * pw : -1) : (float)dy[at];
+            if (dy_out && blockIdx.x == 0) dy_out[at] = (T)v;
         }
         if (with_bias) {  // Kahan, one term at a time: these lanes' share of db
             const float yv = v - bias_carry[r];
@@ -424,30 +424,13 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const volatile float* partials = scratch;  // other blocks' writes: past the L1
     for (int e = tid; e < Cfg::BM * Cfg::BN; e += Cfg::THREADS) {
         const int o = m0 + e / Cfg::BN, k = n0 + e % Cfg::BN;
-        if (o >= out_c || k >= depth) continue;
-        float sum = 0.0f, c = 0.0f;
-        for (int t = 0; t < splits; ++t) {
-            const float yv = partials[(long long)t * total + o * depth + k] - c;
-            const float u = sum + yv;
-            c = (u - sum) - yv;
-            sum = u;
-        }
-        dw[o * depth + k] = sum - c;
+        if (o < out_c && k < depth) dw[o * depth + k] = split_sum(scratch, o * depth + k, total, splits);
     }
     if (db_or_null && blockIdx.x == 0)
-        for (int o = m0 + tid; o < min(out_c, m0 + Cfg::BM); o += Cfg::THREADS) {
-            float sum = 0.0f, c = 0.0f;
-            for (int t = 0; t < splits; ++t) {
-                const float yv = partials[(long long)t * total + out_c * depth + o] - c;
-                const float u = sum + yv;
-                c = (u - sum) - yv;
-                sum = u;
-            }
-            db_or_null[o] = sum - c;
-        }
+        for (int o = m0 + tid; o < min(out_c, m0 + Cfg::BM); o += Cfg::THREADS)
+            db_or_null[o] = split_sum(scratch, out_c * depth + o, total, splits);
 }
 
 // ---------------------------------------------------------------- bias gradient alone
@@ -501,17 +484,17 @@ using Tile32x16 = Tile<32, 16, 2, 2>;
 #define CONV_FORWARD_ARGS \
     (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, relu)
 #define CONV_INPUT_PARAMS                                                                                      \
-    (const T* __restrict__ dy, const T* __restrict__ y_or_null, const T* __restrict__ w, T* __restrict__ dx,  \
-     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,     \
-     int out_w)
-#define CONV_INPUT_ARGS (dy, y_or_null, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w)
+    (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,     \
+     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w)
+#define CONV_INPUT_ARGS (dy, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w)
 #define CONV_FILTER_PARAMS                                                                                     \
-    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null, float* __restrict__ dw, \
-     float* __restrict__ db_or_null, float* __restrict__ scratch, int* __restrict__ counters, int batch,         \
-     int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w,        \
-     int splits)
-#define CONV_FILTER_ARGS \
-    (x, dy, y_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, splits)
+    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null,                         \
+     T* __restrict__ dy_out_or_null, float* __restrict__ dw, float* __restrict__ db_or_null,                     \
+     float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h, int in_w,            \
+     int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int splits)
+#define CONV_FILTER_ARGS                                                                                       \
+    (x, dy, y_or_null, dy_out_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, \
+     k_w, stride, pad, out_h, out_w, splits)
 
 template <class T> __device__ __forceinline__ void conv2d_forward_64x64 CONV_FORWARD_PARAMS {
     conv_forward<T, Tile64x64> CONV_FORWARD_ARGS;
@@ -532,42 +515,40 @@ template <class T> __device__ __forceinline__ void conv2d_backward_filter_32x16 
     conv_backward_filter<T, Tile32x16> CONV_FILTER_ARGS;
 }
 
-NANODDP_ENTRY_EACH_TYPE(conv2d_forward_64x64, (256, 2),
+NANODDP_ENTRY_EACH_TYPE(conv2d_forward_64x64, (256, 3),
     (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y,
      T* __restrict__ pooled_or_null, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w,
      int stride, int pad, int out_h, int out_w, int relu),
     (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w,
      relu))
-NANODDP_ENTRY_EACH_TYPE(conv2d_forward_32x128, (256, 2),
+NANODDP_ENTRY_EACH_TYPE(conv2d_forward_32x128, (256, 3),
     (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y,
      T* __restrict__ pooled_or_null, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w,
      int stride, int pad, int out_h, int out_w, int relu),
     (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w,
      relu))
-NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_64x64, (256, 2),
-    (const T* __restrict__ dy, const T* __restrict__ y_or_null, const T* __restrict__ w, T* __restrict__ dx,
-     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,
-     int out_w),
-    (dy, y_or_null, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
-NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_32x128, (256, 2),
-    (const T* __restrict__ dy, const T* __restrict__ y_or_null, const T* __restrict__ w, T* __restrict__ dx,
-     int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h,
-     int out_w),
-    (dy, y_or_null, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
+NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_64x64, (256, 3),
+    (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,
+     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),
+    (dy, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
+NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_32x128, (256, 3),
+    (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,
+     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),
+    (dy, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter_64x64, (256, 2),
-    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null, float* __restrict__ dw,
-     float* __restrict__ db_or_null, float* __restrict__ scratch, int* __restrict__ counters, int batch,
-     int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w,
-     int splits),
-    (x, dy, y_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad,
-     out_h, out_w, splits))
+    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null,
+     T* __restrict__ dy_out_or_null, float* __restrict__ dw, float* __restrict__ db_or_null,
+     float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h, int in_w, int out_c,
+     int k_h, int k_w, int stride, int pad, int out_h, int out_w, int splits),
+    (x, dy, y_or_null, dy_out_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w,
+     stride, pad, out_h, out_w, splits))
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter_32x16, (128),
-    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null, float* __restrict__ dw,
-     float* __restrict__ db_or_null, float* __restrict__ scratch, int* __restrict__ counters, int batch,
-     int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w,
-     int splits),
-    (x, dy, y_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad,
-     out_h, out_w, splits))
+    (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null,
+     T* __restrict__ dy_out_or_null, float* __restrict__ dw, float* __restrict__ db_or_null,
+     float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h, int in_w, int out_c,
+     int k_h, int k_w, int stride, int pad, int out_h, int out_w, int splits),
+    (x, dy, y_or_null, dy_out_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w,
+     stride, pad, out_h, out_w, splits))
 
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_bias, (256),
     (const T* __restrict__ dy, float* __restrict__ db, int batch, int out_c, int pixels),

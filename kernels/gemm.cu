@@ -45,6 +45,7 @@
 //   (an int counter per tile in `counters`, reset by that block) adds the slots in order,
 //   compensated, and applies the epilogue: deterministic, whichever block finishes last.
 #include "simt.cuh"
+#include "split_sum.cuh"
 
 #define GEMM_BM 64
 #define GEMM_BN 64
@@ -81,24 +82,17 @@ __device__ __forceinline__ bool gemm_last_of_tile(int* __restrict__ counters) {
 }
 
 // Split K, in the tile's last block: each element's partials added in slot order
-// (compensated), then the epilogue.
+// (split_sum), then the epilogue.
 template <class TOut>
 __device__ __forceinline__ void gemm_add_partials(const float* __restrict__ scratch, TOut* __restrict__ c,
                                                   const float* __restrict__ bias, int m, int n, int ldc, float alpha,
                                                   float beta, int relu) {
-    const volatile float* partials = scratch;  // other blocks' writes: past the L1
     const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
     for (int e = threadIdx.x; e < GEMM_BM * GEMM_BN; e += blockDim.x) {
         const int gm = m0 + e / GEMM_BN, gn = n0 + e % GEMM_BN;
         if (gm >= m || gn >= n) continue;
-        float sum = 0.0f, carry = 0.0f;
-        for (int z = 0; z < (int)gridDim.z; ++z) {
-            const float y = partials[((long long)z * m + gm) * n + gn] - carry;
-            const float t = sum + y;
-            carry = (t - sum) - y;
-            sum = t;
-        }
-        gemm_epilogue(c, bias, gm, gn, ldc, sum - carry, alpha, beta, relu);
+        const float sum = split_sum(scratch, (long long)gm * n + gn, (long long)m * n, gridDim.z);
+        gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
     }
 }
 

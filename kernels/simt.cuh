@@ -329,6 +329,10 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 template <class T>
 inline T __ldg(const T* p) { return *p; }
+// CUDA's load past the L1 (other blocks' writes, ordered by their fence and an atomic): the
+// emulator has no L1, and its atomics and fences order memory between the worker threads.
+template <class T>
+inline T __ldcg(const T* p) { return *p; }
 
 // ---- __half: IEEE binary16 storage, arithmetic in float rounded back to nearest even.
 // For + - * / this equals correctly rounded half arithmetic (float has > 2*11+2 bits).

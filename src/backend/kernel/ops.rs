@@ -114,12 +114,11 @@ fn launch_conv_forward<D: KernelDevice, T: Precision>(
     unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
 }
 
-/// Launches `kernels/conv.cu`'s input gradient from `dy`, or with `(d_pooled, Some(y))` from
-/// the gradient at a 2x2, stride-2 average pool of the ReLU output `y`.
+/// Launches `kernels/conv.cu`'s input gradient.
 fn launch_conv_backward_input<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
-    (dy, y): (&D::Buffer<T>, Option<&D::Buffer<T>>),
+    dy: &D::Buffer<T>,
     w: &D::Buffer<T>,
     dx: &mut D::Buffer<T>,
 ) -> OpResult {
@@ -130,25 +129,35 @@ fn launch_conv_backward_input<D: KernelDevice, T: Precision>(
     };
     let mut args = vec![
         KernelArg::buffer(dy),
-        KernelArg::optional(y),
         KernelArg::buffer(w),
         KernelArg::buffer_mut(dx),
     ];
     args.extend(conv_dims(s));
     let cfg = tile.launch(s.batch * s.in_h * s.in_w, s.in_c, 1);
-    // SAFETY: the arguments were checked as the operation's (module docs); with `y`, `dy`
-    // has the size of a 2x2, stride-2 pool of it.
+    // SAFETY: the arguments were checked as the operation's (module docs).
     unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
 }
 
-/// Launches `kernels/conv.cu`'s filter gradient (and bias gradient with `db`) from `dy`, or
-/// with `(d_pooled, Some(y))` through a 2x2, stride-2 average pool and the ReLU before it:
-/// the batch split into [`filter_splits`] slices whose partial sums the scratch area holds.
+/// The output gradient a filter-gradient launch reads.
+enum FilterDy<'a, D: Memory, T: Precision> {
+    /// The convolution's own.
+    Tensor(&'a D::Buffer<T>),
+    /// The gradient at a 2x2, stride-2 average pool of the ReLU output `y`; with `out`, the
+    /// kernel also writes the convolution's output gradient it computes there.
+    Pooled {
+        d_pooled: &'a D::Buffer<T>,
+        y: &'a D::Buffer<T>,
+        out: Option<&'a mut D::Buffer<T>>,
+    },
+}
+
+/// Launches `kernels/conv.cu`'s filter gradient (and bias gradient with `db`): the batch
+/// split into [`filter_splits`] slices whose partial sums the scratch area holds.
 fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
     x: &D::Buffer<T>,
-    (dy, y): (&D::Buffer<T>, Option<&D::Buffer<T>>),
+    dy: FilterDy<'_, D, T>,
     dw: &mut D::Buffer<f32>,
     db: Option<&mut D::Buffer<f32>>,
 ) -> OpResult {
@@ -159,10 +168,15 @@ fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
         (PrecisionOp::Conv2dBackwardFilter64x64, TILE_64X64)
     };
     let splits = filter_splits(s, tile);
+    let (dy, y, out) = match dy {
+        FilterDy::Tensor(dy) => (dy, None, None),
+        FilterDy::Pooled { d_pooled, y, out } => (d_pooled, Some(y), out),
+    };
     let mut args = vec![
         KernelArg::buffer(x),
         KernelArg::buffer(dy),
         KernelArg::optional(y),
+        KernelArg::optional_mut(out),
         KernelArg::buffer_mut(dw),
         KernelArg::optional_mut(db),
     ];
@@ -170,8 +184,10 @@ fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
     args.extend(conv_dims(s));
     args.push(i32_arg(splits));
     let cfg = tile.launch(depth, s.out_c, splits);
-    // SAFETY: the arguments were checked as the operation's (module docs); the scratch area
-    // holds `splits` partial gradients (filter_splits) and a counter per tile.
+    // SAFETY: the arguments were checked as the operation's (module docs): with `y`, `dy`
+    // has the size of a 2x2, stride-2 pool of it and `out` (the op's workspace) its size;
+    // the scratch area holds `splits` partial gradients (filter_splits) and a counter per
+    // tile.
     unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
 }
 
@@ -436,7 +452,7 @@ impl<D: KernelDevice> BackendImpl for D {
         op: Checked<Conv2dBackwardInput<'_, D, T>>,
     ) -> OpResult {
         let op = op.into_inner();
-        launch_conv_backward_input(self, op.shape, (op.dy, None), op.w, op.dx)
+        launch_conv_backward_input(self, op.shape, op.dy, op.w, op.dx)
     }
 
     /// One launch for the filter gradient and, when asked, the bias gradient.
@@ -445,12 +461,15 @@ impl<D: KernelDevice> BackendImpl for D {
         op: Checked<Conv2dBackwardFilter<'_, D, T>>,
     ) -> OpResult {
         let op = op.into_inner();
-        launch_conv_backward_filter(self, op.shape, op.x, (op.dy, None), op.dw, op.db)
+        let dy = FilterDy::Tensor(op.dy);
+        launch_conv_backward_filter(self, op.shape, op.x, dy, op.dw, op.db)
     }
 
-    /// Where the pool is 2x2 with stride 2, the gradient kernels read the pool's output
-    /// gradient and the ReLU's output themselves (no workspace): one launch for the filter
-    /// and bias gradients, one for the input gradient. Other pools: the trait's default.
+    /// Where the pool is 2x2 with stride 2, the filter gradient's kernel reads the pool's
+    /// output gradient and the ReLU's output itself, and, when the input gradient is wanted,
+    /// writes the convolution's output gradient it computed into `workspace` for the input
+    /// gradient's kernel (which reads each element KH·KW times): one launch, or two. Other
+    /// pools: the trait's default.
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, D, T>>,
@@ -460,11 +479,25 @@ impl<D: KernelDevice> BackendImpl for D {
             return unpool_then_backward(self, op);
         }
         let op = op.into_inner();
-        let through = (op.d_pooled, Some(op.y));
-        launch_conv_backward_filter(self, op.conv, op.x, through, op.dw, Some(op.db))?;
+        let (d_pooled, y) = (op.d_pooled, op.y);
         match op.input {
-            Some((w, dx)) => launch_conv_backward_input(self, op.conv, through, w, dx),
-            None => Ok(()),
+            Some((w, dx)) => {
+                let dy = FilterDy::Pooled {
+                    d_pooled,
+                    y,
+                    out: Some(&mut *op.workspace),
+                };
+                launch_conv_backward_filter(self, op.conv, op.x, dy, op.dw, Some(op.db))?;
+                launch_conv_backward_input(self, op.conv, op.workspace, w, dx)
+            }
+            None => {
+                let dy = FilterDy::Pooled {
+                    d_pooled,
+                    y,
+                    out: None,
+                };
+                launch_conv_backward_filter(self, op.conv, op.x, dy, op.dw, Some(op.db))
+            }
         }
     }
 
