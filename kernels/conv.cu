@@ -33,9 +33,11 @@
 // compulsory bytes 7.7 MB, 134 FLOP/B: compute-bound on an H100 (ridge ~20 FLOP/B). The
 // tiles pad M (50 of 64 rows, 20 of 32) and the input gradient's reduction includes the
 // taps that fall off the output plane (zeros: 52% of them at 13x13 from 9x9), so the
-// kernels execute 1.33, 2.6 and 1.33 GFLOP for forward, input and filter gradient. At
-// 16.7 TFLOP/s (25% of the fp32 FMA rate) each would take 60-160 µs; measured figures are
-// in docs/kernels.md.
+// kernels execute 1.41, 3.5 and 1.38 GFLOP for forward, input and filter gradient.
+// Measured on an H100 (ncu, fp32, one training step; docs/kernels.md): forward with its
+// pool 107 µs (9.7 TFLOP/s useful, 14% of the fp32 FMA rate), input gradient 258 µs (4.0,
+// 6%), filter and bias gradients through the pool 192 µs (5.4, 8%); conv1's forward 29 µs,
+// its filter and bias gradients 175 µs (latency-bound: 20 x 9 outputs).
 //
 // Summation: the forward and input-gradient dot products (500 and 1,250 terms for LeNet's
 // conv2) are blocked: each 16-step slice sums into fresh registers, added to the total once.
@@ -45,9 +47,9 @@
 //
 // The filter gradient's split: S slices of the batch (S a function of the shape only:
 // enough blocks for a GPU, never the GPU's own size, so results are the same bits on every
-// GPU). Each block writes its slice's partial tile into `scratch`; the last block of a tile
-// to finish (an integer counter per tile, reset by that block) adds the S partials in slice
-// order, compensated, and writes dw and db. Deterministic: the order never depends on
+// GPU). Each block writes its slice's partial tile into `scratch`; the partials are then
+// added in slice order, compensated, in two levels of about √S each by the last blocks to
+// finish (split_sum.cuh), which write dw and db. Deterministic: the order never depends on
 // which block finishes last. With S = 1 the blocks write dw and db directly.
 //
 // conv2d_backward_bias: db[o] = Σ dy[:, o] (the linear layers' bias gradients too); one
@@ -323,8 +325,8 @@ __device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, co
 // 2x2, stride-2 average pool of the ReLU output y, and A is the convolution's output
 // gradient through both (through_pool), which `dy_out_or_null` receives (from the blocks of
 // the first column of tiles: each element once) for an input-gradient pass to read.
-// `scratch`: S·(O·K + O) floats of partials; `counters`: one int per tile, zero between
-// launches (the last block of each tile resets its own). Neither is used when S = 1.
+// `scratch`: (S + ⌈S / ⌈√S⌉⌉)·(O·K + O) floats of partials, `counters` ⌈S / ⌈√S⌉⌉ + 1 ints
+// per tile, zero between launches (split_sum.cuh). Neither is used when S = 1.
 // `db_or_null`: no bias gradient when null.
 template <class T, class Cfg>
 __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, const T* __restrict__ dy,
@@ -334,7 +336,6 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
                                                      int* __restrict__ counters, int batch, int in_c, int in_h,
                                                      int in_w, int out_c, int k_h, int k_w, int stride, int pad,
                                                      int out_h, int out_w, int splits) {
-    __shared__ int last;
     const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN, s = blockIdx.z;
     const int pixels = out_h * out_w, window = k_h * k_w, depth = in_c * window;
@@ -412,25 +413,22 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
             else db_or_null[o] = bias_part[r];
         }
     if (!slot) return;
-    // The last block of this tile to finish adds the S partials, in slice order.
-    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const int done = atomicAdd(&counters[tile], 1);
-        last = done == splits - 1;
-        if (last) counters[tile] = 0;  // ready for the next launch
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int e = tid; e < Cfg::BM * Cfg::BN; e += Cfg::THREADS) {
-        const int o = m0 + e / Cfg::BN, k = n0 + e % Cfg::BN;
-        if (o < out_c && k < depth) dw[o * depth + k] = split_sum(scratch, o * depth + k, total, splits);
-    }
-    if (db_or_null && blockIdx.x == 0)
-        for (int o = m0 + tid; o < min(out_c, m0 + Cfg::BM); o += Cfg::THREADS)
-            db_or_null[o] = split_sum(scratch, out_c * depth + o, total, splits);
+    // The tile's partials added in slice order, in two levels (split_sum.cuh).
+    split_reduce(counters, blockIdx.y * gridDim.x + blockIdx.x, s, splits, [&](int first, int n, int into) {
+        for (int e = tid; e < Cfg::BM * Cfg::BN; e += Cfg::THREADS) {
+            const int o = m0 + e / Cfg::BN, k = n0 + e % Cfg::BN;
+            if (o >= out_c || k >= depth) continue;
+            const float v = split_sum(scratch, o * depth + k, total, first, n);
+            if (into >= 0) scratch[(long long)into * total + o * depth + k] = v;
+            else dw[o * depth + k] = v;
+        }
+        if (db_or_null && blockIdx.x == 0)
+            for (int o = m0 + tid; o < min(out_c, m0 + Cfg::BM); o += Cfg::THREADS) {
+                const float v = split_sum(scratch, out_c * depth + o, total, first, n);
+                if (into >= 0) scratch[(long long)into * total + out_c * depth + o] = v;
+                else db_or_null[o] = v;
+            }
+    });
 }
 
 // ---------------------------------------------------------------- bias gradient alone

@@ -41,9 +41,10 @@
 //   132 SMs) is cut along K into gridDim.z ranges of k_per_split (a multiple of 16, chosen
 //   from the shape alone, so the bits are the same on every GPU). With one range a block
 //   applies the epilogue itself. Otherwise each block writes its partial tile (f32) into
-//   slot z of `scratch` (z·M·N + row·N + column), and the last block of the tile to finish
-//   (an int counter per tile in `counters`, reset by that block) adds the slots in order,
-//   compensated, and applies the epilogue: deterministic, whichever block finishes last.
+//   slot z of `scratch` (z·M·N + row·N + column); the slots are added in order, compensated,
+//   in two levels by the last blocks to finish (split_sum.cuh: int counters per group and
+//   tile in `counters`), and the last applies the epilogue: deterministic, whichever block
+//   finishes last.
 #include "simt.cuh"
 #include "split_sum.cuh"
 
@@ -63,37 +64,24 @@ __device__ __forceinline__ void gemm_epilogue(TOut* __restrict__ c, const float*
     *out = (TOut)v;
 }
 
-// Split K, after every thread wrote its partials: whether this block is the last of its tile
-// to finish (then its counter is reset for the next launch).
-__device__ __forceinline__ bool gemm_last_of_tile(int* __restrict__ counters) {
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        const int done = atomicAdd(&counters[tile], 1);
-        last = done == (int)gridDim.z - 1;
-        if (last) counters[tile] = 0;
-    }
-    __syncthreads();
-    const bool is_last = last;
-    __threadfence();
-    return is_last;
-}
-
-// Split K, in the tile's last block: each element's partials added in slot order
-// (split_sum), then the epilogue.
+// Split K, after every thread wrote its partial tile: the partials added in range order in
+// two levels (split_sum.cuh), then the epilogue.
 template <class TOut>
-__device__ __forceinline__ void gemm_add_partials(const float* __restrict__ scratch, TOut* __restrict__ c,
-                                                  const float* __restrict__ bias, int m, int n, int ldc, float alpha,
-                                                  float beta, int relu) {
+__device__ __forceinline__ void gemm_add_partials(float* __restrict__ scratch, int* __restrict__ counters,
+                                                  TOut* __restrict__ c, const float* __restrict__ bias, int m, int n,
+                                                  int ldc, float alpha, float beta, int relu) {
     const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
-    for (int e = threadIdx.x; e < GEMM_BM * GEMM_BN; e += blockDim.x) {
-        const int gm = m0 + e / GEMM_BN, gn = n0 + e % GEMM_BN;
-        if (gm >= m || gn >= n) continue;
-        const float sum = split_sum(scratch, (long long)gm * n + gn, (long long)m * n, gridDim.z);
-        gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
-    }
+    const long long plane = (long long)m * n;
+    split_reduce(counters, blockIdx.y * gridDim.x + blockIdx.x, blockIdx.z, gridDim.z, [&](int first, int count,
+                                                                                          int into) {
+        for (int e = threadIdx.x; e < GEMM_BM * GEMM_BN; e += blockDim.x) {
+            const int gm = m0 + e / GEMM_BN, gn = n0 + e % GEMM_BN;
+            if (gm >= m || gn >= n) continue;
+            const float sum = split_sum(scratch, (long long)gm * n + gn, plane, first, count);
+            if (into >= 0) scratch[into * plane + (long long)gm * n + gn] = sum;
+            else gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
+        }
+    });
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -166,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(256)
             else gemm_epilogue(c, bias_or_null, gm, gn, ldc, sum, alpha, beta, relu);
         }
     }
-    if (split && gemm_last_of_tile(counters)) gemm_add_partials(scratch, c, bias_or_null, m, n, ldc, alpha, beta, relu);
+    if (split) gemm_add_partials(scratch, counters, c, bias_or_null, m, n, ldc, alpha, beta, relu);
 }
 
 #define WMMA_LDA 24  // 16 + 8 halves: a 48-byte row stride spreads shared-memory banks
@@ -237,7 +225,7 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
         if (split) scratch[((long long)blockIdx.z * m + gm) * n + gn] = sum;
         else gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
     }
-    if (split && gemm_last_of_tile(counters)) gemm_add_partials(scratch, c, bias, m, n, ldc, alpha, beta, relu);
+    if (split) gemm_add_partials(scratch, counters, c, bias, m, n, ldc, alpha, beta, relu);
 }
 
 // The entries: (input, output) types. bf16 wmma exists from sm_80 on; an older target (the

@@ -1,25 +1,36 @@
 // split_sum.cuh — the fixed-order sum of a split reduction's partial results: conv.cu's
-// filter gradient (split over slices of the batch) and gemm.cu's split K. The block that
-// finishes a tile last adds, for each of its elements, the partials the tile's blocks wrote:
-// slot t at partials[at + t·stride], t = 0..n-1, in slot order with a compensated (Kahan)
-// sum, so the result does not depend on which block finished last.
+// filter gradient (split over slices of the batch) and gemm.cu's split K.
 //
-// The loads go eight at a time, past the L1 (__ldcg: other blocks wrote them before their
-// fence), before any is added: eight in flight where a load per addition would each wait a
-// full L2 round trip (the last block of a tile reads every partial of the tile alone).
+// A tile's S blocks each write a partial tile into slot s of the scratch area (level 1).
+// Then, in two levels so that no block reads more than about √S partials per element: the
+// slots form groups of G = ⌈√S⌉ consecutive ones; the last block of a group to finish (an
+// int counter per group and tile) adds the group's slots, in order, into a level-2 slot
+// after the S level-1 ones; the last group of the tile to finish (a counter per tile) adds
+// the level-2 slots in order and writes the results. Every addition is compensated (Kahan)
+// and in slot order, so the result never depends on which block finished when. (One level,
+// the last block of conv1's filter gradient read 256 partials per element alone.)
+//
+// A split of S slots takes S + groups slots of the scratch area (groups = ⌈S / G⌉) and
+// groups + 1 counters per tile: counters[tile·(groups + 1) + g] for group g and
+// counters[tile·(groups + 1) + groups] for the tile, each reset by the block that read its
+// final count, so they are zero between launches. The host sizes splits by the same
+// arithmetic (split_fits in src/backend/kernel/ops.rs).
 #pragma once
 #include "simt.cuh"
 
 #define SPLIT_SUM_BATCH 8
 
+// Σ partials[at + t·stride] for t in [first, first + n), in order, compensated. The loads go
+// eight at a time, past the L1 (__ldcg: other blocks wrote them before their fence), before
+// any is added: eight in flight where a load per addition would each wait an L2 round trip.
 __device__ __forceinline__ float split_sum(const float* __restrict__ partials, long long at, long long stride,
-                                           int n) {
+                                           int first, int n) {
     float sum = 0.0f, carry = 0.0f;
     for (int t0 = 0; t0 < n; t0 += SPLIT_SUM_BATCH) {
         float v[SPLIT_SUM_BATCH];
         SIMT_UNROLL
         for (int u = 0; u < SPLIT_SUM_BATCH; ++u)
-            v[u] = t0 + u < n ? __ldcg(partials + at + (long long)(t0 + u) * stride) : 0.0f;
+            v[u] = t0 + u < n ? __ldcg(partials + at + (long long)(first + t0 + u) * stride) : 0.0f;
         SIMT_UNROLL
         for (int u = 0; u < SPLIT_SUM_BATCH; ++u) {
             if (t0 + u >= n) break;
@@ -30,4 +41,47 @@ __device__ __forceinline__ float split_sum(const float* __restrict__ partials, l
         }
     }
     return sum - carry;
+}
+
+// G = ⌈√S⌉: slots per group.
+__device__ __forceinline__ int split_group(int splits) {
+    int g = 1;
+    while (g * g < splits) ++g;
+    return g;
+}
+
+// Whether this block is the last of `expected` to arrive at `counter` (then it resets it).
+// Every thread of the block calls it, after the block's writes it must publish.
+__device__ __forceinline__ bool split_arrive_last(int* __restrict__ counter, int expected) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int done = atomicAdd(counter, 1);
+        last = done == expected - 1;
+        if (last) *counter = 0;  // ready for the next launch
+    }
+    __syncthreads();
+    const bool is_last = last;
+    __threadfence();
+    return is_last;
+}
+
+// After this block wrote slot `s` of `splits` for tile `tile`: the two levels above.
+// `reduce(first, n, into)`, the kernel's loop over its tile's elements, adds slots
+// [first, first + n) of each (split_sum) and stores the sum into slot `into` (level 2), or,
+// with into < 0, as the element's result.
+template <class Reduce>
+__device__ __forceinline__ void split_reduce(int* __restrict__ counters, int tile, int s, int splits, Reduce reduce) {
+    const int group = split_group(splits), groups = (splits + group - 1) / group;
+    int* tile_counters = counters + tile * (groups + 1);
+    const int g = s / group, first = g * group, n = min(group, splits - first);
+    if (!split_arrive_last(tile_counters + g, n)) return;
+    if (groups == 1) {
+        reduce(0, splits, -1);
+        return;
+    }
+    reduce(first, n, splits + g);
+    if (!split_arrive_last(tile_counters + groups, groups)) return;
+    reduce(splits, groups, -1);
 }

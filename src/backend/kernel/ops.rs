@@ -241,17 +241,37 @@ const GEMM_BLOCKS: usize = 128;
 
 /// The K range each block of a GEMM multiplies over: all of K (no split) for a product with
 /// enough tiles, else K cut into ranges of at least 32 (a multiple of the kernels' 16-step
-/// slices) for about [`GEMM_BLOCKS`] blocks, as many partial products as the scratch area
-/// holds.
+/// slices) for about [`GEMM_BLOCKS`] blocks, as many as the scratch area holds
+/// ([`split_fits`]).
 fn gemm_k_per_split(m: usize, n: usize, k: usize) -> usize {
     let tiles = m.div_ceil(64) * n.div_ceil(64);
     let whole = k.max(1);
-    if tiles >= GEMM_BLOCKS || tiles > SCRATCH_COUNTERS || k < 64 {
+    if tiles >= GEMM_BLOCKS || k < 64 {
         return whole;
     }
-    let fit = SCRATCH_FLOATS / (m * n).max(1);
-    let splits = GEMM_BLOCKS.div_ceil(tiles).min(k / 32).min(fit).max(1);
-    k.div_ceil(splits).next_multiple_of(16).min(whole)
+    let mut splits = GEMM_BLOCKS.div_ceil(tiles).min(k / 32);
+    while splits > 1 && !split_fits(splits, tiles, m * n) {
+        splits -= 1;
+    }
+    k.div_ceil(splits.max(1)).next_multiple_of(16).min(whole)
+}
+
+/// Slots per group of a split reduction's first level: ⌈√splits⌉ (`kernels/split_sum.cuh`,
+/// `split_group`).
+fn split_group(splits: usize) -> usize {
+    let mut g = 1;
+    while g * g < splits {
+        g += 1;
+    }
+    g
+}
+
+/// Whether a split reduction of `splits` partials of `partial` floats over `tiles` tiles fits
+/// the scratch area: `splits` level-1 and ⌈splits / group⌉ level-2 partials, and that many
+/// counters plus one per tile (`kernels/split_sum.cuh`).
+fn split_fits(splits: usize, tiles: usize, partial: usize) -> bool {
+    let groups = splits.div_ceil(split_group(splits));
+    (splits + groups) * partial <= SCRATCH_FLOATS && tiles * (groups + 1) <= SCRATCH_COUNTERS
 }
 
 /// Blocks a filter-gradient launch aims for: two per SM of a 132-SM H100, a constant (not
@@ -260,17 +280,17 @@ fn gemm_k_per_split(m: usize, n: usize, k: usize) -> usize {
 const FILTER_BLOCKS: usize = 256;
 
 /// Slices of the batch the filter gradient is split into: about [`FILTER_BLOCKS`] blocks,
-/// at most one per image, as many partial gradients as the scratch area holds, and 1 (no
-/// partials) when the tiles outnumber its counters.
+/// at most one per image, as many as the scratch area holds ([`split_fits`]; 1, no partials,
+/// when none does).
 fn filter_splits(s: &Conv2dShape, tile: ConvTile) -> usize {
     let depth = s.in_c * s.k_h * s.k_w;
     let tiles = tile.count(depth, s.out_c);
-    if tiles > SCRATCH_COUNTERS {
-        return 1;
-    }
     let partial = s.out_c * depth + s.out_c;
-    let fit = SCRATCH_FLOATS / partial;
-    (FILTER_BLOCKS / tiles).min(s.batch).min(fit).max(1)
+    let mut splits = (FILTER_BLOCKS / tiles).min(s.batch);
+    while splits > 1 && !split_fits(splits, tiles, partial) {
+        splits -= 1;
+    }
+    splits.max(1)
 }
 
 /// Launches pooling `op` on `T` storage: `buffers`, then the shape's dimensions, one thread
