@@ -36,8 +36,8 @@
 // kernels execute 1.41, 3.5 and 1.38 GFLOP for forward, input and filter gradient.
 // Measured on an H100 (ncu, fp32, one training step; docs/kernels.md): forward with its
 // pool 107 µs (9.7 TFLOP/s useful, 14% of the fp32 FMA rate), input gradient 258 µs (4.0,
-// 6%), filter and bias gradients through the pool 192 µs (5.4, 8%); conv1's forward 29 µs,
-// its filter and bias gradients 175 µs (latency-bound: 20 x 9 outputs).
+// 6%), filter and bias gradients through the pool 179 µs (5.8, 9%); conv1's forward 29 µs,
+// its filter and bias gradients 139 µs (latency-bound: 20 x 9 outputs).
 //
 // Summation: the forward and input-gradient dot products (500 and 1,250 terms for LeNet's
 // conv2) are blocked: each 16-step slice sums into fresh registers, added to the total once.

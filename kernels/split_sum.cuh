@@ -2,8 +2,8 @@
 // filter gradient (split over slices of the batch) and gemm.cu's split K.
 //
 // A tile's S blocks each write a partial tile into slot s of the scratch area (level 1).
-// Then, in two levels so that no block reads more than about √S partials per element: the
-// slots form groups of G = ⌈√S⌉ consecutive ones; the last block of a group to finish (an
+// Then, past 16 slots, in two levels so that no block reads more than about √S partials per
+// element: the slots form groups of G = ⌈√S⌉ consecutive ones; the last block of a group to finish (an
 // int counter per group and tile) adds the group's slots, in order, into a level-2 slot
 // after the S level-1 ones; the last group of the tile to finish (a counter per tile) adds
 // the level-2 slots in order and writes the results. Every addition is compensated (Kahan)
@@ -43,8 +43,12 @@ __device__ __forceinline__ float split_sum(const float* __restrict__ partials, l
     return sum - carry;
 }
 
-// G = ⌈√S⌉: slots per group.
+// Slots per group: all of them (one level) up to SPLIT_ONE_LEVEL, where the second level's
+// extra round trip costs more than it saves (an H100's split-K GEMMs, 2 to 13 ranges: 101 µs
+// in one level, 130 in two), else G = ⌈√S⌉.
+#define SPLIT_ONE_LEVEL 16
 __device__ __forceinline__ int split_group(int splits) {
+    if (splits <= SPLIT_ONE_LEVEL) return splits;
     int g = 1;
     while (g * g < splits) ++g;
     return g;

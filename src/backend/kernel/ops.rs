@@ -256,9 +256,12 @@ fn gemm_k_per_split(m: usize, n: usize, k: usize) -> usize {
     k.div_ceil(splits.max(1)).next_multiple_of(16).min(whole)
 }
 
-/// Slots per group of a split reduction's first level: ⌈√splits⌉ (`kernels/split_sum.cuh`,
-/// `split_group`).
+/// Slots per group of a split reduction's first level: all of them up to 16, else
+/// ⌈√splits⌉ (`kernels/split_sum.cuh`, `split_group`).
 fn split_group(splits: usize) -> usize {
+    if splits <= 16 {
+        return splits;
+    }
     let mut g = 1;
     while g * g < splits {
         g += 1;
