@@ -76,7 +76,7 @@ pub trait BackendImpl: Memory + Sized {
     fn step_end(&self, op: Checked<StepEnd<'_, Self>>) -> OpResult;
 
     /// Default: the convolution with its ReLU, then the pool reading `y` back
-    /// ([`conv_relu_then_pool`]).
+    /// (`conv_relu_then_pool`).
     fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolForward<'_, Self, T>>,
