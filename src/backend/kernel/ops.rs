@@ -71,6 +71,12 @@ fn conv_dims(s: &Conv2dShape) -> [KernelArg; 11] {
     ]
 }
 
+/// Whether `kernels/conv.cu` fuses `pool` after a convolution: a 2x2 average pool with
+/// stride 2 (LeNet's both), whose windows its forward epilogue and its gradients' loads know.
+fn fuses_pool(pool: &Pool2dShape) -> bool {
+    pool.k_h == 2 && pool.k_w == 2 && pool.stride == 2
+}
+
 /// A convolution's input, filter and bias.
 type ConvOperands<'a, D, T> = (
     &'a <D as Memory>::Buffer<T>,
@@ -461,8 +467,7 @@ impl<D: KernelDevice> BackendImpl for D {
         &self,
         op: Checked<Conv2dReluAvgPoolForward<'_, D, T>>,
     ) -> OpResult {
-        let p = op.pool;
-        if !(p.k_h == 2 && p.k_w == 2 && p.stride == 2) {
+        if !fuses_pool(op.pool) {
             return conv_relu_then_pool(self, op);
         }
         let op = op.into_inner();
@@ -497,30 +502,19 @@ impl<D: KernelDevice> BackendImpl for D {
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, D, T>>,
     ) -> OpResult {
-        let p = op.pool;
-        if !(p.k_h == 2 && p.k_w == 2 && p.stride == 2) {
+        if !fuses_pool(op.pool) {
             return unpool_then_backward(self, op);
         }
         let op = op.into_inner();
-        let (d_pooled, y) = (op.d_pooled, op.y);
+        let dy = FilterDy::Pooled {
+            d_pooled: op.d_pooled,
+            y: op.y,
+            out: op.input.is_some().then_some(&mut *op.workspace),
+        };
+        launch_conv_backward_filter(self, op.conv, op.x, dy, op.dw, Some(op.db))?;
         match op.input {
-            Some((w, dx)) => {
-                let dy = FilterDy::Pooled {
-                    d_pooled,
-                    y,
-                    out: Some(&mut *op.workspace),
-                };
-                launch_conv_backward_filter(self, op.conv, op.x, dy, op.dw, Some(op.db))?;
-                launch_conv_backward_input(self, op.conv, op.workspace, w, dx)
-            }
-            None => {
-                let dy = FilterDy::Pooled {
-                    d_pooled,
-                    y,
-                    out: None,
-                };
-                launch_conv_backward_filter(self, op.conv, op.x, dy, op.dw, Some(op.db))
-            }
+            Some((w, dx)) => launch_conv_backward_input(self, op.conv, op.workspace, w, dx),
+            None => Ok(()),
         }
     }
 
