@@ -3,13 +3,16 @@
 # release, stripped, with run.sh, the PyTorch comparison and a small Fashion-MNIST, in one
 # folder that runs on a machine with a GPU and no Rust (see tools/gpu-kit/README.md).
 #
-#   tools/gpu-kit/build.sh [--full-data] [--all-tests] [BUNDLE_DIR]
+#   tools/gpu-kit/build.sh [--full-data] [--all-tests | --tests LIST] [BUNDLE_DIR]
 #
 # BUNDLE_DIR defaults to target/gpu-kit ($CARGO_TARGET_DIR/gpu-kit when that is set).
 # --full-data  bundle /usr/share/datasets/fashion-mnist (30 MB) instead of the shipped
 #              3,000-image subset: throughput figures on the subset are mostly start-up.
 # --all-tests  bundle every test binary, not only those with a CUDA test instance plus
 #              tests/cuda_backend, tests/collectives and tests/train (which run.sh runs).
+# --tests LIST bundle only these test binaries (comma-separated names: conv,gemm,numerics):
+#              each embeds every kernel's fatbin (about 15 MB), so a kit with all of them
+#              and the full data passes 200 MB; a machine that takes 64 MB wants a few.
 #
 # nvcc is found as the build script (build/nvcc.rs) finds it (NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH; never with
 # NANODDP_NO_NVCC=1), then in .ci/run's venv ($NANODDP_CUDA_VENV, /opt/nanoddp-cuda-venv).
@@ -22,17 +25,26 @@ cd "$repo"
 
 full_data=0
 all_tests=0
+only_tests=""
 bundle=""
+expect_list=0
 for arg in "$@"; do
+  if [ "$expect_list" = 1 ]; then only_tests=$arg; expect_list=0; continue; fi
   case "$arg" in
     --full-data) full_data=1 ;;
     --all-tests) all_tests=1 ;;
+    --tests) expect_list=1 ;;
+    --tests=*) only_tests=${arg#--tests=} ;;
     -h|--help) sed -n '/^set -e/q; 2,$p' "$kit_src/build.sh" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "build.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
     *) [ -z "$bundle" ] || { echo "build.sh: one bundle folder only" >&2; exit 2; }
        bundle=$arg ;;
   esac
 done
+[ "$expect_list" = 0 ] || { echo "build.sh: --tests needs a list (conv,gemm,...)" >&2; exit 2; }
+if [ -n "$only_tests" ] && [ "$all_tests" = 1 ]; then
+  echo "build.sh: --tests and --all-tests exclude each other" >&2; exit 2
+fi
 bundle=${bundle:-${CARGO_TARGET_DIR:-target}/gpu-kit}
 MAX_MB=${GPUKIT_MAX_MB:-60}
 
@@ -167,6 +179,14 @@ included=()
 excluded=()
 while IFS=$'\t' read -r group key exe; do
   case "$group" in tests|unit) ;; *) continue ;; esac
+  if [ -n "$only_tests" ]; then
+    if [[ ",$only_tests," == *",${key#*/},"* || ",$only_tests," == *",$key,"* ]]; then
+      included+=("$key	$exe")
+    else
+      excluded+=("$key")
+    fi
+    continue
+  fi
   n_cuda=$("$exe" --list 2>/dev/null | grep ': test$' | grep -c cuda || true)
   if [ "$all_tests" = 1 ] || [ "$n_cuda" -gt 0 ] || [[ "$full_set" == *" $key "* ]]; then
     included+=("$key	$exe")
@@ -174,6 +194,21 @@ while IFS=$'\t' read -r group key exe; do
     excluded+=("$key")
   fi
 done <<<"$listing"
+if [ -n "$only_tests" ]; then
+  IFS=, read -r -a wanted <<<"$only_tests"
+  for name in "${wanted[@]}"; do
+    found=0
+    for entry in "${included[@]}"; do
+      key=${entry%%	*}
+      [ "${key#*/}" = "$name" ] || [ "$key" = "$name" ] && found=1
+    done
+    if [ "$found" = 0 ]; then
+      rm -rf "$bundle"  # made above by this run
+      echo "build.sh: --tests: no test binary named $name (the names: tests/*.rs)" >&2
+      exit 2
+    fi
+  done
+fi
 
 strip_mode=${GPUKIT_STRIP:-debug}   # debug: keep symbols (named backtraces); all: smallest
 copy_binaries() {
@@ -276,7 +311,11 @@ if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then git
   echo "nvrtc=$nvrtc_note"
   echo "strip=$strip_mode"
   echo "tests=$(for e in "${included[@]}"; do printf '%s ' "${e%%	*}"; done)"
-  echo "not_bundled=${excluded[*]:-} (no test instance named *cuda*; --all-tests bundles them)"
+  if [ -n "$only_tests" ]; then
+    echo "not_bundled=${excluded[*]:-} (not in --tests)"
+  else
+    echo "not_bundled=${excluded[*]:-} (no test instance named *cuda*; --all-tests bundles them)"
+  fi
 } >"$bundle/kit-info.txt"
 
 # ------------------------------------------------------------------ summary
