@@ -34,12 +34,37 @@ struct LaunchShape {
     // Run each block's threads last to first (the PTX executor only): a kernel whose result
     // depends on the order (a missing barrier) shows it as a difference between two runs.
     bool reverse_lanes = false;
+    // Count what the launch does (the PTX executor only; LaunchOutcome::profile): its warps
+    // then issue one instruction at a time, as a GPU's schedulers do.
+    bool profile = false;
+};
+
+// What one launch did, counted by the PTX executor warp by warp (docs/kernel-profile.md says
+// how each figure is counted). Instructions are PTX instructions: ptxas's SASS differs.
+struct LaunchProfile {
+    std::uint64_t warp_instructions = 0;    // issued, predicated-off lanes or not
+    std::uint64_t thread_instructions = 0;  // lanes that executed (predicate on)
+    std::uint64_t ffma_warp = 0;            // warp instructions that are f32 fma / mad
+    std::uint64_t flops_f32 = 0, flops_f16 = 0, flops_f64 = 0, flops_tensor = 0;  // an FMA is 2
+    std::uint64_t global_load_requests = 0, global_load_sectors = 0;
+    std::uint64_t global_store_requests = 0, global_store_sectors = 0;
+    std::uint64_t global_atomic_requests = 0, global_atomic_sectors = 0;
+    std::uint64_t shared_load_requests = 0, shared_load_wavefronts = 0, shared_load_ideal = 0;
+    std::uint64_t shared_store_requests = 0, shared_store_wavefronts = 0, shared_store_ideal = 0;
+    std::uint64_t local_requests = 0;
+    std::uint64_t barriers = 0;  // bar.sync, per warp
+    std::uint64_t shuffles = 0;  // shfl, per warp
+    std::uint64_t branches = 0, divergent_branches = 0;
+    std::uint64_t read_footprint_sectors = 0, write_footprint_sectors = 0;  // distinct 32-byte sectors
 };
 
 struct LaunchOutcome {
     // CUDA_SUCCESS, or the driver error the launch turns into (sticky ones included).
     CUresult code = CUDA_SUCCESS;
     std::string message;
+    // Filled when LaunchShape::profile asked for it and the executor counts (the PTX one).
+    bool profiled = false;
+    LaunchProfile profile;
 };
 
 class Executor {

@@ -39,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "executor.h"
@@ -143,6 +144,10 @@ struct LaunchCtx {
     bool has_deadline = false;
     std::atomic<std::uint64_t> instructions{0};
     std::uint64_t shared_bytes = 0;
+    // With LaunchShape::profile: the blocks' counts, added as each block ends.
+    std::mutex profile_lock;
+    LaunchProfile profile;
+    std::unordered_set<std::uint64_t> read_sectors, write_sectors;
 };
 
 // The lock that makes an atomic on global memory at `p` indivisible across the workers
@@ -178,13 +183,14 @@ public:
     }
 
     void run() {
+        if (L_.shape.profile) return run_profiled();
         for (;;) {
             bool ran = false;
             for (unsigned i = 0; i < n_; ++i) {
                 Thread& t = threads_[L_.shape.reverse_lanes ? n_ - 1 - i : i];
                 if (t.state != State::Running) continue;
                 ran = true;
-                step(t);
+                step<false>(t);
             }
             if (resolve_warps()) continue;
             if (ran) continue;
@@ -372,7 +378,21 @@ private:
         return v;
     }
 
+    // ---------------------------------------------------------------- the profile
+    LaunchProfile prof_;
+    std::unordered_set<std::uint64_t> read_sectors_, write_sectors_;
+    void run_profiled();
+    void account(const Instr& in, Thread* const* lanes, unsigned n);
+    void account_flops(const Instr& in, unsigned lanes);
+    void account_memory(const Instr& in, Thread* const* lanes, const unsigned* on, unsigned m);
+    void account_wmma(const Instr& in, Thread* const* lanes);
+    void account_access(Space sp, bool read, bool write, const std::uint64_t* addr, const unsigned* phase, unsigned count,
+                        unsigned bytes);
+
     // ---------------------------------------------------------------- the interpreter
+    // Runs `t` until it waits (a barrier, a warp collective) or exits; with `Single`, one
+    // instruction only (the profile's warp-by-warp issue).
+    template <bool Single>
     void step(Thread& t);
     bool resolve_warps();
     bool resolve_barrier();
@@ -563,11 +583,17 @@ void BlockRun::exit_thread(Thread& t) {
              "thread exited while other threads wait at bar.sync; every thread must reach every barrier");
 }
 
+template <bool Single>
 void BlockRun::step(Thread& t) {
     const Instr* code = k_.code.data();
     std::uint64_t* r = t.r;
     std::uint64_t budget = 1u << 16;
+    [[maybe_unused]] bool issued = false;
     for (;;) {
+        if constexpr (Single) {
+            if (issued) return;
+            issued = true;
+        }
         const Instr& in = code[t.pc];
         ++t.clock;
         if (--budget == 0) {
@@ -1340,6 +1366,235 @@ void BlockRun::wmma_mma(std::vector<Thread*>& lanes, const Instr& in) {
     }
 }
 
+// ------------------------------------------------------------------------- the profile
+// With LaunchShape::profile a block's warps issue one instruction at a time: each round,
+// every warp issues the instruction at the lowest pc among its running lanes, for the lanes
+// there. Lowest-pc-first reconverges a warp after structured divergence (both sides of a
+// branch, a loop some lanes leave early) where a GPU does, so an instruction's lanes are the
+// ones a GPU would issue it for. The results are the same as run()'s for any kernel without
+// a race (the order of independent threads is free); the counts are docs/kernel-profile.md's.
+void BlockRun::run_profiled() {
+    Thread* group[32];
+    for (;;) {
+        bool ran = false;
+        for (unsigned w = 0; w < warps_; ++w) {
+            unsigned base = w * 32, count = std::min(32u, n_ - base);
+            std::uint32_t pc = std::numeric_limits<std::uint32_t>::max();
+            for (unsigned l = 0; l < count; ++l) {
+                const Thread& t = threads_[base + l];
+                if (t.state == State::Running && t.pc < pc) pc = t.pc;
+            }
+            if (pc == std::numeric_limits<std::uint32_t>::max()) continue;
+            unsigned n = 0;
+            for (unsigned l = 0; l < count; ++l) {
+                Thread& t = threads_[base + l];
+                if (t.state == State::Running && t.pc == pc) group[n++] = &t;
+            }
+            account(k_.code[pc], group, n);
+            for (unsigned i = 0; i < n; ++i) step<true>(*group[i]);
+            ran = true;
+        }
+        if (resolve_warps()) continue;
+        if (ran) continue;
+        if (resolve_barrier()) continue;
+        unsigned exited = 0;
+        for (Thread& t : threads_) exited += t.state == State::Exited;
+        if (exited != n_) deadlock();
+        for (const Thread& th : threads_) L_.instructions += th.clock;
+        std::lock_guard<std::mutex> lock(L_.profile_lock);
+        LaunchProfile& to = L_.profile;
+        const LaunchProfile& p = prof_;
+        to.warp_instructions += p.warp_instructions;
+        to.thread_instructions += p.thread_instructions;
+        to.ffma_warp += p.ffma_warp;
+        to.flops_f32 += p.flops_f32;
+        to.flops_f16 += p.flops_f16;
+        to.flops_f64 += p.flops_f64;
+        to.flops_tensor += p.flops_tensor;
+        to.global_load_requests += p.global_load_requests;
+        to.global_load_sectors += p.global_load_sectors;
+        to.global_store_requests += p.global_store_requests;
+        to.global_store_sectors += p.global_store_sectors;
+        to.global_atomic_requests += p.global_atomic_requests;
+        to.global_atomic_sectors += p.global_atomic_sectors;
+        to.shared_load_requests += p.shared_load_requests;
+        to.shared_load_wavefronts += p.shared_load_wavefronts;
+        to.shared_load_ideal += p.shared_load_ideal;
+        to.shared_store_requests += p.shared_store_requests;
+        to.shared_store_wavefronts += p.shared_store_wavefronts;
+        to.shared_store_ideal += p.shared_store_ideal;
+        to.local_requests += p.local_requests;
+        to.barriers += p.barriers;
+        to.shuffles += p.shuffles;
+        to.branches += p.branches;
+        to.divergent_branches += p.divergent_branches;
+        L_.read_sectors.insert(read_sectors_.begin(), read_sectors_.end());
+        L_.write_sectors.insert(write_sectors_.begin(), write_sectors_.end());
+        return;
+    }
+}
+
+// Counts the warp instruction `in`, issued for the `n` lanes of `lanes`, before it runs (its
+// addresses are read from registers the instruction may overwrite).
+void BlockRun::account(const Instr& in, Thread* const* lanes, unsigned n) {
+    LaunchProfile& p = prof_;
+    p.warp_instructions += 1;
+    unsigned on[32], m = 0;  // the lanes whose guard lets them execute
+    for (unsigned i = 0; i < n; ++i)
+        if (in.guard < 0 || (lanes[i]->r[in.guard] != 0) != in.guard_negate) on[m++] = i;
+    p.thread_instructions += m;
+    if (in.op == Op::Bra) {
+        p.branches += 1;
+        if (m != 0 && m != n) p.divergent_branches += 1;
+    }
+    if (m == 0) return;
+    switch (in.op) {
+        case Op::Add: case Op::Sub: case Op::Mul: case Op::Mad: case Op::Fma: account_flops(in, m); break;
+        case Op::Ld: case Op::St: case Op::Atom: case Op::Red: account_memory(in, lanes, on, m); break;
+        case Op::BarSync: p.barriers += 1; break;
+        case Op::Shfl: p.shuffles += 1; break;
+        case Op::WmmaLoadA: case Op::WmmaLoadB: case Op::WmmaLoadC: case Op::WmmaStoreD:
+            if (n == 32) account_wmma(in, lanes);  // otherwise the launch fails at the instruction
+            break;
+        case Op::WmmaMma: p.flops_tensor += 2 * 16 * 16 * 16; break;
+        default: break;
+    }
+}
+
+// Floating-point operations of `lanes` lanes: an add, subtract or multiply is 1, an FMA 2,
+// each half of an f16x2 / bf16x2 register one lane's worth.
+void BlockRun::account_flops(const Instr& in, unsigned lanes) {
+    bool fma = in.op == Op::Fma || in.op == Op::Mad;
+    std::uint64_t per = fma ? 2 : 1;
+    switch (in.type) {
+        case Ty::F32:
+            prof_.flops_f32 += per * lanes;
+            if (fma) prof_.ffma_warp += 1;
+            break;
+        case Ty::F64: prof_.flops_f64 += per * lanes; break;
+        case Ty::F16: case Ty::BF16: prof_.flops_f16 += per * lanes; break;
+        case Ty::F16x2: case Ty::BF16x2: prof_.flops_f16 += 2 * per * lanes; break;
+        default: break;  // integer arithmetic
+    }
+}
+
+// A load, store or atomic of the lanes `on[0..m)` of `lanes`: one request, its sectors
+// (global) or wavefronts (shared), and the sectors it adds to the launch's footprint.
+void BlockRun::account_memory(const Instr& in, Thread* const* lanes, const unsigned* on, unsigned m) {
+    const Operand& at = in.ops[in.op == Op::Ld || in.op == Op::Atom ? 1 : 0];
+    Space declared = space_of(at, in.space);
+    unsigned bytes = std::max(1u, bits_of(in.type) / 8) * (in.op == Op::Ld || in.op == Op::St ? in.vec : 1);
+    std::uint64_t addr[32];
+    unsigned phase[32];
+    Space sp = declared;
+    // Lanes per phase of a shared request: 128 bytes' worth (32 lanes up to 4 bytes each).
+    unsigned per_phase = std::max(1u, 128u / std::max(4u, bytes));
+    for (unsigned i = 0; i < m; ++i) {
+        const Thread& t = *lanes[on[i]];
+        std::uint64_t a = effective(t, at);
+        Space s = declared;
+        if (s == Space::Generic) {
+            if (a >= SHARED_WINDOW && a < SHARED_WINDOW + WINDOW_SIZE) { s = Space::Shared; a -= SHARED_WINDOW; }
+            else if (a >= LOCAL_WINDOW && a < LOCAL_WINDOW + WINDOW_SIZE) { s = Space::Local; a -= LOCAL_WINDOW; }
+            else s = Space::Global;
+        }
+        if (i == 0) sp = s;
+        addr[i] = a;
+        phase[i] = (t.linear & 31u) / per_phase;
+    }
+    bool read = in.op != Op::St, write = in.op != Op::Ld;
+    account_access(sp, read, write, addr, phase, m, bytes);
+    if (sp == Space::Global) {
+        if (in.op == Op::Ld) prof_.global_load_requests += 1;
+        else if (in.op == Op::St) prof_.global_store_requests += 1;
+        else prof_.global_atomic_requests += 1;
+    }
+}
+
+// A wmma load or store: one request for the warp's 256 elements, phased as 16-byte (f16,
+// bf16) or 32-byte (f32) pieces per lane.
+void BlockRun::account_wmma(const Instr& in, Thread* const* lanes) {
+    std::vector<Thread*> all(lanes, lanes + 32);
+    const WmmaMatrix mx = wmma_matrix(all, in, in.op == Op::WmmaStoreD ? in.ops[0] : in.ops[1]);
+    Space sp = mx.sp;
+    std::uint64_t base = mx.p;
+    if (sp == Space::Generic) {
+        if (base >= SHARED_WINDOW && base < SHARED_WINDOW + WINDOW_SIZE) { sp = Space::Shared; base -= SHARED_WINDOW; }
+        else sp = Space::Global;
+    }
+    std::uint64_t addr[256];
+    unsigned phase[256];
+    unsigned lanes_per_phase = 128 / (8 * mx.eb);
+    for (unsigned l = 0; l < 32; ++l)
+        for (unsigned i = 0; i < 8; ++i) {
+            addr[l * 8 + i] = base + wmma_offset(in, mx.ldm, l, i) * mx.eb;
+            phase[l * 8 + i] = l / lanes_per_phase;
+        }
+    bool store = in.op == Op::WmmaStoreD;
+    account_access(sp, !store, store, addr, phase, 256, mx.eb);
+    if (sp == Space::Global) {
+        if (store) prof_.global_store_requests += 1;
+        else prof_.global_load_requests += 1;
+    }
+}
+
+// One request touching `bytes` at each of `addr[0..count)`. Global (and local): the distinct
+// 32-byte sectors. Shared: per phase (the accesses with one `phase` value), the most distinct
+// 4-byte words any of the 32 banks must deliver (a word several lanes read is one); the ideal
+// is the request's distinct words over 32 banks.
+void BlockRun::account_access(Space sp, bool read, bool write, const std::uint64_t* addr, const unsigned* phase,
+                              unsigned count, unsigned bytes) {
+    if (sp == Space::Local) {
+        prof_.local_requests += 1;
+        return;
+    }
+    if (sp == Space::Global) {
+        std::vector<std::uint64_t> sectors;
+        sectors.reserve(count * 2);
+        for (unsigned i = 0; i < count; ++i)
+            for (std::uint64_t s = addr[i] >> 5; s <= (addr[i] + bytes - 1) >> 5; ++s) sectors.push_back(s);
+        std::sort(sectors.begin(), sectors.end());
+        sectors.erase(std::unique(sectors.begin(), sectors.end()), sectors.end());
+        if (read && write) prof_.global_atomic_sectors += sectors.size();
+        else if (read) prof_.global_load_sectors += sectors.size();
+        else prof_.global_store_sectors += sectors.size();
+        if (read) read_sectors_.insert(sectors.begin(), sectors.end());
+        if (write) write_sectors_.insert(sectors.begin(), sectors.end());
+        return;
+    }
+    if (sp != Space::Shared) return;  // param, const
+    // (phase, word) pairs, distinct.
+    std::vector<std::pair<unsigned, std::uint64_t>> words;
+    words.reserve(count * 4);
+    for (unsigned i = 0; i < count; ++i)
+        for (std::uint64_t w = addr[i] >> 2; w <= (addr[i] + bytes - 1) >> 2; ++w) words.emplace_back(phase[i], w);
+    std::sort(words.begin(), words.end());
+    words.erase(std::unique(words.begin(), words.end()), words.end());
+    std::uint64_t wavefronts = 0;
+    for (std::size_t i = 0; i < words.size();) {
+        unsigned per_bank[32] = {};
+        std::size_t j = i;
+        for (; j < words.size() && words[j].first == words[i].first; ++j) ++per_bank[words[j].second & 31u];
+        wavefronts += *std::max_element(per_bank, per_bank + 32);
+        i = j;
+    }
+    std::vector<std::uint64_t> distinct;
+    distinct.reserve(words.size());
+    for (const auto& pw : words) distinct.push_back(pw.second);
+    std::sort(distinct.begin(), distinct.end());
+    std::uint64_t ideal = static_cast<std::uint64_t>(std::unique(distinct.begin(), distinct.end()) - distinct.begin());
+    ideal = std::max<std::uint64_t>(1, (ideal + 31) / 32);
+    if (write && !read) {
+        prof_.shared_store_requests += 1;
+        prof_.shared_store_wavefronts += wavefronts;
+        prof_.shared_store_ideal += ideal;
+    } else {
+        prof_.shared_load_requests += 1;
+        prof_.shared_load_wavefronts += wavefronts;
+        prof_.shared_load_ideal += ideal;
+    }
+}
+
 bool BlockRun::resolve_barrier() {
     const Thread* waiting = nullptr;
     for (Thread& t : threads_) {
@@ -1559,6 +1814,12 @@ public:
         work();
         for (std::thread& h : helpers) h.join();
         stats_.add(L.instructions.load(), std::chrono::steady_clock::now() - began);
+        if (shape.profile && out.code == CUDA_SUCCESS) {
+            out.profiled = true;
+            out.profile = L.profile;
+            out.profile.read_footprint_sectors = L.read_sectors.size();
+            out.profile.write_footprint_sectors = L.write_sectors.size();
+        }
         return out;
     }
 

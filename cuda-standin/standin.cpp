@@ -154,6 +154,7 @@ struct Device {
     double kernel_timeout_s = 300.0;  // the watchdog's limit for this GPU's launches
     Executor* exec = nullptr;         // nanoddpStandinUseExecutor's choice; null: executor()
     bool reverse_lanes = false;       // run blocks' threads last to first (PTX executor)
+    bool profile = false;             // nanoddpStandinProfile: count what each launch does
 };
 
 struct Module;
@@ -266,6 +267,10 @@ struct State {
     std::string last_error;
     std::uint64_t hazards = 0;
     std::uint64_t faults = 0;
+    // The profiles of launches on GPUs with profiling on, one line each
+    // (nanoddpStandinProfileTake), oldest first.
+    std::mutex profiles_lock;
+    std::string profiles;
 };
 
 State* g = nullptr;
@@ -281,7 +286,9 @@ thread_local Context* tls_current = nullptr;
 //     [cuda stand-in] calls <entry point> <gpu or -> <count>
 // sorted by entry point, then GPU. An entry point that only forwards to another (the `_v2`
 // aliases, cuStreamCreateWithPriority, cuModuleLoad, cuMemAllocHost) is counted as the one
-// it reaches. Off (the default) it costs one branch per call.
+// it reaches. Then the kernels that ran, from a stream or as a graph's nodes, per GPU:
+//     [cuda stand-in] launches <kernel> <gpu> <count>
+// Off (the default) it costs one branch per call.
 class Audit {
 public:
     Audit() {
@@ -297,6 +304,11 @@ public:
         std::lock_guard<std::mutex> lock(mu_);
         ++counts_[{entry, gpu}];
     }
+    void count_launch(const std::string& kernel, int gpu) {
+        if (!enabled_) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        ++launches_[{kernel, gpu}];
+    }
     ~Audit() {
         if (!enabled_) return;
         std::lock_guard<std::mutex> lock(mu_);
@@ -310,6 +322,11 @@ public:
             }
             out += line;
         }
+        for (const auto& [key, n] : launches_) {
+            std::snprintf(line, sizeof line, "[cuda stand-in] launches %s %d %llu\n", key.first.c_str(), key.second,
+                          static_cast<unsigned long long>(n));
+            out += line;
+        }
         // One write: lines of a process that exits while others print stay whole.
         std::fwrite(out.data(), 1, out.size(), stderr);
         std::fflush(stderr);
@@ -319,6 +336,7 @@ private:
     bool enabled_ = false;
     std::mutex mu_;
     std::map<std::pair<std::string, int>, std::uint64_t> counts_;
+    std::map<std::pair<std::string, int>, std::uint64_t> launches_;
 };
 
 // The process's audit, made on first use and printed when the library is unloaded at exit.
@@ -1917,6 +1935,45 @@ std::vector<Range> ranges_of(const Work& w) {
 
 // A kernel's operation: its footprint (the allocations its pointer arguments name), and a body
 // that runs it on its function's executor under the watchdog.
+// Appends one launch's profile to the lines nanoddpStandinProfileTake hands out:
+//     <gpu> <kernel> <grid x y z> <block x y z> <dynamic shared bytes> <key>=<count> ...
+void record_profile(int device, const std::string& kernel, const LaunchShape& s, const LaunchProfile& p) {
+    char head[96];
+    std::snprintf(head, sizeof head, " %u %u %u %u %u %u %u", s.grid[0], s.grid[1], s.grid[2], s.block[0], s.block[1],
+                  s.block[2], s.shared_bytes);
+    std::string line = std::to_string(device) + " " + kernel + head;
+    auto put = [&](const char* key, std::uint64_t v) { line += std::string(" ") + key + "=" + std::to_string(v); };
+    put("warp_instructions", p.warp_instructions);
+    put("thread_instructions", p.thread_instructions);
+    put("ffma_warp", p.ffma_warp);
+    put("flops_f32", p.flops_f32);
+    put("flops_f16", p.flops_f16);
+    put("flops_f64", p.flops_f64);
+    put("flops_tensor", p.flops_tensor);
+    put("global_load_requests", p.global_load_requests);
+    put("global_load_sectors", p.global_load_sectors);
+    put("global_store_requests", p.global_store_requests);
+    put("global_store_sectors", p.global_store_sectors);
+    put("global_atomic_requests", p.global_atomic_requests);
+    put("global_atomic_sectors", p.global_atomic_sectors);
+    put("shared_load_requests", p.shared_load_requests);
+    put("shared_load_wavefronts", p.shared_load_wavefronts);
+    put("shared_load_ideal", p.shared_load_ideal);
+    put("shared_store_requests", p.shared_store_requests);
+    put("shared_store_wavefronts", p.shared_store_wavefronts);
+    put("shared_store_ideal", p.shared_store_ideal);
+    put("local_requests", p.local_requests);
+    put("barriers", p.barriers);
+    put("shuffles", p.shuffles);
+    put("branches", p.branches);
+    put("divergent_branches", p.divergent_branches);
+    put("read_footprint_sectors", p.read_footprint_sectors);
+    put("write_footprint_sectors", p.write_footprint_sectors);
+    line += "\n";
+    std::lock_guard<std::mutex> lock(g->profiles_lock);
+    g->profiles += line;
+}
+
 void kernel_op(const Work& w, Op& op, const std::string& note) {
     Function* fn = w.fn;
     op.is_kernel = true;
@@ -1952,8 +2009,11 @@ void kernel_op(const Work& w, Op& op, const std::string& note) {
             std::lock_guard<std::mutex> lock(g->api);
             timeout_s = g->devices[device].kernel_timeout_s;
             run_shape.reverse_lanes = g->devices[device].reverse_lanes;
+            run_shape.profile = g->devices[device].profile;
         }
+        audit().count_launch(fn->info.name, device);
         LaunchOutcome out = fn->exec->launch(fn->info, run_shape, ptrs.data(), timeout_s);
+        if (out.profiled) record_profile(device, fn->info.name, run_shape, out.profile);
         if (out.code != CUDA_SUCCESS) {
             std::lock_guard<std::mutex> lock(g->api);
             ++g->faults;
@@ -2967,6 +3027,34 @@ STANDIN_API int nanoddpStandinUseExecutor(int device, const char* name, int reve
     g->devices[device].exec = exec;
     g->devices[device].reverse_lanes = reverse_lanes != 0;
     return CUDA_SUCCESS;
+}
+
+// Turns the launch profile on or off for `device`'s later launches. Only the PTX executor
+// counts: CUDA_ERROR_NOT_SUPPORTED when the GPU's kernels run under another (choose it with
+// NANODDP_STANDIN_EXEC=ptx or nanoddpStandinUseExecutor before the GPU loads a module).
+STANDIN_API int nanoddpStandinProfile(int device, int on) {
+    if (!ready() || !device_of(device)) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lock(g->api);
+    Device& d = g->devices[device];
+    Executor* exec = d.exec ? d.exec : &executor();
+    if (on && exec != &ptx_executor()) return CUDA_ERROR_NOT_SUPPORTED;
+    d.profile = on != 0;
+    return CUDA_SUCCESS;
+}
+
+// Hands out the profile lines of the launches run since the last call (record_profile's
+// format) and forgets them: copies them NUL-terminated into `out` when `capacity` holds them,
+// and returns their length either way (call again with a larger buffer when it is not less
+// than `capacity`; nothing is forgotten then).
+STANDIN_API long nanoddpStandinProfileTake(char* out, std::size_t capacity) {
+    if (!ready()) return 0;
+    std::lock_guard<std::mutex> lock(g->profiles_lock);
+    long n = static_cast<long>(g->profiles.size());
+    if (out && capacity > g->profiles.size()) {
+        std::memcpy(out, g->profiles.c_str(), g->profiles.size() + 1);
+        g->profiles.clear();
+    }
+    return n;
 }
 
 STANDIN_API int nanoddpStandinSetKernelTimeout(int device, double seconds) {

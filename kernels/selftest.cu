@@ -3,7 +3,8 @@
 // Two groups:
 //   * correct kernels, each exercising one part of CUDA's execution model the emulator must
 //     reproduce: grid-stride loops, shared memory with barriers, warp shuffles and votes,
-//     atomics from many blocks, wmma, and a barrier-heavy launch for timing;
+//     atomics from many blocks, wmma, a barrier-heavy launch for timing, and a probe whose
+//     launch profile the tests know in advance;
 //   * deliberately WRONG kernels (prefix `broken_`), each with one classic bug: a missing
 //     barrier, divergent or skipped barriers, an off-by-one write, a warp mask naming an
 //     exited lane, lanes disagreeing on a mask, a deadlock, a shared-memory overflow, a
@@ -189,6 +190,21 @@ extern "C" __global__ void reverse_in_block(const float* __restrict__ in, float*
     tile[tid] = in[base + tid];
     __syncthreads();
     out[base + tid] = tile[blockDim.x - 1 - tid];
+}
+
+// One request of each kind the stand-in's launch profile counts, with counts that follow
+// from the arguments alone (tests/ptx_executor.rs): per warp, a global load of
+// in[i * stride] (4-byte lanes `stride` words apart), one FMA, a shared store and load `bank_stride`
+// words apart (bank conflicts when it is even), a barrier and a coalesced store of out[i].
+// Blocks of exactly 32 threads; stride, bank_stride 1..32.
+extern "C" __global__ void profile_probe(const float* __restrict__ in, float* __restrict__ out, unsigned int stride,
+                                         unsigned int bank_stride) {
+    __shared__ float words[32 * 32];
+    unsigned int t = threadIdx.x;
+    unsigned int i = blockIdx.x * 32 + t;
+    words[t * bank_stride] = fmaf(in[i * stride], 2.0f, 1.0f);
+    __syncthreads();
+    out[i] = words[(31 - t) * bank_stride];
 }
 
 // ---------------------------------------------------------------- deliberately wrong kernels

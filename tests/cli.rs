@@ -112,6 +112,46 @@ fn bench_kernels_prints_one_row_per_operation_with_a_rate() {
     }
 }
 
+/// On the CPU stand-in, `bench kernels --backend cuda` profiles one training step under the
+/// PTX executor: a row per launch in both tables, the convolutions among them with FLOPs and
+/// FMAs, and the step's total, whatever executor the environment chose.
+#[test]
+fn bench_kernels_on_the_standin_profiles_each_launch_of_a_step() {
+    for exec in ["simt", "ptx"] {
+        let out = on_standin(
+            &["bench", "kernels", "--backend", "cuda", "--batch", "2"],
+            "NANODDP_STANDIN_EXEC",
+            exec,
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let launches: usize = text
+            .lines()
+            .find_map(|l| l.strip_prefix("step: "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no step line:\n{text}"));
+        assert!((10..40).contains(&launches), "{launches} launches:\n{text}");
+        for kernel in [
+            "conv2d_forward_64x64_f32",
+            "conv2d_backward_input_32x128_f32",
+            "gemm_f32",
+        ] {
+            let rows: Vec<&str> = text.lines().filter(|l| l.contains(kernel)).collect();
+            assert!(rows.len() >= 2, "{kernel} in both tables:\n{text}");
+            // MFLOP and instructions per FFMA of the work table: positive.
+            let f: Vec<&str> = rows[0].split_whitespace().collect();
+            let mflop: f64 = f[8].parse().unwrap_or(0.0);
+            let per_ffma: f64 = f[10].parse().unwrap_or(0.0);
+            assert!(mflop > 0.0 && per_ffma >= 1.0, "{}", rows[0]);
+        }
+    }
+}
+
 #[test]
 fn bench_rejects_a_zero_batch() {
     let out = nanoddp()

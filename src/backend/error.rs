@@ -137,6 +137,10 @@ pub enum BackendError {
         /// The types asked for.
         what: String,
     },
+    /// The stand-in's launch profile cannot be had here (a real driver, a GPU under the SIMT
+    /// emulator).
+    #[error("launch profile: {0}")]
+    Profile(String),
     /// A problem shape an operation cannot run.
     #[error("{op}: invalid shape: {detail}")]
     BadShape {

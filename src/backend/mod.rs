@@ -43,7 +43,7 @@ pub mod step;
 
 pub use backend_impl::{BackendImpl, OpResult};
 pub use error::BackendError;
-pub use kernel::{cuda, nvrtc, simt, simt_module};
+pub use kernel::{cuda, nvrtc, profile, simt, simt_module};
 pub use kernel::{KernelArg, KernelDevice, LaunchConfig};
 pub use memory::{DeviceBuffer, DeviceScalar, Fence, Graph, Memory, Staging};
 pub use ops::Backend;

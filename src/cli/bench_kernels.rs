@@ -181,6 +181,12 @@ pub fn run(
         )));
     }
     // A missing GPU is the command line's problem, found before anything is measured.
+    // On the stand-in, the launch profile (the PTX executor's counts) is what there is to
+    // report; its GPU must choose that executor before it loads a module.
+    let profiled = target == BackendArg::Cuda && nanoddp::backend::cuda::is_standin();
+    if profiled {
+        super::bench_profile::begin()?;
+    }
     let cuda = match target {
         BackendArg::Cuda => Some(CudaDevice::new(0).map_err(CliError::Device)?),
         _ => None,
@@ -219,10 +225,10 @@ pub fn run(
                 dev.info().compute_capability.0,
                 dev.info().compute_capability.1
             )?;
-            if let Some(executor) = nanoddp::backend::cuda::standin_executor() {
-                // The same shapes and checks, but no GPU: keep it short and say so.
-                writeln!(out, "(CPU stand-in for the CUDA driver: the CUDA path runs, under its {executor}; timings mean nothing; no 1024³ GEMM)")?;
-                lenet_rows_at(precision, dev, batch, repeats.min(3), false)?
+            if profiled {
+                // No GPU: what the stand-in can say is what each launch does, not its time.
+                writeln!(out, "(CPU stand-in for the CUDA driver: its times would mean nothing; in their place, each launch's work counted)")?;
+                return super::bench_profile::print(out, batch, precision);
             } else {
                 lenet_rows_at(precision, dev, batch, repeats, true)?
             }

@@ -4,6 +4,7 @@
 pub mod args;
 pub mod bench_allreduce;
 pub mod bench_kernels;
+pub mod bench_profile;
 pub mod info;
 pub mod metrics;
 #[cfg(feature = "mpi")]

@@ -128,6 +128,81 @@ pub fn standin_executor() -> Option<String> {
     }
 }
 
+/// Turns the stand-in's launch profile ([`profile`](super::profile)) on or off for GPU
+/// `ordinal`'s later launches. Only the PTX executor counts: when the GPU has loaded no
+/// module yet this chooses it for the GPU; after that the GPU must already run it
+/// (`NANODDP_STANDIN_EXEC=ptx`). Call it before the [`CudaDevice`] that will launch, so that
+/// its modules load under the PTX executor.
+pub fn standin_profile(ordinal: usize, on: bool) -> Result<(), BackendError> {
+    let refused = BackendError::Profile;
+    if !is_standin() {
+        return Err(refused(
+            "only the CPU stand-in for the CUDA driver counts launches".into(),
+        ));
+    }
+    cudarc::driver::result::init().map_err(driver_err("cuInit"))?;
+    let gpu = i32::try_from(ordinal).map_err(|_| refused(format!("no GPU {ordinal}")))?;
+    // SAFETY: the stand-in is loaded; its exports take plain values and a NUL-terminated
+    // string that outlives the call.
+    let code = unsafe {
+        let lib = sys::culib();
+        let choose = lib
+            .get::<unsafe extern "C" fn(i32, *const c_char, i32) -> i32>(
+                b"nanoddpStandinUseExecutor\0",
+            )
+            .map_err(|e| refused(e.to_string()))?;
+        // Refused once the GPU loaded a module: then its executor must already be the PTX one.
+        if on {
+            choose(gpu, c"ptx".as_ptr(), 0);
+        }
+        let profile = lib
+            .get::<unsafe extern "C" fn(i32, i32) -> i32>(b"nanoddpStandinProfile\0")
+            .map_err(|e| refused(e.to_string()))?;
+        profile(gpu, i32::from(on))
+    };
+    match code {
+        0 => Ok(()),
+        801 => Err(refused(format!(
+            "GPU {ordinal} runs its kernels under the SIMT emulator, and only the PTX executor counts: \
+             run with NANODDP_STANDIN_EXEC=ptx"
+        ))),
+        _ => Err(refused(format!("the stand-in has no GPU {ordinal}"))),
+    }
+}
+
+/// The profiles of the launches the stand-in ran since the last call, oldest first (see
+/// [`standin_profile`]).
+pub fn standin_profile_take() -> Result<Vec<super::profile::LaunchProfile>, BackendError> {
+    let refused = BackendError::Profile;
+    if !is_standin() {
+        return Err(refused(
+            "only the CPU stand-in for the CUDA driver counts launches".into(),
+        ));
+    }
+    type Take = unsafe extern "C" fn(*mut c_char, usize) -> std::ffi::c_long;
+    // SAFETY: the stand-in's export: it writes at most `capacity` bytes into the buffer and
+    // returns the length of what it holds.
+    let text = unsafe {
+        let take = sys::culib()
+            .get::<Take>(b"nanoddpStandinProfileTake\0")
+            .map_err(|e| refused(e.to_string()))?;
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let need = take(buf.as_mut_ptr().cast(), buf.len());
+            let need = usize::try_from(need).unwrap_or(0);
+            if need < buf.len() {
+                buf.truncate(need);
+                break;
+            }
+            buf = vec![0; need + 4096];
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    text.lines()
+        .map(|l| super::profile::LaunchProfile::parse(l).map_err(refused))
+        .collect()
+}
+
 fn driver_err(during: impl Into<String>) -> impl FnOnce(DriverError) -> BackendError {
     driver_err_on(None, during)
 }
