@@ -1,4 +1,6 @@
-// loss.cu — fused softmax + cross-entropy, forward and backward in one pass, and accuracy.
+// loss.cu — fused softmax + cross-entropy, forward and backward in one pass, and accuracy;
+// and the classifier head around it (softmax_head, below: the linear layer before the loss,
+// the shard's statistics and every gradient of the two, one launch).
 //
 //   loss[r]    = log Σ_c exp(z[r][c]) - z[r][label[r]]          (log-sum-exp, shifted by
 //                                                               the row max: no overflow)
@@ -64,3 +66,220 @@ NANODDP_ENTRY_EACH_TYPE(softmax_cross_entropy, (256),
      float* __restrict__ loss, T* __restrict__ grad_or_null, int* __restrict__ correct,
      int rows, int classes, float grad_scale, const float* __restrict__ grad_scale_at_or_null),
     (logits, labels, loss, grad_or_null, correct, rows, classes, grad_scale, grad_scale_at_or_null))
+
+// ---------------------------------------------------------------- the classifier head
+// softmax_head_T: a linear layer, the softmax cross-entropy above and the layer's backward,
+// in one launch (LeNet's fc2 and loss: 7 launches before):
+//   logits[r][c] = T(b[c] + Σ_k h[r][k]·w[c][k])               (as the GEMM: blocks of 16
+//                                                               products, compensated)
+//   loss[r], and the shard's statistics into stats as shard_stats (Σ loss in double, the
+//   correct count, the rows; added with `accumulate`)
+//   with d_logits: d_logits[r][c] = T((softmax(logits[r])[c] - [c == label]) · grad_scale),
+//     dw[c][k] = Σ_r d_logits[r][c]·h[r][k], db[c] = Σ_r d_logits[r][c],
+//     dh[r][k] = T(Σ_c d_logits[r][c]·w[c][k]) where h[r][k] > 0, else 0 (h is a ReLU's
+//     output: its backward is here too), and dh_bias[k] = Σ_r dh[r][k] (the bias gradient
+//     of the layer whose ReLU made h)
+// Every value the unfused operations round to T is rounded to T here, at the same place.
+//
+// Launch: one block of 256 threads per HEAD_ROWS rows, dynamic shared memory for the block's
+// rows of h and of dh, w and the logits' gradient (head_shared_floats; the host keeps it
+// under 48 KiB: classes ≤ 32, hidden up to about 300). Each block stages its rows of h and all of w
+// (rows padded by one word: the dot products' lanes walk rows hidden apart), computes its
+// logits (one thread per (row, class)), one warp per row for the softmax, then dh (one
+// thread per (row, k)) and its rows' share of dw, db and dh_bias. With more than one block, each
+// writes its share and its statistics to the scratch area and the last to finish adds them
+// in block order (split_sum.cuh): the same bits on every run. At LeNet's batch 256: 16
+// blocks; FLOPs 3·2·256·10·128 = 2 M, bytes ~200 KB (h read, dh written, 5 KB of w per
+// block): launch latency is the whole cost, as for the kernels it replaces, once instead of
+// seven times.
+#include "split_sum.cuh"
+
+#define HEAD_ROWS 16
+
+// Floats of dynamic shared memory a block of softmax_head uses.
+__host__ __device__ __forceinline__ int head_shared_floats(int hidden, int classes) {
+    return (2 * HEAD_ROWS + classes) * (hidden + 1) + HEAD_ROWS * classes;
+}
+
+// Element e of a block's share (dw, then db, then dh_bias) to its place.
+__device__ __forceinline__ void head_result(float* __restrict__ dw, float* __restrict__ db,
+                                            float* __restrict__ dh_bias, int hidden, int classes, int e, float s) {
+    if (e < classes * hidden) dw[e] = s;
+    else if (e < classes * hidden + classes) db[e - classes * hidden] = s;
+    else dh_bias[e - classes * hidden - classes] = s;
+}
+
+template <class T>
+__device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* __restrict__ w,
+                                             const float* __restrict__ b, const unsigned char* __restrict__ labels,
+                                             T* __restrict__ logits, float* __restrict__ loss,
+                                             float* __restrict__ stats, int accumulate, T* __restrict__ d_logits,
+                                             float* __restrict__ dw, float* __restrict__ db, T* __restrict__ dh,
+                                             float* __restrict__ dh_bias, int rows, int hidden, int classes, float grad_scale,
+                                             const float* __restrict__ grad_scale_at, float* __restrict__ scratch,
+                                             int* __restrict__ counters) {
+    SIMT_DYNAMIC_SHARED(float, head_shared);
+    __shared__ double row_loss[HEAD_ROWS];
+    __shared__ int row_correct[HEAD_ROWS];
+    const int pitch = hidden + 1;
+    float* hs = head_shared;                          // [HEAD_ROWS][pitch]
+    float* ws = hs + HEAD_ROWS * pitch;               // [classes][pitch]
+    float* zs = ws + classes * pitch;                 // [HEAD_ROWS][classes]: logits, then their gradient
+    float* ds = zs + HEAD_ROWS * classes;             // [HEAD_ROWS][pitch]: dh, as T rounds it
+    const int r0 = blockIdx.x * HEAD_ROWS, nr = min(HEAD_ROWS, rows - r0);
+    const int tid = threadIdx.x;
+    const bool grad = d_logits != nullptr;
+    if (grad && grad_scale_at) grad_scale = *grad_scale_at;
+
+    for (int e = tid; e < HEAD_ROWS * hidden; e += blockDim.x) {
+        const int i = e / hidden, k = e % hidden;
+        hs[i * pitch + k] = i < nr ? (float)h[(long long)(r0 + i) * hidden + k] : 0.0f;
+    }
+    for (int e = tid; e < classes * hidden; e += blockDim.x) ws[(e / hidden) * pitch + e % hidden] = (float)w[e];
+    __syncthreads();
+
+    // Logits: blocks of 16 products into a fresh register, added with compensation.
+    for (int e = tid; e < nr * classes; e += blockDim.x) {
+        const int i = e / classes, c = e % classes;
+        const float* hr = hs + i * pitch;
+        const float* wr = ws + c * pitch;
+        float acc = 0.0f, carry = 0.0f;
+        for (int k0 = 0; k0 < hidden; k0 += 16) {
+            float part = 0.0f;
+            const int k1 = min(hidden, k0 + 16);
+            for (int k = k0; k < k1; ++k) part = fmaf(hr[k], wr[k], part);
+            const float y = part - carry, t = acc + y;
+            carry = (t - acc) - y;
+            acc = t;
+        }
+        const T z = (T)(acc + b[c]);
+        logits[(long long)(r0 + i) * classes + c] = z;
+        zs[i * classes + c] = (float)z;
+    }
+    __syncthreads();
+
+    // Softmax cross-entropy: one warp per row, as softmax_cross_entropy.
+    const int lane = tid % 32;
+    for (int i = tid / 32; i < HEAD_ROWS; i += blockDim.x / 32) {
+        if (i >= nr) {
+            if (lane == 0) row_loss[i] = 0.0, row_correct[i] = 0;
+            continue;
+        }
+        const float* z = zs + i * classes;
+        float best = __int_as_float(0xff800000);  // -inf
+        int arg = classes;
+        if (lane < classes) {
+            const float v = z[lane];
+            if (v > best || (v != v && best == best)) best = v, arg = lane;
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+            const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
+            if (ob > best || (ob == best && oa < arg) || (ob != ob && best == best)) best = ob, arg = oa;
+        }
+        float sum = lane < classes ? expf(z[lane] - best) : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        const int label = labels[r0 + i];
+        const bool valid = label < classes;
+        const float zl = valid ? z[label] : 0.0f;
+        __syncwarp();  // every lane has read this row's logits before they are overwritten
+        if (grad && lane < classes) {
+            const float p = expf(z[lane] - best) / sum;
+            const T d = (T)((p - (lane == label ? 1.0f : 0.0f)) * grad_scale);
+            d_logits[(long long)(r0 + i) * classes + lane] = d;
+            zs[i * classes + lane] = (float)d;
+        }
+        if (lane == 0) {
+            const float l = valid ? best + logf(sum) - zl : __int_as_float(0x7fc00000);
+            loss[r0 + i] = l;
+            row_loss[i] = (double)l;
+            row_correct[i] = valid && arg == label;
+        }
+    }
+    __syncthreads();
+
+    // A block's share of dw, then db, then dh_bias.
+    const int elems = grad ? classes * hidden + classes + hidden : 0;
+    const int splits = gridDim.x;
+    float* partial_stats = scratch;                  // [splits][3]: Σ loss (hi, lo), correct
+    float* partials = scratch + 3 * splits;          // [splits + groups][elems]
+    if (grad) {
+        for (int e = tid; e < nr * hidden; e += blockDim.x) {
+            const int i = e / hidden, k = e % hidden;
+            float s = 0.0f;
+            for (int c = 0; c < classes; ++c) s = fmaf(zs[i * classes + c], ws[c * pitch + k], s);
+            const T d = hs[i * pitch + k] > 0.0f ? (T)s : (T)0.0f;
+            dh[(long long)(r0 + i) * hidden + k] = d;
+            ds[i * pitch + k] = (float)d;
+        }
+        __syncthreads();
+        for (int e = tid; e < elems; e += blockDim.x) {
+            float s = 0.0f;
+            if (e < classes * hidden) {
+                const int c = e / hidden, k = e % hidden;
+                for (int i = 0; i < nr; ++i) s = fmaf(zs[i * classes + c], hs[i * pitch + k], s);
+            } else if (e < classes * hidden + classes) {
+                for (int i = 0; i < nr; ++i) s += zs[i * classes + (e - classes * hidden)];
+            } else {
+                for (int i = 0; i < nr; ++i) s += ds[i * pitch + (e - classes * hidden - classes)];
+            }
+            if (splits == 1) head_result(dw, db, dh_bias, hidden, classes, e, s);
+            else partials[(long long)blockIdx.x * elems + e] = s;
+        }
+    }
+    // The block's statistics, in row order.
+    double block_loss = 0.0;
+    int block_correct = 0;
+    if (tid == 0) {
+        for (int i = 0; i < nr; ++i) block_loss += row_loss[i], block_correct += row_correct[i];
+    }
+    auto write_stats = [&](double sum, int right) {
+        const float count = (float)rows;
+        if (accumulate) {
+            stats[0] += (float)sum;
+            stats[1] += (float)right;
+            stats[2] += count;
+        } else {
+            stats[0] = (float)sum;
+            stats[1] = (float)right;
+            stats[2] = count;
+        }
+    };
+    if (splits == 1) {
+        if (tid == 0) write_stats(block_loss, block_correct);
+        return;
+    }
+    if (tid == 0) {
+        const float hi = (float)block_loss;
+        partial_stats[blockIdx.x * 3] = hi;
+        partial_stats[blockIdx.x * 3 + 1] = (float)(block_loss - (double)hi);
+        partial_stats[blockIdx.x * 3 + 2] = (float)block_correct;
+    }
+    split_reduce(counters, 0, blockIdx.x, splits, [&](int first, int count, int into) {
+        for (int e = tid; e < elems; e += blockDim.x) {
+            const float s = split_sum(partials, e, elems, first, count);
+            if (into >= 0) partials[(long long)into * elems + e] = s;
+            else head_result(dw, db, dh_bias, hidden, classes, e, s);
+        }
+        if (into < 0 && tid == 0) {
+            double sum = 0.0;
+            int right = 0;
+            for (int s = 0; s < splits; ++s) {
+                sum += (double)__ldcg(partial_stats + s * 3) + (double)__ldcg(partial_stats + s * 3 + 1);
+                right += (int)__ldcg(partial_stats + s * 3 + 2);
+            }
+            write_stats(sum, right);
+        }
+    });
+}
+
+NANODDP_ENTRY_EACH_TYPE(softmax_head, (256),
+    (const T* __restrict__ h, const T* __restrict__ w, const float* __restrict__ b,
+     const unsigned char* __restrict__ labels, T* __restrict__ logits, float* __restrict__ loss,
+     float* __restrict__ stats, int accumulate, T* __restrict__ d_logits_or_null, float* __restrict__ dw_or_null,
+     float* __restrict__ db_or_null, T* __restrict__ dh_or_null, float* __restrict__ dh_bias_or_null, int rows,
+     int hidden, int classes,
+     float grad_scale, const float* __restrict__ grad_scale_at_or_null, float* __restrict__ scratch,
+     int* __restrict__ counters),
+    (h, w, b, labels, logits, loss, stats, accumulate, d_logits_or_null, dw_or_null, db_or_null, dh_or_null,
+     dh_bias_or_null, rows, hidden, classes, grad_scale, grad_scale_at_or_null, scratch, counters))

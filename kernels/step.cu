@@ -5,7 +5,9 @@
 // in memory the kernels read when they run, not in their arguments, so the same launches
 // captured once in a CUDA graph replay every step (a graph freezes arguments, not memory).
 //
-// gather_batch_T   x[i][p] = T(pixels[k][p] / 255), y[i] = labels[k], k = order[*batch·shard + i]
+// gather_batch_T   x[i][p] = T(pixels[k][p] / 255), y[i] = labels[k], k = order[*batch·shard + i];
+//                  given lr_table, the step's scalars too, as step_begin (a training step's
+//                  first launch does both)
 //     Launch: flat over n·image elements, 256-thread blocks, grid-stride. Bytes per pixel: 1
 //     read, sizeof(T) written (plus 4 B of order and 1 B of label per image); memory-bound,
 //     ~0.5 MB per 256-image fp32 batch. The division is IEEE's (correctly rounded, as the host
@@ -23,13 +25,31 @@
 //     float sum would not be). n·4 B read; launch-bound.
 #include "simt.cuh"
 
+// The step's scalars (step_begin's work). A batch past the table gets a NaN learning rate:
+// the weights turn NaN and the trainer reports it, instead of reading past the table.
+__device__ __forceinline__ void begin_step(const float* __restrict__ lr_table, unsigned long long table_len,
+                                           const unsigned int* __restrict__ batch,
+                                           const float* __restrict__ loss_scale, float global, float* __restrict__ lr,
+                                           float* __restrict__ grad_scale, float* __restrict__ inv_scale) {
+    const unsigned b = *batch;
+    *lr = b < table_len ? lr_table[b] : __int_as_float(0x7fc00000);
+    const float s = *loss_scale;
+    *grad_scale = s / global;
+    *inv_scale = 1.0f / s;
+}
+
 template <class T>
 __device__ __forceinline__ void gather_batch(const unsigned char* __restrict__ pixels,
                                              const unsigned char* __restrict__ labels,
                                              unsigned long long count, const unsigned int* __restrict__ order,
                                              unsigned long long order_len, const unsigned int* __restrict__ batch,
                                              int shard, int image, int n, T* __restrict__ x,
-                                             unsigned char* __restrict__ y) {
+                                             unsigned char* __restrict__ y, const float* __restrict__ lr_table,
+                                             unsigned long long table_len, const float* __restrict__ loss_scale,
+                                             float global, float* __restrict__ lr, float* __restrict__ grad_scale,
+                                             float* __restrict__ inv_scale) {
+    if (lr_table && blockIdx.x == 0 && threadIdx.x == 0)
+        begin_step(lr_table, table_len, batch, loss_scale, global, lr, grad_scale, inv_scale);
     const unsigned long long first = (unsigned long long)*batch * (unsigned)shard;
     SIMT_GRID_STRIDE_LOOP(e, (unsigned long long)n * (unsigned)image) {
         const unsigned long long i = e / (unsigned)image, p = e % (unsigned)image;
@@ -49,21 +69,19 @@ NANODDP_ENTRY_EACH_TYPE(gather_batch, (256),
     (const unsigned char* __restrict__ pixels, const unsigned char* __restrict__ labels,
      unsigned long long count, const unsigned int* __restrict__ order, unsigned long long order_len,
      const unsigned int* __restrict__ batch, int shard, int image, int n, T* __restrict__ x,
-     unsigned char* __restrict__ y),
-    (pixels, labels, count, order, order_len, batch, shard, image, n, x, y))
+     unsigned char* __restrict__ y, const float* __restrict__ lr_table_or_null, unsigned long long table_len,
+     const float* __restrict__ loss_scale_or_null, float global, float* __restrict__ lr_or_null,
+     float* __restrict__ grad_scale_or_null, float* __restrict__ inv_scale_or_null),
+    (pixels, labels, count, order, order_len, batch, shard, image, n, x, y, lr_table_or_null, table_len,
+     loss_scale_or_null, global, lr_or_null, grad_scale_or_null, inv_scale_or_null))
 
-// One thread. A batch past the table gets a NaN learning rate: the weights turn NaN and the
-// trainer reports it, instead of reading past the table.
+// One thread: begin_step.
 extern "C" __global__ void __launch_bounds__(32)
     step_begin(const float* __restrict__ lr_table, unsigned long long table_len,
                const unsigned int* __restrict__ batch, const float* __restrict__ loss_scale, float global,
                float* __restrict__ lr, float* __restrict__ grad_scale, float* __restrict__ inv_scale) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    const unsigned b = *batch;
-    *lr = b < table_len ? lr_table[b] : __int_as_float(0x7fc00000);
-    const float s = *loss_scale;
-    *grad_scale = s / global;
-    *inv_scale = 1.0f / s;
+    begin_step(lr_table, table_len, batch, loss_scale, global, lr, grad_scale, inv_scale);
 }
 
 // One thread. With `clean` (fp16's dynamic loss scaling) the scale halves (not below 1) on an

@@ -10,11 +10,12 @@
 use super::op::{
     Add, Args, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
     Conv2dBackward, Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
-    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, ShardStats,
-    SoftmaxCrossEntropy, StepBegin, StepEnd,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherAndBegin, GatherBatch, Gemm,
+    GradCheck, GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany,
+    ShardStats, SoftmaxCrossEntropy, SoftmaxHead, StepBegin, StepEnd,
 };
 use super::precision::Precision;
+use super::shapes::{Conv2dShape, Epilogue, GemmShape};
 use super::{BackendError, Memory};
 
 /// What every backend operation returns.
@@ -74,6 +75,28 @@ pub trait BackendImpl: Memory + Sized {
     fn step_begin(&self, op: Checked<StepBegin<'_, Self>>) -> OpResult;
     fn shard_stats(&self, op: Checked<ShardStats<'_, Self>>) -> OpResult;
     fn step_end(&self, op: Checked<StepEnd<'_, Self>>) -> OpResult;
+
+    /// Default: the step's scalars, then the gather.
+    fn gather_batch_and_begin<T: Precision>(
+        &self,
+        op: Checked<GatherAndBegin<'_, Self, T>>,
+    ) -> OpResult {
+        let GatherAndBegin { gather, begin } = op.into_inner();
+        let scalars = StepBegin {
+            lr_table: begin.lr_table,
+            batch: gather.batch,
+            loss_scale: begin.loss_scale,
+            global: begin.global,
+            out: begin.out,
+        };
+        run(self, scalars, Self::step_begin)?;
+        run(self, gather, Self::gather_batch)
+    }
+
+    /// Default: the operations it fuses, one after the other (`head_unfused`).
+    fn softmax_head<T: Precision>(&self, op: Checked<SoftmaxHead<'_, Self, T>>) -> OpResult {
+        head_unfused(self, op)
+    }
 
     /// Default: the convolution with its ReLU, then the pool reading `y` back
     /// (`conv_relu_then_pool`).
@@ -188,6 +211,109 @@ pub(super) fn conv_relu_then_pool<B: BackendImpl, T: Precision>(
         y: op.pooled,
     };
     run(backend, pooling, B::avg_pool_forward)
+}
+
+/// [`BackendImpl::softmax_head`] unfused: the layer's GEMM, the softmax cross-entropy, the
+/// shard's statistics, then the weight gradient's GEMM, the bias gradient, the input
+/// gradient's GEMM, the ReLU's backward and the bias gradient below (the default, and a fusing backend's way for
+/// shapes it does not fuse). The correct count and the input gradient before the ReLU are
+/// workspace allocated here.
+pub(super) fn head_unfused<B: BackendImpl, T: Precision>(
+    backend: &B,
+    op: Checked<SoftmaxHead<'_, B, T>>,
+) -> OpResult {
+    let op = op.into_inner();
+    let (rows, hidden, classes) = (op.rows, op.hidden, op.classes);
+    let forward = Gemm {
+        shape: &GemmShape {
+            m: rows,
+            n: classes,
+            k: hidden,
+            trans_a: false,
+            trans_b: true,
+        },
+        a: op.h,
+        b: op.w,
+        bias: Some(op.b),
+        c: &mut *op.logits,
+        epilogue: Epilogue::default(),
+    };
+    run(backend, forward, B::gemm)?;
+    let mut correct = backend.alloc_zeros::<i32>(1)?;
+    let mut grad = op.grad;
+    let grad_scale = grad.as_ref().map_or(0.0, |g| g.grad_scale);
+    let at = grad.as_ref().and_then(|g| g.at);
+    let loss = SoftmaxCrossEntropy {
+        rows,
+        classes,
+        logits: &*op.logits,
+        labels: op.labels,
+        loss: &mut *op.loss,
+        grad: grad.as_mut().map(|g| &mut *g.d_logits),
+        correct: &mut correct,
+        grad_scale,
+        at,
+    };
+    run(backend, loss, B::softmax_cross_entropy)?;
+    let stats = ShardStats {
+        loss: &*op.loss,
+        correct: &mut correct,
+        out: op.stats,
+        accumulate: op.accumulate,
+    };
+    run(backend, stats, B::shard_stats)?;
+    let Some(g) = grad else {
+        return Ok(());
+    };
+    let weight = Gemm {
+        shape: &GemmShape {
+            m: classes,
+            n: hidden,
+            k: rows,
+            trans_a: true,
+            trans_b: false,
+        },
+        a: &*g.d_logits,
+        b: op.h,
+        bias: None,
+        c: g.dw,
+        epilogue: Epilogue::default(),
+    };
+    run(backend, weight, B::gemm)?;
+    let bias = Conv2dBackwardBias {
+        shape: &Conv2dShape::columns(rows, classes),
+        dy: &*g.d_logits,
+        db: g.db,
+    };
+    run(backend, bias, B::conv2d_backward_bias)?;
+    let mut before_relu = backend.alloc_zeros::<T>(rows * hidden)?;
+    let input = Gemm {
+        shape: &GemmShape {
+            m: rows,
+            n: hidden,
+            k: classes,
+            trans_a: false,
+            trans_b: false,
+        },
+        a: &*g.d_logits,
+        b: op.w,
+        bias: None,
+        c: &mut before_relu,
+        epilogue: Epilogue::default(),
+    };
+    run(backend, input, B::gemm)?;
+    let relu = ReluBackward {
+        y: op.h,
+        dy: &before_relu,
+        dx: &mut *g.dh,
+    };
+    run(backend, relu, B::relu_backward)?;
+    let below = Conv2dBackwardBias {
+        shape: &Conv2dShape::columns(rows, hidden),
+        dy: &*g.dh,
+        db: g.dh_bias,
+    };
+    run(backend, below, B::conv2d_backward_bias)
 }
 
 /// Checks `args` and runs `op` on them: how the fused defaults call their parts (the checks

@@ -474,6 +474,81 @@ impl<B: Memory, T: DeviceScalar> Args for SoftmaxCrossEntropy<'_, B, T> {
     }
 }
 
+/// The backward half of [`Backend::softmax_head`](super::Backend::softmax_head): the
+/// factor on the logits' gradient and the buffers the gradients go to.
+pub struct HeadGradient<'a, B: Memory, T: DeviceScalar> {
+    /// The logits' gradient's factor, as
+    /// [`Backend::softmax_cross_entropy`](super::Backend::softmax_cross_entropy)'s
+    /// `grad_scale`; with `at`, read from `at.grad_scale` on the device instead.
+    pub grad_scale: f32,
+    /// Where the device holds the factor, if it does.
+    pub at: Option<&'a StepScalars<B>>,
+    /// The logits' gradient (rows x classes).
+    pub d_logits: &'a mut Buf<B, T>,
+    /// The layer's weight gradient (classes x hidden).
+    pub dw: &'a mut Buf<B, f32>,
+    /// The layer's bias gradient (classes).
+    pub db: &'a mut Buf<B, f32>,
+    /// The input's gradient through the ReLU that made it (rows x hidden).
+    pub dh: &'a mut Buf<B, T>,
+    /// `dh` summed over the rows (hidden): the bias gradient of the layer that made `h`.
+    pub dh_bias: &'a mut Buf<B, f32>,
+}
+
+/// [`Backend::softmax_head`](super::Backend::softmax_head)'s arguments.
+pub struct SoftmaxHead<'a, B: Memory, T: DeviceScalar> {
+    pub rows: usize,
+    pub hidden: usize,
+    pub classes: usize,
+    pub h: &'a Buf<B, T>,
+    pub w: &'a Buf<B, T>,
+    pub b: &'a Buf<B, f32>,
+    pub labels: &'a Buf<B, u8>,
+    pub logits: &'a mut Buf<B, T>,
+    pub loss: &'a mut Buf<B, f32>,
+    pub stats: &'a mut Buf<B, f32>,
+    pub accumulate: bool,
+    pub grad: Option<HeadGradient<'a, B, T>>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for SoftmaxHead<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        const OP: &str = "softmax_head";
+        let (rows, hidden, classes) = (self.rows, self.hidden, self.classes);
+        let fits = |a: usize, b: usize| a.checked_mul(b).is_some_and(|n| n <= i32::MAX as usize);
+        if rows == 0 || hidden == 0 || classes == 0 || !fits(rows, hidden.max(classes)) {
+            return Err(BackendError::BadShape {
+                op: OP,
+                detail: format!("{rows} rows x {hidden} inputs x {classes} classes"),
+            });
+        }
+        let mut buffers = vec![
+            ("h", self.h.len(), rows * hidden),
+            ("w", self.w.len(), classes * hidden),
+            ("b", self.b.len(), classes),
+            ("labels", self.labels.len(), rows),
+            ("logits", self.logits.len(), rows * classes),
+            ("loss", self.loss.len(), rows),
+            ("stats", self.stats.len(), STATS),
+        ];
+        if let Some(g) = &self.grad {
+            if let Some(at) = g.at {
+                at.check(OP)?;
+            }
+            buffers.extend([
+                ("d_logits", g.d_logits.len(), rows * classes),
+                ("dw", g.dw.len(), classes * hidden),
+                ("db", g.db.len(), classes),
+                ("dh", g.dh.len(), rows * hidden),
+                ("dh_bias", g.dh_bias.len(), hidden),
+            ]);
+        }
+        buffers
+            .into_iter()
+            .try_for_each(|(name, got, expected)| check::expect_len(OP, name, got, expected))
+    }
+}
+
 /// [`Backend::grad_check`](super::Backend::grad_check)'s arguments.
 pub struct GradCheck<'a, B: Memory, G: DeviceScalar> {
     pub grad: &'a Buf<B, G>,
@@ -570,15 +645,54 @@ impl<B: Memory> Args for StepBegin<'_, B> {
     fn check(&self) -> Result<(), BackendError> {
         const OP: &str = "step_begin";
         one(OP, "batch", self.batch.len())?;
-        one(OP, "loss_scale", self.loss_scale.len())?;
-        self.out.check(OP)?;
-        if self.global == 0 {
-            return Err(BackendError::BadShape {
-                op: OP,
-                detail: "a global batch of 0 images".into(),
-            });
-        }
-        Ok(())
+        begin_checks(OP, self.loss_scale, self.global, self.out)
+    }
+}
+
+/// A step's scalars' checks, but for the batch index: one loss scale, scalars of one element
+/// each, a global batch of at least one image.
+fn begin_checks<B: Memory>(
+    op: &'static str,
+    loss_scale: &Buf<B, f32>,
+    global: usize,
+    out: &StepScalars<B>,
+) -> Result<(), BackendError> {
+    one(op, "loss_scale", loss_scale.len())?;
+    out.check(op)?;
+    if global == 0 {
+        return Err(BackendError::BadShape {
+            op,
+            detail: "a global batch of 0 images".into(),
+        });
+    }
+    Ok(())
+}
+
+/// [`Backend::step_begin`](super::Backend::step_begin)'s inputs and result but the batch
+/// index, which the shard's gather shares
+/// ([`Backend::gather_batch_and_begin`](super::Backend::gather_batch_and_begin)).
+pub struct BeginStep<'a, B: Memory> {
+    /// The learning rate of each batch of the epoch.
+    pub lr_table: &'a Buf<B, f32>,
+    /// The loss scale (one element).
+    pub loss_scale: &'a Buf<B, f32>,
+    /// Images in the step's batch over every rank.
+    pub global: usize,
+    /// The step's scalars.
+    pub out: &'a mut StepScalars<B>,
+}
+
+/// [`Backend::gather_batch_and_begin`](super::Backend::gather_batch_and_begin)'s arguments.
+pub struct GatherAndBegin<'a, B: Memory, T: DeviceScalar> {
+    pub gather: GatherBatch<'a, B, T>,
+    pub begin: BeginStep<'a, B>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for GatherAndBegin<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        self.gather.check()?;
+        let b = &self.begin;
+        begin_checks("gather_batch_and_begin", b.loss_scale, b.global, b.out)
     }
 }
 

@@ -11,11 +11,12 @@
 
 use super::backend_impl::{run, BackendImpl};
 use super::op::{
-    Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Conv2dBackward,
-    Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
-    GradCheckMany, InputGradient, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd,
-    SgdMany, SgdTensor, ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
+    Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, BeginStep, Cast,
+    Conv2dBackward, Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherAndBegin, GatherBatch, Gemm,
+    GradCheck, GradCheckMany, HeadGradient, InputGradient, MaxPoolBackward, MaxPoolForward,
+    ReluBackward, Scale, Sgd, SgdMany, SgdTensor, ShardStats, SoftmaxCrossEntropy, SoftmaxHead,
+    StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
@@ -254,6 +255,31 @@ pub trait Backend: Memory + Sized {
         at: Option<&StepScalars<Self>>,
     ) -> Result<(), BackendError>;
 
+    /// A classifier's head, forward and backward: the linear layer `logits = h·wᵀ + b` (`h`
+    /// rows x hidden, `w` classes x hidden), each row's softmax cross-entropy `loss` as
+    /// [`Backend::softmax_cross_entropy`], and the shard's statistics into `stats` as
+    /// [`Backend::shard_stats`] (added with `accumulate`). With `grad`, the backward pass
+    /// too: the logits' gradient, the layer's weight and bias gradients (summed over the
+    /// rows), the gradient of `h` through the ReLU that made it (`dh = (d_logits·w)` where
+    /// `h > 0`, else 0) and its sum over the rows (the bias gradient of the layer below). The same results as those operations one after the other, which is
+    /// what backends that do not fuse them run; the kernel backends run one launch.
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_head<T: Precision>(
+        &self,
+        rows: usize,
+        hidden: usize,
+        classes: usize,
+        h: &Buf<Self, T>,
+        w: &Buf<Self, T>,
+        b: &Buf<Self, f32>,
+        labels: &Buf<Self, u8>,
+        logits: &mut Buf<Self, T>,
+        loss: &mut Buf<Self, f32>,
+        stats: &mut Buf<Self, f32>,
+        accumulate: bool,
+        grad: Option<HeadGradient<'_, Self, T>>,
+    ) -> Result<(), BackendError>;
+
     /// Sets `found[0] = 1` if any gradient is inf or NaN (leaves it alone otherwise).
     fn grad_check<G: Precision>(
         &self,
@@ -294,6 +320,22 @@ pub trait Backend: Memory + Sized {
         shard: usize,
         x: &mut Buf<Self, T>,
         y: &mut Buf<Self, u8>,
+    ) -> Result<(), BackendError>;
+
+    /// [`Backend::step_begin`] and [`Backend::gather_batch`] of one `batch`: a training
+    /// step's first work, one launch on the kernel backends (the same results as the two one
+    /// after the other, which the others run).
+    #[allow(clippy::too_many_arguments)]
+    fn gather_batch_and_begin<T: Precision>(
+        &self,
+        pixels: &Buf<Self, u8>,
+        labels: &Buf<Self, u8>,
+        order: &Buf<Self, u32>,
+        batch: &Buf<Self, u32>,
+        shard: usize,
+        x: &mut Buf<Self, T>,
+        y: &mut Buf<Self, u8>,
+        begin: BeginStep<'_, Self>,
     ) -> Result<(), BackendError>;
 
     /// A step's scalars, in device memory: `out.lr = lr_table[batch[0]]` (NaN past the
@@ -654,6 +696,38 @@ impl<B: BackendImpl> Backend for B {
         run(self, op, BackendImpl::softmax_cross_entropy)
     }
 
+    fn softmax_head<T: Precision>(
+        &self,
+        rows: usize,
+        hidden: usize,
+        classes: usize,
+        h: &Buf<B, T>,
+        w: &Buf<B, T>,
+        b: &Buf<B, f32>,
+        labels: &Buf<B, u8>,
+        logits: &mut Buf<B, T>,
+        loss: &mut Buf<B, f32>,
+        stats: &mut Buf<B, f32>,
+        accumulate: bool,
+        grad: Option<HeadGradient<'_, B, T>>,
+    ) -> Result<(), BackendError> {
+        let op = SoftmaxHead {
+            rows,
+            hidden,
+            classes,
+            h,
+            w,
+            b,
+            labels,
+            logits,
+            loss,
+            stats,
+            accumulate,
+            grad,
+        };
+        run(self, op, BackendImpl::softmax_head)
+    }
+
     fn grad_check<G: Precision>(
         &self,
         grad: &Buf<B, G>,
@@ -736,6 +810,30 @@ impl<B: BackendImpl> Backend for B {
             y,
         };
         run(self, op, BackendImpl::gather_batch)
+    }
+
+    fn gather_batch_and_begin<T: Precision>(
+        &self,
+        pixels: &Buf<B, u8>,
+        labels: &Buf<B, u8>,
+        order: &Buf<B, u32>,
+        batch: &Buf<B, u32>,
+        shard: usize,
+        x: &mut Buf<B, T>,
+        y: &mut Buf<B, u8>,
+        begin: BeginStep<'_, B>,
+    ) -> Result<(), BackendError> {
+        let gather = GatherBatch {
+            pixels,
+            labels,
+            order,
+            batch,
+            shard,
+            x,
+            y,
+        };
+        let op = GatherAndBegin { gather, begin };
+        run(self, op, BackendImpl::gather_batch_and_begin)
     }
 
     fn step_begin(

@@ -40,6 +40,8 @@ pub enum PrecisionOp {
     AvgPoolReluBackward,
     /// `softmax_cross_entropy_*`
     SoftmaxCrossEntropy,
+    /// `softmax_head_*` (a linear layer, the loss, their gradients)
+    SoftmaxHead,
     /// `relu_backward_*`
     ReluBackward,
     /// `cast_from_f32_*` (by the output's type)
@@ -76,6 +78,7 @@ impl PrecisionOp {
             Self::AvgPoolBackward => &pool::AVG_POOL_BACKWARD,
             Self::AvgPoolReluBackward => &pool::AVG_POOL_RELU_BACKWARD,
             Self::SoftmaxCrossEntropy => &loss::SOFTMAX_CROSS_ENTROPY,
+            Self::SoftmaxHead => &loss::SOFTMAX_HEAD,
             Self::ReluBackward => &elementwise::RELU_BACKWARD,
             Self::CastFromF32 => &elementwise::CAST_FROM_F32,
             Self::CastToF32 => &elementwise::CAST_TO_F32,

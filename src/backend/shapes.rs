@@ -119,6 +119,23 @@ pub struct Conv2dShape {
 }
 
 impl Conv2dShape {
+    /// A batch of `features`-wide rows seen as 1x1 images of `features` channels: the shape
+    /// under which [`Backend::conv2d_backward_bias`](super::Backend::conv2d_backward_bias)
+    /// sums a linear layer's output gradient over the batch (its bias gradient).
+    pub fn columns(batch: usize, features: usize) -> Self {
+        Conv2dShape {
+            batch,
+            in_c: 1,
+            in_h: 1,
+            in_w: 1,
+            out_c: features,
+            k_h: 1,
+            k_w: 1,
+            stride: 1,
+            pad: 0,
+        }
+    }
+
     /// Output height.
     pub fn out_h(&self) -> usize {
         (self.in_h + 2 * self.pad).saturating_sub(self.k_h) / self.stride.max(1) + 1

@@ -181,16 +181,17 @@ pub fn run(
         )));
     }
     // A missing GPU is the command line's problem, found before anything is measured.
-    // On the stand-in, the launch profile (the PTX executor's counts) is what there is to
-    // report; its GPU must choose that executor before it loads a module.
-    let profiled = target == BackendArg::Cuda && nanoddp::backend::cuda::is_standin();
-    if profiled {
-        super::bench_profile::begin()?;
-    }
     let cuda = match target {
         BackendArg::Cuda => Some(CudaDevice::new(0).map_err(CliError::Device)?),
         _ => None,
     };
+    // On the stand-in, the launch profile (the PTX executor's counts) is what there is to
+    // report; its GPU must choose that executor before it loads a module (modules load at
+    // a kernel's first launch, not with the device).
+    let profiled = cuda.is_some() && nanoddp::backend::cuda::is_standin();
+    if profiled {
+        super::bench_profile::begin()?;
+    }
     writeln!(
         out,
         "operands: {precision} (accumulation and weight gradients f32)"

@@ -15,7 +15,7 @@
 
 use std::any::Any;
 
-use crate::backend::op::SgdTensor;
+use crate::backend::op::{BeginStep, HeadGradient, SgdTensor};
 use crate::backend::{
     Backend, BackendError, Conv2dShape, Epilogue, Pool2dShape, Precision, SgdStep, StepScalars,
     TensorTable, STATS,
@@ -133,21 +133,6 @@ pub fn conv2(batch: usize) -> Conv2dShape {
 pub fn pool2(batch: usize) -> Pool2dShape {
     LENET.pool2(batch)
 }
-/// Rows of a linear layer's activations seen as a 1x1 "convolution" output, so the bias
-/// gradient (a column sum) reuses the convolution's bias-gradient operation.
-fn columns(batch: usize, features: usize) -> Conv2dShape {
-    Conv2dShape {
-        batch,
-        in_c: 1,
-        in_h: 1,
-        in_w: 1,
-        out_c: features,
-        k_h: 1,
-        k_w: 1,
-        stride: 1,
-        pad: 0,
-    }
-}
 
 /// Activations of one shard size.
 struct Activations<B: Backend, T: Precision> {
@@ -161,14 +146,10 @@ struct Activations<B: Backend, T: Precision> {
     h: B::Buffer<T>,
     logits: B::Buffer<T>,
     loss: B::Buffer<f32>,
-    /// Rows classified correctly, added to by the loss and reset by
-    /// [`Backend::shard_stats`], so no step clears it from the host.
-    correct: B::Buffer<i32>,
     /// The shard's statistics ([`STATS`]) when the caller keeps none.
     stats: B::Buffer<f32>,
-    // Gradients flowing back; `*_lin` before a ReLU's mask, the plain name after it.
+    // Gradients flowing back (after each ReLU's mask).
     d_logits: B::Buffer<T>,
-    d_h_lin: B::Buffer<T>,
     d_h: B::Buffer<T>,
     d_p2: B::Buffer<T>,
     /// conv2's output gradient, where a backend that does not fuse its backward holds it.
@@ -196,10 +177,8 @@ impl<B: Backend, T: Precision> Activations<B, T> {
             h: f(hidden)?,
             logits: f(classes)?,
             loss: dev.alloc_zeros::<f32>(batch)?,
-            correct: dev.alloc_zeros::<i32>(1)?,
             stats: dev.alloc_zeros::<f32>(STATS)?,
             d_logits: f(classes)?,
-            d_h_lin: f(hidden)?,
             d_h: f(hidden)?,
             d_p2: f(p2)?,
             d_c2: f(c2)?,
@@ -392,34 +371,77 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
 
     /// [`Replica::step_with`] on a shard the device gathers itself from a data set it holds
     /// ([`Backend::gather_batch`]), with nothing read back: the shard's statistics land in
-    /// `out` ([`STATS`]; added to it with `accumulate`), and with `train` the backward pass
-    /// runs with the gradient factor `train.grad_scale`, read from device memory. Every value
-    /// the step uses is in device memory, so its work can be captured once and replayed.
+    /// `out` ([`STATS`]; added to it with `accumulate`). With `train`, the step's scalars
+    /// are computed first, by the gather's launch ([`Backend::gather_batch_and_begin`]), and
+    /// the backward pass runs with their gradient factor, read from device memory. Every
+    /// value the step uses is in device memory, so its work can be captured once and
+    /// replayed.
     pub fn step_gathered<'s>(
         &'s mut self,
         shard: &GatheredShard<'_, B>,
-        train: Option<&StepScalars<B>>,
+        train: Option<BeginStep<'_, B>>,
         out: &mut B::Buffer<f32>,
         accumulate: bool,
         ready: impl FnMut(usize, &'s mut B::Buffer<f32>),
     ) -> Result<(), BackendError> {
         let n = shard.n;
         let (dev, acts) = (&self.dev, &mut self.acts);
-        if n > 0 {
-            let a = shaped(dev, acts, n)?;
-            dev.gather_batch(
-                shard.pixels,
-                shard.labels,
-                shard.order,
-                shard.batch,
-                shard.stride,
-                &mut a.x,
-                &mut a.labels,
-            )?;
-        } else if !accumulate {
+        let scalars = match train {
+            Some(begin) if n > 0 => {
+                let a = shaped(dev, acts, n)?;
+                let BeginStep {
+                    lr_table,
+                    loss_scale,
+                    global,
+                    out: scalars,
+                } = begin;
+                let begin = BeginStep {
+                    lr_table,
+                    loss_scale,
+                    global,
+                    out: &mut *scalars,
+                };
+                dev.gather_batch_and_begin(
+                    shard.pixels,
+                    shard.labels,
+                    shard.order,
+                    shard.batch,
+                    shard.stride,
+                    &mut a.x,
+                    &mut a.labels,
+                    begin,
+                )?;
+                Some(&*scalars)
+            }
+            Some(begin) => {
+                dev.step_begin(
+                    begin.lr_table,
+                    shard.batch,
+                    begin.loss_scale,
+                    begin.global,
+                    begin.out,
+                )?;
+                Some(&*begin.out)
+            }
+            None if n > 0 => {
+                let a = shaped(dev, acts, n)?;
+                dev.gather_batch(
+                    shard.pixels,
+                    shard.labels,
+                    shard.order,
+                    shard.batch,
+                    shard.stride,
+                    &mut a.x,
+                    &mut a.labels,
+                )?;
+                None
+            }
+            None => None,
+        };
+        if n == 0 && !accumulate {
             dev.write(&[0.0; STATS], out)?;
         }
-        let grad = train.map(|at| (0.0, Some(at)));
+        let grad = scalars.map(|at| (0.0, Some(at)));
         self.passes(n, grad, Some((out, accumulate)), ready)?;
         Ok(())
     }
@@ -498,69 +520,55 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
                 ..Epilogue::default()
             },
         )?;
-        let fc2 = LENET.fc2(n);
-        dev.gemm(
-            &fc2.forward(),
-            &a.h,
-            w4,
-            Some(b4),
-            &mut a.logits,
-            Epilogue::default(),
-        )?;
-        let (scale, at) = grad.unwrap_or((0.0, None));
-        let d_logits = grad.map(|_| &mut a.d_logits);
-        dev.softmax_cross_entropy(
-            n,
-            CLASSES,
-            &a.logits,
-            &a.labels,
-            &mut a.loss,
-            d_logits,
-            &mut a.correct,
-            scale,
-            at,
-        )?;
+        // fc2, the loss and the shard's statistics; with `grad`, fc2's gradients and the
+        // gradient of h through fc1's ReLU (one launch on the kernel backends).
         let read_back = out.is_none();
-        match out {
-            Some((out, accumulate)) => dev.shard_stats(&a.loss, &mut a.correct, out, accumulate)?,
-            None => dev.shard_stats(&a.loss, &mut a.correct, &mut a.stats, false)?,
-        }
-        let stats = |a: &Activations<B, T>| -> Result<_, BackendError> {
-            Ok(if read_back {
-                Some(dev.download(&a.stats)?)
-            } else {
-                None
-            })
+        let (stats_out, accumulate) = match out {
+            Some((out, accumulate)) => (out, accumulate),
+            None => (&mut a.stats, false),
         };
-        if grad.is_none() {
-            return stats(a);
-        }
-
-        // Backward.
         let [g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, g_w4, g_b4] = &mut grads[..] else {
             unreachable!("eight tensors")
         };
-        // fc2: dW = dlogitsᵀ·h, db = Σ dlogits, dh = dlogits·W, then through fc1's ReLU.
-        let dw = Epilogue::default();
-        dev.gemm::<T, f32>(&fc2.weight_gradient(), &a.d_logits, &a.h, None, g_w4, dw)?;
-        ready(weight(FC2), g_w4);
-        dev.conv2d_backward_bias(&columns(n, CLASSES), &a.d_logits, g_b4)?;
-        ready(bias(FC2), g_b4);
-        dev.gemm(
-            &fc2.input_gradient(),
-            &a.d_logits,
+        let head_grad = grad.map(|(grad_scale, at)| HeadGradient {
+            grad_scale,
+            at,
+            d_logits: &mut a.d_logits,
+            dw: &mut *g_w4,
+            db: &mut *g_b4,
+            dh: &mut a.d_h,
+            dh_bias: &mut *g_b3,
+        });
+        dev.softmax_head(
+            n,
+            LENET.hidden,
+            CLASSES,
+            &a.h,
             w4,
-            None,
-            &mut a.d_h_lin,
-            Epilogue::default(),
+            b4,
+            &a.labels,
+            &mut a.logits,
+            &mut a.loss,
+            stats_out,
+            accumulate,
+            head_grad,
         )?;
-        dev.relu_backward(&a.h, &a.d_h_lin, &mut a.d_h)?;
-        // fc1: dW = dhᵀ·p2, db = Σ dh, dp2 = dh·W.
+        if grad.is_none() {
+            return Ok(if read_back {
+                Some(dev.download(&a.stats)?)
+            } else {
+                None
+            });
+        }
+        ready(weight(FC2), g_w4);
+        ready(bias(FC2), g_b4);
+
+        // Backward, from fc1 on.
+        // fc1: dW = dhᵀ·p2, dp2 = dh·W (db = Σ dh came with dh).
         let dw = Epilogue::default();
         dev.gemm::<T, f32>(&fc1.weight_gradient(), &a.d_h, &a.p2, None, g_w3, dw)?;
         ready(weight(FC1), g_w3);
-        dev.conv2d_backward_bias(&columns(n, LENET.hidden), &a.d_h, g_b3)?;
-        ready(bias(FC1), g_b3);
+        ready(bias(FC1), g_b3); // written by the head, handed over in BACKWARD_ORDER
         dev.gemm(
             &fc1.input_gradient(),
             &a.d_h,
@@ -597,7 +605,11 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         )?;
         ready(weight(CONV1), g_w1);
         ready(bias(CONV1), g_b1);
-        stats(a)
+        Ok(if read_back {
+            Some(dev.download(&a.stats)?)
+        } else {
+            None
+        })
     }
 
     /// Sets `found[0] = 1` if any gradient is inf or NaN (an overflow under the loss scale):

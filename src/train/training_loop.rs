@@ -15,9 +15,8 @@ use super::{
     checkpoint, gradient_buckets, rank_cores, EpochReport, Event, LossScaler, StepReport,
     TrainConfig, TrainError,
 };
-use crate::backend::{
-    Backend, BackendError, Graph, Memory, Precision, SgdStep, Staging, StepScalars,
-};
+use crate::backend::op::BeginStep;
+use crate::backend::{Backend, BackendError, Graph, Memory, Precision, SgdStep, Staging};
 use crate::comm::collective::Collective;
 use crate::comm::communicator::{communicator, CommConfig};
 use crate::comm::rank_threads::{on_each_rank, RankPanicked};
@@ -156,7 +155,7 @@ fn reduce_step_stats<C: Collective>(
 }
 
 /// Forward and backward on this rank's shard (gathered by the device: `shard`, with the
-/// step's scalars `at`, its statistics into `out`) with the gradients' allreduce overlapped,
+/// step's scalars computed as `begin` says, its statistics into `out`) with the gradients' allreduce overlapped,
 /// as DDP does it: as soon as the backward pass hands a bucket over, the rank's thread
 /// queues the bucket's reduction (tensor by tensor, in bucket order, the same on every
 /// rank) on the rank's own queue, ordered after the backward work that produced it by a
@@ -169,9 +168,9 @@ fn reduce_step_stats<C: Collective>(
 fn step_and_reduce<C, T>(
     rank: &mut C,
     replica: &mut Replica<C::Device, T>,
-    (shard, at, out): (
+    (shard, begin, out): (
         &GatheredShard<'_, C::Device>,
-        &StepScalars<C::Device>,
+        BeginStep<'_, C::Device>,
         &mut StatsBuffer<C>,
     ),
     (bucket_of, marks): (&[usize; PARAMS.len()], Option<&QueueMarks<C::Device>>),
@@ -184,7 +183,7 @@ where
 {
     // One rank has nothing to reduce.
     let Some(marks) = marks.filter(|_| rank.size() > 1) else {
-        replica.step_gathered(shard, Some(at), out, false, |_, _| {})?;
+        replica.step_gathered(shard, Some(begin), out, false, |_, _| {})?;
         return Ok(0.0);
     };
     let compute = replica.dev.clone();
@@ -196,7 +195,7 @@ where
     for &b in bucket_of {
         sizes[b] += 1;
     }
-    let computed = replica.step_gathered(shard, Some(at), out, false, |i, g| {
+    let computed = replica.step_gathered(shard, Some(begin), out, false, |i, g| {
         open.push(g);
         filled[bucket_of[i]] += 1;
         if filled[bucket_of[i]] < sizes[bucket_of[i]] || failed.is_some() {
@@ -289,18 +288,18 @@ where
 {
     let dev = replica.dev.clone();
     between.begin(&dev)?;
-    dev.step_begin(
-        &state.lr_table,
-        &state.batch,
-        &state.loss_scale,
-        p.global,
-        &mut state.scalars,
-    )?;
     let shard = set.shard(&state.order, &state.batch, state.stride, p.n);
+    // The step's scalars come from the gather's launch (Backend::gather_batch_and_begin).
+    let begin = BeginStep {
+        lr_table: &state.lr_table,
+        loss_scale: &state.loss_scale,
+        global: p.global,
+        out: &mut state.scalars,
+    };
     let exposed = step_and_reduce(
         rank,
         replica,
-        (&shard, &state.scalars, &mut state.current),
+        (&shard, begin, &mut state.current),
         buckets,
         algorithm,
         between,

@@ -230,6 +230,15 @@ copy_binaries() {
 copy_binaries
 rmdir "$bundle/unit" 2>/dev/null || true
 
+# The CUDA stand-in, for run.sh's profile step: the launch profile its PTX executor counts
+# (bench kernels --backend cuda on it), whose H100 estimates the report sets beside ncu's.
+standin_lib=$(dirname "$cli")/cuda-standin/libcuda.so.1
+if [ -f "$standin_lib" ]; then
+  mkdir -p "$bundle/standin"
+  cp "$standin_lib" "$bundle/standin/"
+  ln -s libcuda.so.1 "$bundle/standin/libcuda.so"
+fi
+
 # Training data for run.sh's train and PyTorch steps.
 data_note="the 3,000/1,000-image subset from tests/data; throughput on it is mostly start-up"
 if [ "$full_data" = 1 ]; then

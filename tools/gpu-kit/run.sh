@@ -73,7 +73,7 @@ export RUST_BACKTRACE=1
 
 # ------------------------------------------------------------------ recording steps
 S_TITLE=() S_STATUS=() S_RC=() S_WALL=() S_NOTE=()
-TEST_ROWS=() SAN_ROWS=() TRAIN_ROWS=() TORCH_ROWS=() RATIO_ROWS=() ENV_NOTES=()
+TEST_ROWS=() SAN_ROWS=() TRAIN_ROWS=() TORCH_ROWS=() RATIO_ROWS=() ENV_NOTES=() MODEL_ROWS=()
 state="in progress"
 
 md_cell() { local s=${1//|/\\|}; printf '%s' "${s//$'\n'/ }"; }
@@ -192,6 +192,16 @@ write_report() {
       echo "(images/s: the training loop of the last epoch, test evaluation excluded.)"
       [[ "$(readlink -f "$data")" == *fashion-mnist-subset* ]] &&
         echo "(This data is the 3,000-image subset: an epoch is 12 steps, mostly start-up; build the kit with --full-data or pass --data for figures worth quoting.)"
+    fi
+    if [ ${#MODEL_ROWS[@]} -gt 0 ]; then
+      echo
+      echo "## One step's kernels: measured (ncu) beside the launch profile's H100 estimate"
+      echo
+      echo "(The estimate is nanoddp's model from the counts the stand-in's PTX executor takes, docs/kernel-profile.md; launches matched by kernel name and order.)"
+      echo
+      echo "| kernel | ncu µs | estimate µs | measured / estimate | inst/FFMA (PTX) |"
+      echo "|---|---:|---:|---:|---:|"
+      printf '%s\n' "${MODEL_ROWS[@]}"
     fi
     if [ ${#SAN_ROWS[@]} -gt 0 ]; then
       echo
@@ -475,7 +485,7 @@ fi
 # The sum of one steady training step's kernel times (Nsight Compute, clocks as they run),
 # beside the step time the train step measured: how far the host or the gaps between
 # kernels keep the GPU from its own work. One rank, from the stream (--cuda-graph off: ncu
-# profiles kernels one launch at a time); a steady fp32 step is 20 launches (the first 28: the
+# profiles kernels one launch at a time); an fp32 step is 12 launches, the first too (the
 # stand-in's call audit, docs/cuda-standin.md), and the skip passes the first 10 steps.
 if want profile; then
   cuda_tool_dirs
@@ -486,12 +496,12 @@ if want profile; then
     record SKIP "ncu: one step's kernel times" "no GPU found"
   else
     run_step profile-step "ncu: the kernels of one steady step (fp32, batch 256, 1 GPU)" "$(limit 600)" \
-      "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum --launch-skip 208 \
-      --launch-count 20 "$cli" train --backend cuda --devices 1 --cuda-graph off --epochs 1 \
+      "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum --launch-skip 120 \
+      --launch-count 12 "$cli" train --backend cuda --devices 1 --cuda-graph off --epochs 1 \
       --max-steps 12 --batch 256 --data "$data"
     sum=$("$PYTHON" - "$CUR_LOG" <<'PY'
 import csv, sys
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3}
 rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 3]
 head = next((r for r in rows if "Metric Value" in r), None)
 if head:
@@ -505,7 +515,53 @@ PY
     if [ -n "$sum" ] && [ -n "${NANODDP_RATE:-}" ] && [ "$NANODDP_RATE" -gt 0 ]; then
       RATIO_ROWS+=("one steady step's kernels (ncu, graph off): $sum; the step at --devices 1 with graphs: $(( 256 * 1000000 / NANODDP_RATE )) us ($NANODDP_RATE img/s at batch 256)")
     fi
+    ncu_log=$CUR_LOG
     finish_step
+    # The same step's launches counted on the CPU by the kit's stand-in (no GPU involved),
+    # each launch's H100 estimate beside the time ncu measured.
+    if [ -f "$kit/standin/libcuda.so.1" ]; then
+      run_step profile-model "the launch profile (stand-in, CPU) beside ncu" "$(limit 600)" \
+        env LD_LIBRARY_PATH="$kit/standin" NANODDP_STANDIN_GPUS=1 "$cli" bench kernels --backend cuda --batch 256
+      while IFS= read -r row; do MODEL_ROWS+=("$row"); done < <("$PYTHON" - "$ncu_log" "$CUR_LOG" <<'PY'
+import csv, sys
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3}
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 3]
+head = next((r for r in rows if "Metric Value" in r), None)
+measured = {}
+if head:
+    unit, value, name = head.index("Metric Unit"), head.index("Metric Value"), head.index("Metric Name")
+    kernel = head.index("Kernel Name")
+    for r in rows:
+        if r is head or r[name] != "gpu__time_duration.sum":
+            continue
+        k = r[kernel].split("(")[0].strip()
+        measured.setdefault(k, []).append(float(r[value].replace(",", "")) * scale.get(r[unit], float("nan")))
+# The profile's tables: the work table gives inst/FFMA, the memory table the estimate.
+work, model, table = {}, [], 0
+for line in open(sys.argv[2], errors="replace"):
+    f = line.split()
+    if len(f) > 1 and f[0] == "#":
+        table += 1
+        continue
+    if table == 1 and len(f) >= 12 and f[0].isdigit():
+        work.setdefault(f[1], []).append(f[9])
+    if table == 2 and len(f) >= 14 and f[0].isdigit():
+        model.append((f[1], f[12]))
+seen = {}
+for k, est in model:
+    i = seen.get(k, 0)
+    seen[k] = i + 1
+    got = measured.get(k, [])
+    m = got[i] if i < len(got) else None
+    per = work.get(k, ["-"] * (i + 1))
+    ratio = f"{m / float(est):.2f}" if m is not None and est not in ("?", "0.0") else "-"
+    print(f"| `{k}` | {m:.1f} | {est} | {ratio} | {per[i] if i < len(per) else '-'} |" if m is not None
+          else f"| `{k}` | - | {est} | - | {per[i] if i < len(per) else '-'} |")
+PY
+)
+      note "${#MODEL_ROWS[@]} launches set beside ncu's"
+      finish_step
+    fi
   fi
 fi
 

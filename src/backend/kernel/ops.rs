@@ -7,13 +7,15 @@
 //! the kernel's index ranges are exactly that shape.
 
 use super::{KernelArg, KernelDevice, LaunchConfig, SCRATCH_COUNTERS, SCRATCH_FLOATS};
-use crate::backend::backend_impl::{conv_relu_then_pool, unpool_then_backward, OpResult};
+use crate::backend::backend_impl::{
+    conv_relu_then_pool, head_unfused, unpool_then_backward, OpResult,
+};
 use crate::backend::op::{
-    Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
+    Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, BeginStep, Cast, Checked,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
-    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, ShardStats,
-    SoftmaxCrossEntropy, StepBegin, StepEnd,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherAndBegin, GatherBatch, Gemm,
+    GradCheck, GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany,
+    ShardStats, SoftmaxCrossEntropy, SoftmaxHead, StepBegin, StepEnd,
 };
 use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Memory, Pool2dShape,
@@ -279,8 +281,93 @@ fn split_group(splits: usize) -> usize {
 /// the scratch area: `splits` level-1 and ⌈splits / group⌉ level-2 partials, and that many
 /// counters plus one per tile (`kernels/split_sum.cuh`).
 fn split_fits(splits: usize, tiles: usize, partial: usize) -> bool {
+    split_fits_with(splits, tiles, partial, SCRATCH_FLOATS)
+}
+
+/// [`split_fits`] in `floats` of the scratch area.
+fn split_fits_with(splits: usize, tiles: usize, partial: usize, floats: usize) -> bool {
     let groups = splits.div_ceil(split_group(splits));
-    (splits + groups) * partial <= SCRATCH_FLOATS && tiles * (groups + 1) <= SCRATCH_COUNTERS
+    (splits + groups) * partial <= floats && tiles * (groups + 1) <= SCRATCH_COUNTERS
+}
+
+/// Launches `kernels/step.cu`'s gather, and with `begin` the step's scalars from its first
+/// thread (the kernel's step_begin arguments are null without).
+fn launch_gather<D: KernelDevice, T: Precision>(
+    device: &D,
+    op: GatherBatch<'_, D, T>,
+    begin: Option<BeginStep<'_, D>>,
+) -> OpResult {
+    let (image, n) = (op.image(), op.y.len());
+    let mut args = vec![
+        KernelArg::buffer(op.pixels),
+        KernelArg::buffer(op.labels),
+        KernelArg::U64(op.labels.len() as u64),
+        KernelArg::buffer(op.order),
+        KernelArg::U64(op.order.len() as u64),
+        KernelArg::buffer(op.batch),
+        i32_arg(op.shard),
+        i32_arg(image),
+        i32_arg(n),
+        KernelArg::buffer_mut(op.x),
+        KernelArg::buffer_mut(op.y),
+    ];
+    match begin {
+        Some(b) => args.extend([
+            KernelArg::buffer(b.lr_table),
+            KernelArg::U64(b.lr_table.len() as u64),
+            KernelArg::buffer(b.loss_scale),
+            KernelArg::F32(b.global as f32),
+            KernelArg::buffer_mut(&mut b.out.lr),
+            KernelArg::buffer_mut(&mut b.out.grad_scale),
+            KernelArg::buffer_mut(&mut b.out.inv_scale),
+        ]),
+        None => args.extend([
+            KernelArg::optional::<f32, D::Buffer<f32>>(None),
+            KernelArg::U64(0),
+            KernelArg::optional::<f32, D::Buffer<f32>>(None),
+            KernelArg::F32(1.0),
+            KernelArg::optional_mut::<f32, D::Buffer<f32>>(None),
+            KernelArg::optional_mut::<f32, D::Buffer<f32>>(None),
+            KernelArg::optional_mut::<f32, D::Buffer<f32>>(None),
+        ]),
+    }
+    // SAFETY: see the module docs; every index the kernel reads is checked against the
+    // lengths it is given, and the step's scalars hold one element each (checked).
+    unsafe {
+        device.launch(
+            PrecisionOp::GatherBatch.kernel(T::DTYPE),
+            LaunchConfig::flat(n * image),
+            &args,
+        )
+    }
+}
+
+/// Rows of the batch per block of `softmax_head` (`HEAD_ROWS` in `kernels/loss.cu`).
+const HEAD_ROWS: usize = 16;
+
+/// Floats of dynamic shared memory a `softmax_head` block uses: its rows of h and of dh and
+/// all of w, rows padded by one, and its rows' logits (`head_shared_floats` in
+/// `kernels/loss.cu`).
+fn head_shared_floats(hidden: usize, classes: usize) -> usize {
+    (2 * HEAD_ROWS + classes) * (hidden + 1) + HEAD_ROWS * classes
+}
+
+/// Whether `softmax_head` runs a head of these sizes: a warp per row holds the classes (at
+/// most 32), a block's shared memory fits the 48 KiB every GPU grants without opting in,
+/// and the scratch area the blocks' shares of the gradients and statistics (3 floats a
+/// block) in a split reduction over the blocks ([`split_fits`]).
+fn head_fits(rows: usize, hidden: usize, classes: usize, grad: bool) -> bool {
+    let splits = rows.div_ceil(HEAD_ROWS);
+    let share = if grad {
+        classes * hidden + classes + hidden
+    } else {
+        0
+    };
+    let stats = 3 * splits;
+    classes <= 32
+        && head_shared_floats(hidden, classes) * 4 <= 48 << 10
+        && stats < SCRATCH_FLOATS
+        && split_fits_with(splits, 1, share, SCRATCH_FLOATS - stats)
 }
 
 /// Blocks a filter-gradient launch aims for: two per SM of a 132-SM H100, a constant (not
@@ -620,6 +707,58 @@ impl<D: KernelDevice> BackendImpl for D {
         }
     }
 
+    /// One launch of `kernels/loss.cu`'s `softmax_head` where the head fits it
+    /// (`head_fits`), else the trait's default.
+    fn softmax_head<T: Precision>(&self, op: Checked<SoftmaxHead<'_, D, T>>) -> OpResult {
+        let (rows, hidden, classes) = (op.rows, op.hidden, op.classes);
+        let grad = op.grad.is_some();
+        if !head_fits(rows, hidden, classes, grad) {
+            return head_unfused(self, op);
+        }
+        let op = op.into_inner();
+        let grad_scale = op.grad.as_ref().map_or(0.0, |g| g.grad_scale);
+        let at = op.grad.as_ref().and_then(|g| g.at).map(|at| &at.grad_scale);
+        let (d_logits, dw, db, dh, dh_bias) = match op.grad {
+            Some(g) => (
+                Some(g.d_logits),
+                Some(g.dw),
+                Some(g.db),
+                Some(g.dh),
+                Some(g.dh_bias),
+            ),
+            None => (None, None, None, None, None),
+        };
+        let mut args = vec![
+            KernelArg::buffer(op.h),
+            KernelArg::buffer(op.w),
+            KernelArg::buffer(op.b),
+            KernelArg::buffer(op.labels),
+            KernelArg::buffer_mut(op.logits),
+            KernelArg::buffer_mut(op.loss),
+            KernelArg::buffer_mut(op.stats),
+            KernelArg::I32(op.accumulate.into()),
+            KernelArg::optional_mut(d_logits),
+            KernelArg::optional_mut(dw),
+            KernelArg::optional_mut(db),
+            KernelArg::optional_mut(dh),
+            KernelArg::optional_mut(dh_bias),
+            i32_arg(rows),
+            i32_arg(hidden),
+            i32_arg(classes),
+            KernelArg::F32(grad_scale),
+            KernelArg::optional(at),
+        ];
+        args.extend(self.scratch()?);
+        let cfg = LaunchConfig {
+            grid: (blocks(rows, HEAD_ROWS), 1, 1),
+            block: (256, 1, 1),
+            shared_bytes: (head_shared_floats(hidden, classes) * 4) as u32,
+        };
+        // SAFETY: see the module docs; head_fits checked the shared memory and the scratch
+        // area the kernel uses.
+        unsafe { self.launch(PrecisionOp::SoftmaxHead.kernel(T::DTYPE), cfg, &args) }
+    }
+
     fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, D, G>>) -> OpResult {
         let op = op.into_inner();
         let n = op.grad.len();
@@ -693,30 +832,16 @@ impl<D: KernelDevice> BackendImpl for D {
     }
 
     fn gather_batch<T: Precision>(&self, op: Checked<GatherBatch<'_, D, T>>) -> OpResult {
-        let op = op.into_inner();
-        let (image, n) = (op.image(), op.y.len());
-        let args = [
-            KernelArg::buffer(op.pixels),
-            KernelArg::buffer(op.labels),
-            KernelArg::U64(op.labels.len() as u64),
-            KernelArg::buffer(op.order),
-            KernelArg::U64(op.order.len() as u64),
-            KernelArg::buffer(op.batch),
-            i32_arg(op.shard),
-            i32_arg(image),
-            i32_arg(n),
-            KernelArg::buffer_mut(op.x),
-            KernelArg::buffer_mut(op.y),
-        ];
-        // SAFETY: see the module docs; every index the kernel reads is checked against the
-        // lengths it is given.
-        unsafe {
-            self.launch(
-                PrecisionOp::GatherBatch.kernel(T::DTYPE),
-                LaunchConfig::flat(n * image),
-                &args,
-            )
-        }
+        launch_gather(self, op.into_inner(), None)
+    }
+
+    /// One launch: the gather's first thread computes the step's scalars.
+    fn gather_batch_and_begin<T: Precision>(
+        &self,
+        op: Checked<GatherAndBegin<'_, D, T>>,
+    ) -> OpResult {
+        let GatherAndBegin { gather, begin } = op.into_inner();
+        launch_gather(self, gather, Some(begin))
     }
 
     fn step_begin(&self, op: Checked<StepBegin<'_, D>>) -> OpResult {
