@@ -117,12 +117,21 @@ fn bench_kernels_prints_one_row_per_operation_with_a_rate() {
 /// FMAs, and the step's total, whatever executor the environment chose.
 #[test]
 fn bench_kernels_on_the_standin_profiles_each_launch_of_a_step() {
+    // The library path kept behind the stand-in's: a build without nvcc has no PTX in its
+    // binary, and the PTX executor then runs what NVRTC compiles.
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     for exec in ["simt", "ptx"] {
-        let out = on_standin(
-            &["bench", "kernels", "--backend", "cuda", "--batch", "2"],
-            "NANODDP_STANDIN_EXEC",
-            exec,
-        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nanoddp"));
+        cmd.args(["bench", "kernels", "--backend", "cuda", "--batch", "2"])
+            .env("LD_LIBRARY_PATH", format!("{STANDIN_DIR}:{path}"))
+            .env("NANODDP_STANDIN_EXEC", exec);
+        for v in STANDIN_SETTINGS
+            .iter()
+            .filter(|v| **v != "NANODDP_STANDIN_EXEC")
+        {
+            cmd.env_remove(v);
+        }
+        let out = cmd.output().expect("runs");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),

@@ -26,8 +26,9 @@ pub fn begin() -> Result<(), CliError> {
     cuda::standin_profile(GPU, true).map_err(CliError::Device)
 }
 
-/// One training step of `batch` images (forward, backward, the SGD update; the step
-/// `nanoddp train` runs, from images already on the device) at `precision`, profiled.
+/// One training step of `batch` images: the model's forward and backward passes and the SGD
+/// update, as `nanoddp train` queues them, on images the host copies in (`train` gathers:
+/// two small launches more, the gather with the step's scalars and the step's end).
 fn step_launches(batch: usize, precision: DType) -> Result<Vec<LaunchProfile>, BackendError> {
     fn run<T: Precision>(batch: usize) -> Result<Vec<LaunchProfile>, BackendError> {
         let dev = CudaDevice::new(GPU)?;
@@ -71,7 +72,7 @@ pub fn print(out: &mut impl Write, batch: usize, precision: DType) -> Result<(),
     };
     writeln!(
         out,
-        "\nlaunch profile: one training step (batch {batch}, {precision}, {} launches), counted by the stand-in's PTX executor;\n\
+        "\nlaunch profile: one training step's passes and update (batch {batch}, {precision}, {} launches; train adds the gather and the step's end), counted by the stand-in's PTX executor;\n\
          occupancy, waves, roofline and estimate are for an {} (a model: docs/kernel-profile.md)",
         launches.len(),
         H100.name
