@@ -1541,7 +1541,8 @@ void BlockRun::account_wmma(const Instr& in, Thread* const* lanes) {
 // One request touching `bytes` at each of `addr[0..count)`. Global (and local): the distinct
 // 32-byte sectors. Shared: per phase (the accesses with one `phase` value), the most distinct
 // 4-byte words any of the 32 banks must deliver (a word several lanes read is one); the ideal
-// is the request's distinct words over 32 banks.
+// is each phase's distinct words over 32 banks (at least one pass a phase), so the excess is
+// bank conflicts alone.
 void BlockRun::account_access(Space sp, bool read, bool write, const std::uint64_t* addr, const unsigned* phase,
                               unsigned count, unsigned bytes) {
     if (sp == Space::Local) {
@@ -1570,20 +1571,15 @@ void BlockRun::account_access(Space sp, bool read, bool write, const std::uint64
         for (std::uint64_t w = addr[i] >> 2; w <= (addr[i] + bytes - 1) >> 2; ++w) words.emplace_back(phase[i], w);
     std::sort(words.begin(), words.end());
     words.erase(std::unique(words.begin(), words.end()), words.end());
-    std::uint64_t wavefronts = 0;
+    std::uint64_t wavefronts = 0, ideal = 0;
     for (std::size_t i = 0; i < words.size();) {
         unsigned per_bank[32] = {};
         std::size_t j = i;
         for (; j < words.size() && words[j].first == words[i].first; ++j) ++per_bank[words[j].second & 31u];
         wavefronts += *std::max_element(per_bank, per_bank + 32);
+        ideal += (j - i + 31) / 32;  // the phase's distinct words over 32 banks
         i = j;
     }
-    std::vector<std::uint64_t> distinct;
-    distinct.reserve(words.size());
-    for (const auto& pw : words) distinct.push_back(pw.second);
-    std::sort(distinct.begin(), distinct.end());
-    std::uint64_t ideal = static_cast<std::uint64_t>(std::unique(distinct.begin(), distinct.end()) - distinct.begin());
-    ideal = std::max<std::uint64_t>(1, (ideal + 31) / 32);
     if (write && !read) {
         prof_.shared_store_requests += 1;
         prof_.shared_store_wavefronts += wavefronts;

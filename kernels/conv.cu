@@ -18,9 +18,10 @@
 // The tile (struct Tile): a block computes a BM x BN tile of the product, 16 reduction
 // steps at a time. Both operands' 16-step slices are staged in shared memory (converted to
 // float as they load: any storage type), then each thread multiplies from registers: TM x TN
-// outputs at rows ty + TY·i and columns tx + TX·j (strided, so a warp's shared-memory reads
-// of a B row hit consecutive banks, its A reads broadcast, and its stores to y coalesce).
-// Per step a thread reads TM + TN floats from shared memory for TM·TN FMAs.
+// outputs at rows ty·TM + i and columns tx·TN + j (contiguous, so each step's TM and TN
+// operands come in one vector load each: a warp's A reads broadcast, its B reads fill
+// 128-byte phases without conflicts). Per step a thread issues 2 shared loads for TM·TN FMAs.
+// In pooled order a thread's four columns are one pool window.
 // Configurations (the launcher picks by shape): 64x64 with 4x4 per thread (256 threads)
 // for M > 32; 32x128 with 4x4 (256 threads) for M ≤ 32; 32x16 with 2x2 (128 threads) for
 // the filter gradient of a layer with K ≤ 16 (LeNet's conv1: 20 x 9).
@@ -37,7 +38,11 @@
 // Measured on an H100 (ncu, fp32, one training step; docs/kernels.md): forward with its
 // pool 107 µs (9.7 TFLOP/s useful, 14% of the fp32 FMA rate), input gradient 258 µs (4.0,
 // 6%), filter and bias gradients through the pool 179 µs (5.8, 9%); conv1's forward 29 µs,
-// its filter and bias gradients 139 µs (latency-bound: 20 x 9 outputs).
+// its filter and bias gradients 139 µs (latency-bound: 20 x 9 outputs). Those were the
+// kernels before the vector shared loads; for these the stand-in's launch profile
+// (docs/kernel-profile.md: an estimate, not a measurement) counts 1.98, 2.03 and 2.66 PTX
+// instructions per FFMA (2.46, 2.41, 3.03 before) and estimates 82, 208 and 141 µs
+// (102, 246, 161 before).
 //
 // Summation: the forward and input-gradient dot products (500 and 1,250 terms for LeNet's
 // conv2) are blocked: each 16-step slice sums into fresh registers, added to the total once.
@@ -95,14 +100,29 @@ template <int BM_, int BN_, int TM_, int TN_>
 struct Tile {
     static constexpr int BM = BM_, BN = BN_, TM = TM_, TN = TN_;
     static constexpr int TY = BM / TM, TX = BN / TN, THREADS = TX * TY;
-    static constexpr int AS = BM + 1;  // a staged A row's stride: a store's 16 lanes in 16 banks
+    // A staged A row's stride: a multiple of 4 floats (vector loads), 4 past BM so that a
+    // store's 16 lanes spread over 8 banks (2-way), not one.
+    static constexpr int AS = BM + 4;
     // Loads per slice: A by rows (lane % BK the step: weights are contiguous along it), B by
     // columns (lane % BN the column: pixels are contiguous along it).
     static constexpr int A_ROWS = THREADS / CONV_BK, A_PER = BM / A_ROWS;
     static constexpr int B_ROWS = THREADS / BN, B_PER = CONV_BK / B_ROWS;
 };
 
-// acc[i][j] += Σ_k as[k][ty + TY·i] · bs[k][tx + TX·j] over one staged slice, the slice's
+// N consecutive floats from 4N-byte-aligned shared memory, in one vector load.
+template <int N>
+__device__ __forceinline__ void load_vector(const float* __restrict__ p, float (&out)[N]) {
+    static_assert(N == 2 || N == 4, "vector loads of 2 or 4 floats");
+    if constexpr (N == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+    } else {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        out[0] = v.x, out[1] = v.y;
+    }
+}
+
+// acc[i][j] += Σ_k as[k][ty·TM + i] · bs[k][tx·TN + j] over one staged slice, the slice's
 // products summed into fresh registers first (blocked summation); COMPENSATED adds them to
 // acc through a Kahan sum (carry).
 template <class Cfg, bool COMPENSATED>
@@ -114,8 +134,8 @@ __device__ __forceinline__ void multiply_slice(const float (*as)[Cfg::AS], const
         for (int j = 0; j < Cfg::TN; ++j) part[i][j] = 0.0f;
     for (int k = 0; k < CONV_BK; ++k) {
         float a[Cfg::TM], b[Cfg::TN];
-        for (int i = 0; i < Cfg::TM; ++i) a[i] = as[k][ty + Cfg::TY * i];
-        for (int j = 0; j < Cfg::TN; ++j) b[j] = bs[k][tx + Cfg::TX * j];
+        load_vector<Cfg::TM>(&as[k][ty * Cfg::TM], a);
+        load_vector<Cfg::TN>(&bs[k][tx * Cfg::TN], b);
         for (int i = 0; i < Cfg::TM; ++i)
             for (int j = 0; j < Cfg::TN; ++j) part[i][j] = fmaf(a[i], b[j], part[i][j]);
     }
@@ -141,8 +161,8 @@ template <class Cfg, bool COMPENSATED, class Entry, class LoadA, class LoadB>
 __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Entry entry, LoadA load_a,
                                                  LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
                                                  float (&carry)[Cfg::TM][Cfg::TN]) {
-    __shared__ float as[CONV_BK][Cfg::AS];
-    __shared__ float bs[CONV_BK][Cfg::BN];
+    __shared__ __align__(16) float as[CONV_BK][Cfg::AS];
+    __shared__ __align__(16) float bs[CONV_BK][Cfg::BN];
     __shared__ Tap table[2][CONV_BK];
     const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
@@ -167,8 +187,8 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
 // ---------------------------------------------------------------- forward
 // The output pixel (p, q) of column `idx` of an image's columns; p = -1 for a column that is
 // no pixel. Plain order: row-major, P·Q columns. Pooled order (a 2x2, stride-2 average pool
-// fused into the epilogue): first the pool's windows, four consecutive columns each (so the
-// four lanes holding them add them by two shuffles), then the pixels no window reads (the
+// fused into the epilogue): first the pool's windows, four consecutive columns each (so the one
+// thread holding them adds them in registers), then the pixels no window reads (the
 // last row and column of an odd plane: the ReLU's backward still reads them), then padding
 // to a multiple of 4 columns per image (pooled_columns), so no window straddles two images.
 __device__ __forceinline__ int2 pixel_of(int idx, int out_h, int out_w, bool pooled) {
@@ -239,25 +259,34 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
     gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
     const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
     const int ph = out_h / 2, pw = out_w / 2;
+    static_assert(Cfg::TN == 4, "pooled order: a thread's four columns are one window");
+    // The thread's columns: a multiple of 4 first, so in pooled order (4 columns a window, a
+    // multiple of 4 an image) one window or none; in plain order they may span two images.
+    const int c0 = n0 + tx * Cfg::TN;
+    int at[Cfg::TN];  // each column's offset in y past its channel's plane, or -1
     SIMT_UNROLL
     for (int j = 0; j < Cfg::TN; ++j) {
-        const int c = n0 + tx + Cfg::TX * j;
-        const int n = c / span, idx = c - n * span;
-        const int2 pq = c < cols ? pixel_of(idx, out_h, out_w, pool) : make_int2(-1, 0);
+        const int c = c0 + j, n = c / span;
+        const int2 pq = c < cols ? pixel_of(c - n * span, out_h, out_w, pool) : make_int2(-1, 0);
+        at[j] = pq.x >= 0 ? n * out_c * pixels + pq.x * out_w + pq.y : -1;
+    }
+    const int img = c0 / span, idx0 = c0 - img * span;
+    const bool in_window = pool && c0 < cols && idx0 < 4 * ph * pw;
+    SIMT_UNROLL
+    for (int i = 0; i < Cfg::TM; ++i) {
+        const int o = m0 + ty * Cfg::TM + i;
+        if (o >= out_c) continue;
+        float v[Cfg::TN];
         SIMT_UNROLL
-        for (int i = 0; i < Cfg::TM; ++i) {
-            const int o = m0 + ty + Cfg::TY * i;
-            float v = acc[i][j];
-            if (bias && o < out_c) v += bias[o];
-            if (relu) v = fmaxf(v, 0.0f);
-            if (pq.x >= 0 && o < out_c) y[(n * out_c + o) * pixels + pq.x * out_w + pq.y] = (T)v;
-            if (pool) {  // every lane: the four lanes of a window add their values
-                float sum = v + __shfl_xor_sync(0xffffffffu, v, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                if (pq.x >= 0 && o < out_c && idx < 4 * ph * pw && (idx & 3) == 0)
-                    pooled[(n * out_c + o) * ph * pw + (idx >> 2)] = (T)(sum * 0.25f);
-            }
+        for (int j = 0; j < Cfg::TN; ++j) {
+            v[j] = acc[i][j];
+            if (bias) v[j] += bias[o];
+            if (relu) v[j] = fmaxf(v[j], 0.0f);
+            if (at[j] >= 0) y[at[j] + o * pixels] = (T)v[j];
         }
+        // The window's four values, added as (v0 + v1) + (v2 + v3).
+        if (in_window)
+            pooled[(img * out_c + o) * ph * pw + (idx0 >> 2)] = (T)(((v[0] + v[1]) + (v[2] + v[3])) * 0.25f);
     }
 }
 
@@ -306,11 +335,11 @@ __device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, co
     gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
     const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
     for (int j = 0; j < Cfg::TN; ++j) {
-        const int cl = n0 + tx + Cfg::TX * j;
+        const int cl = n0 + tx * Cfg::TN + j;
         if (cl >= cols) continue;
         const int n = cl / plane, hw = cl - n * plane;
         for (int i = 0; i < Cfg::TM; ++i) {
-            const int c = m0 + ty + Cfg::TY * i;
+            const int c = m0 + ty * Cfg::TM + i;
             if (c < in_c) dx[(n * in_c + c) * plane + hw] = (T)acc[i][j];
         }
     }
@@ -395,10 +424,10 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     float* slot = splits == 1 ? nullptr : scratch + (long long)s * total;
     // This block's partial tile: dw's elements, then (first column of tiles) db's.
     for (int i = 0; i < Cfg::TM; ++i) {
-        const int o = m0 + ty + Cfg::TY * i;
+        const int o = m0 + ty * Cfg::TM + i;
         if (o >= out_c) continue;
         for (int j = 0; j < Cfg::TN; ++j) {
-            const int k = n0 + tx + Cfg::TX * j;
+            const int k = n0 + tx * Cfg::TN + j;
             if (k >= depth) continue;
             const float v = acc[i][j] - carry[i][j];
             if (slot) slot[o * depth + k] = v;
