@@ -2333,15 +2333,21 @@ STANDIN_API CUresult cuModuleLoadData(CUmodule* out, const void* image) {
             return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
         }
     }
-    if (g->config.jit_ms > 0)
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g->config.jit_ms));
-    auto* m = new Module;
-    m->ctx = ctx;
     Executor* exec;
     {
         std::lock_guard<std::mutex> lock(g->api);
         exec = ctx->dev->exec ? ctx->dev->exec : &executor();
     }
+    // Machine code is for a GPU this is not: the PTX executor runs PTX only (a real driver
+    // refuses a cubin of another architecture the same way, and a caller then tries PTX).
+    if (elf && exec == &ptx_executor()) {
+        report("cuModuleLoadData: the image is a cubin (machine code), and this GPU's PTX executor runs PTX only");
+        return CUDA_ERROR_NO_BINARY_FOR_GPU;
+    }
+    if (g->config.jit_ms > 0)
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g->config.jit_ms));
+    auto* m = new Module;
+    m->ctx = ctx;
     for (KernelInfo& k : exec->kernels_in(p, size)) {
         auto f = std::make_unique<Function>();
         f->module = m;
@@ -2933,6 +2939,7 @@ STANDIN_API CUresult cuGetErrorString(CUresult code, const char** out) {
         case CUDA_ERROR_INVALID_DEVICE: *out = "invalid device ordinal"; break;
         case CUDA_ERROR_INVALID_IMAGE: *out = "device kernel image is invalid"; break;
         case CUDA_ERROR_INVALID_CONTEXT: *out = "invalid device context"; break;
+        case CUDA_ERROR_NO_BINARY_FOR_GPU: *out = "no kernel image is available for execution on the device"; break;
         case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: *out = "peer access is not supported between these two devices"; break;
         case CUDA_ERROR_INVALID_PTX: *out = "a PTX JIT compilation failed"; break;
         case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: *out = "the provided PTX was compiled with an unsupported toolchain."; break;

@@ -349,6 +349,36 @@ fn head_f32<B: Backend>(dev: &B) -> Vec<u8> {
     for (i, shape) in HEAD_SHAPES.into_iter().enumerate() {
         out.extend(head_case::<B, f32>(dev, 40 + i as u64, shape, F32));
     }
+    // A weight one short is refused before anything runs, naming the operation and buffer.
+    let (h, w, b) = (
+        dev.upload(&[0.5f32; 6]).unwrap(),
+        dev.upload(&[0.5f32; 5]).unwrap(),
+        dev.upload(&[0.0f32; 2]).unwrap(),
+    );
+    let labels = dev.upload(&[0u8, 1]).unwrap();
+    let (mut logits, mut loss) = (
+        dev.upload(&[0.0f32; 4]).unwrap(),
+        dev.upload(&[0.0f32; 2]).unwrap(),
+    );
+    let mut stats = dev.upload(&[0.0f32; 3]).unwrap();
+    let e = dev
+        .softmax_head::<f32>(
+            2,
+            3,
+            2,
+            &h,
+            &w,
+            &b,
+            &labels,
+            &mut logits,
+            &mut loss,
+            &mut stats,
+            false,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("softmax_head") && e.contains("`w`"), "{e}");
     out
 }
 

@@ -516,7 +516,12 @@ impl<B: Memory, T: DeviceScalar> Args for SoftmaxHead<'_, B, T> {
         const OP: &str = "softmax_head";
         let (rows, hidden, classes) = (self.rows, self.hidden, self.classes);
         let fits = |a: usize, b: usize| a.checked_mul(b).is_some_and(|n| n <= i32::MAX as usize);
-        if rows == 0 || hidden == 0 || classes == 0 || !fits(rows, hidden.max(classes)) {
+        if rows == 0
+            || hidden == 0
+            || classes == 0
+            || !fits(rows, hidden.max(classes))
+            || !fits(classes, hidden)
+        {
             return Err(BackendError::BadShape {
                 op: OP,
                 detail: format!("{rows} rows x {hidden} inputs x {classes} classes"),

@@ -77,6 +77,12 @@ pub fn print(out: &mut impl Write, batch: usize, precision: DType) -> Result<(),
         launches.len(),
         H100.name
     )?;
+    if report.is_empty() {
+        writeln!(
+            out,
+            "(this build has no ptxas report (built without nvcc): no registers, so no occupancy, waves or estimate: `?`)"
+        )?;
+    }
     writeln!(
         out,
         "{:>2} {:<34} {:>13} {:>4} {:>6} {:>5} {:>6} {:>8} {:>9} {:>9} {:>5} {:>7}",

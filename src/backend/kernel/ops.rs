@@ -353,9 +353,9 @@ fn head_shared_floats(hidden: usize, classes: usize) -> usize {
 }
 
 /// Whether `softmax_head` runs a head of these sizes: a warp per row holds the classes (at
-/// most 32), a block's shared memory fits the 48 KiB every GPU grants without opting in,
-/// and the scratch area the blocks' shares of the gradients and statistics (3 floats a
-/// block) in a split reduction over the blocks ([`split_fits`]).
+/// most 32), a block's shared memory (with 1 KiB for its few hundred static bytes) fits the
+/// 48 KiB every GPU grants without opting in, and the scratch area holds the blocks' shares
+/// of the gradients and statistics (3 floats a block) in a split reduction ([`split_fits`]).
 fn head_fits(rows: usize, hidden: usize, classes: usize, grad: bool) -> bool {
     let splits = rows.div_ceil(HEAD_ROWS);
     let share = if grad {
@@ -365,7 +365,7 @@ fn head_fits(rows: usize, hidden: usize, classes: usize, grad: bool) -> bool {
     };
     let stats = 3 * splits;
     classes <= 32
-        && head_shared_floats(hidden, classes) * 4 <= 48 << 10
+        && head_shared_floats(hidden, classes) * 4 + 1024 <= 48 << 10
         && stats < SCRATCH_FLOATS
         && split_fits_with(splits, 1, share, SCRATCH_FLOATS - stats)
 }
