@@ -389,17 +389,11 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         let scalars = match train {
             Some(begin) if n > 0 => {
                 let a = shaped(dev, acts, n)?;
-                let BeginStep {
-                    lr_table,
-                    loss_scale,
-                    global,
-                    out: scalars,
-                } = begin;
+                // Lent to the launch, then read by the passes.
+                let scalars = begin.out;
                 let begin = BeginStep {
-                    lr_table,
-                    loss_scale,
-                    global,
                     out: &mut *scalars,
+                    ..begin
                 };
                 dev.gather_batch_and_begin(
                     shard.pixels,
