@@ -323,10 +323,11 @@ per_backend!(
     long_reductions
 );
 
-/// The CPU backend's portable paths (what a CPU without AVX-512 runs) meet the same bounds:
-/// this binary's CPU tests again, in a process told to use them (`NANODDP_CPU_ISA=portable`).
+/// The CPU backend's other engines meet the same bounds: this binary's CPU tests again, in a
+/// process told to use each (`NANODDP_CPU_ISA=portable`, and `avx2` where the CPU has it:
+/// what CPUs without AVX-512 run).
 #[test]
-fn the_portable_cpu_path_is_as_accurate() {
+fn the_portable_and_avx2_cpu_engines_are_as_accurate() {
     let tests = [
         "forward_at_batch_256::cpu",
         "conv_gradients_at_batch_256::cpu",
@@ -335,6 +336,11 @@ fn the_portable_cpu_path_is_as_accurate() {
         "twelve_sgd_steps_stay_on_the_float64_trajectory",
     ];
     common::rerun_with_cpu_isa(&tests, "portable");
+    if nanoddp::backend::cpu::isa::cpu().avx2 {
+        common::rerun_with_cpu_isa(&tests, "avx2");
+    } else {
+        println!("this CPU has no AVX2 and FMA: the AVX2 engine does not run here");
+    }
 }
 
 /// Twelve plain SGD steps (lr 0.1, He-scaled weights, file order, batch 250: the shipped

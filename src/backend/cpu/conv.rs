@@ -4,10 +4,10 @@
 //! For image n, `col` is the (C·KH·KW) x (P·Q) matrix of input taps, so the forward pass is
 //! `y_n = w · col` (O x P·Q), the input gradient is `col2im(wᵀ · dy_n)`, and the filter
 //! gradient is `Σ_n dy_n · col_nᵀ`. From [`WINDOW_TAPS`] taps on, f32 and widened products
-//! on AVX-512 run with 16 images in the lanes ([`image_lanes`]: all three products, col
-//! never formed); without AVX-512 the forward and filter products read col's elements
-//! straight from the images ([`window_gemm`]: `col[tap][pixel]` is `images[tap offset +
-//! pixel offset]`) instead of writing col out. The filter gradient
+//! run with a group of images in the lanes of the process's vector engine ([`lanes`]: all
+//! three products, col never formed, `col[tap][pixel]` read as `images[tap offset + pixel
+//! offset]`); below it (conv1's 9 taps) col is written out and multiplied on the GEMM tile
+//! ([`microkernel`]). The filter gradient
 //! sums images in fixed chunks and then the chunks as a binary tree (`summation`), so the
 //! result does not depend on the thread count and its rounding error grows like log(batch).
 //!
@@ -24,15 +24,17 @@ use rayon::prelude::*;
 use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 use crate::backend::Precision;
 
+use super::engine::{with_engine, Engine};
 use super::half_convert::narrow_bf16;
-#[cfg(target_arch = "x86_64")]
-use super::image_lanes::{into_lanes, lane_input_grad, lane_plane, LANES, R};
 use super::isa::isa;
+use super::lanes::{
+    fold_lanes, into_lanes, lane_filter_product, lane_input_grad, lane_plane, lane_product,
+    LaneFilter, LaneImages, LaneWindows,
+};
 use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
 use super::microkernel_bf16::{gemm_bf16, PairPanels, PairRows};
 use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::summation::{pairwise_sum, Cascade};
-use super::window_gemm::{window_gemm, PackedW, Windows};
 use super::window_gemm_amx::{gemm_amx, window_gemm_amx, PairRowsA};
 use super::window_gemm_bf16::{pairs, window_gemm_bf16, PackedPairs, Pair, PairImage, PairWindows};
 use super::{pair_bits, widened, write_f32};
@@ -41,13 +43,15 @@ use super::{pair_bits, widened, write_f32};
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
 const GROUP: usize = 8;
 
-/// Taps from which the products read the images in place ([`image_lanes`], or
-/// [`window_gemm`] without AVX-512). Below it the im2col matrix is small (conv1's 9 rows)
+/// Taps from which the products read the images in place ([`lanes`], or the bf16 pair
+/// products). Below it the im2col matrix is small (conv1's 9 rows)
 /// and im2col with the GEMM tiles is faster.
 const WINDOW_TAPS: usize = 64;
 
 /// Taps summed in registers before they join a forward output's running total (see
-/// [`Windows::block`]): conv2's 500 taps in eight blocks. The forward's error decides which
+/// [`LaneWindows::block`]): conv2's 500 taps in eight blocks. A sum of K terms in one chain
+/// carries each rounding error through all later additions (error growing like K); in
+/// blocks, like block + K / block. The forward's error decides which
 /// ReLU inputs near zero float32 sends the other way than float64: with blocks of 128 the
 /// training steps measured by tools/torch_crosscheck.py took the other branch 3 times in 36,
 /// with 64 once (PyTorch float32 once), for 1.5% more of the product's time.
@@ -64,7 +68,7 @@ fn padded_dims(s: &Conv2dShape) -> (usize, usize) {
 
 /// Each tap's offset in a (padded) image: (c, i, j) at c·H·W + i·W + j, in the filter's
 /// order. With [`pixel_offsets`], `images[pixel + tap]` is the im2col matrix's element,
-/// which [`window_gemm`] reads in place.
+/// which the window products read in place.
 fn tap_offsets(s: &Conv2dShape) -> Vec<usize> {
     let (hp, wp) = padded_dims(s);
     let mut taps = Vec::with_capacity(s.in_c * s.k_h * s.k_w);
@@ -90,11 +94,10 @@ fn pixel_offsets(s: &Conv2dShape, imgs: usize) -> Vec<usize> {
     pixels
 }
 
-/// [`tap_offsets`] and one image's [`pixel_offsets`] in [`image_lanes`]' layout (each
-/// element a vector of 16 images).
-#[cfg(target_arch = "x86_64")]
-fn lane_offsets(s: &Conv2dShape) -> (Vec<usize>, Vec<usize>) {
-    let scale = |v: Vec<usize>| v.into_iter().map(|o| o * LANES).collect();
+/// [`tap_offsets`] and one image's [`pixel_offsets`] in [`lanes`]' layout (each element a
+/// vector of `lanes` images).
+fn lane_offsets(s: &Conv2dShape, lanes: usize) -> (Vec<usize>, Vec<usize>) {
+    let scale = |v: Vec<usize>| v.into_iter().map(|o| o * lanes).collect();
     (scale(tap_offsets(s)), scale(pixel_offsets(s, 1)))
 }
 
@@ -132,27 +135,6 @@ fn im2col_group<T: Precision>(
         let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
         im2col(s, x_n, col, npq, m * pq);
     }
-}
-
-/// Images `first..first + imgs` of x as one f32 slice: x itself for unpadded f32, else
-/// widened (and zero-padded) into `buf`.
-fn group_images<'a, T: Precision>(
-    s: &Conv2dShape,
-    x: &'a [T],
-    (first, imgs): (usize, usize),
-    buf: &'a mut Vec<f32>,
-) -> &'a [f32] {
-    let image_in = s.in_c * s.in_h * s.in_w;
-    let x = &x[first * image_in..(first + imgs) * image_in];
-    if s.pad == 0 {
-        if let Some(x) = T::as_f32(x) {
-            return x;
-        }
-        buf.resize(x.len(), 0.0);
-        T::widen_slice(x, &mut buf[..x.len()]);
-        return &buf[..x.len()];
-    }
-    padded_group(s, x, buf, T::widen_slice)
 }
 
 /// Images `first..first + imgs` of bf16 x as bit patterns, zero-padded into `buf` when the
@@ -358,11 +340,10 @@ fn write_outputs<'a, T: Precision>(
     }
 }
 
-/// [`forward`] with 16 images in the lanes ([`image_lanes`]): the f32 and widened products
-/// of convolutions with [`WINDOW_TAPS`] taps or more, on AVX-512: the taps summed in
+/// [`forward`] with the images in the lanes of engine E ([`lanes`]): the f32 and widened
+/// products of convolutions with [`WINDOW_TAPS`] taps or more: the taps summed in
 /// blocks of [`FORWARD_BLOCK`], in order.
-#[cfg(target_arch = "x86_64")]
-fn forward_image_lanes<T: Precision>(
+fn forward_lanes<E: Engine, T: Precision>(
     s: &Conv2dShape,
     x: &[T],
     w: &[T],
@@ -371,17 +352,15 @@ fn forward_image_lanes<T: Precision>(
     relu: bool,
     pool: Option<(&Pool2dShape, &mut [T])>,
 ) {
-    use super::image_lanes::{lane_product, LaneFilter, LaneImages, LaneWindows};
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
     let (image_in, image_out) = (s.in_c * s.in_h * s.in_w, s.out_c * pq);
-    let mut filter = LaneFilter::default();
-    filter.pack(&widen(w), s.out_c, k);
-    let (taps, pixels) = lane_offsets(s);
+    let filter = LaneFilter::<E>::pack(&widen(w), s.out_c, k);
+    let (taps, pixels) = lane_offsets(s, E::LANES);
     let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
-    let (pool_shape, pooled_groups) = pooled_groups(s, pool, LANES);
-    let out_len = s.out_c.div_ceil(R) * R * pq * LANES;
-    y.par_chunks_mut(image_out * LANES)
+    let (pool_shape, pooled_groups) = pooled_groups(s, pool, E::LANES);
+    let out_len = filter.ld() * pq * E::LANES;
+    y.par_chunks_mut(image_out * E::LANES)
         .zip(pooled_groups)
         .enumerate()
         .for_each_init(
@@ -395,13 +374,13 @@ fn forward_image_lanes<T: Precision>(
             },
             |((images, wide), out, (plane, row), pooled_row), (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
-                let first = g * LANES;
+                let first = g * E::LANES;
                 let xg = widened(&x[first * image_in..(first + imgs) * image_in], {
                     wide.resize(imgs * image_in, 0.0);
                     wide
                 });
                 let windows = LaneWindows {
-                    src: images.build(s, xg, imgs),
+                    src: images.build::<E>(s, xg, imgs),
                     pixels: &pixels,
                     taps: &taps,
                     block: FORWARD_BLOCK,
@@ -414,7 +393,7 @@ fn forward_image_lanes<T: Precision>(
                     (y_g, pooled_g.as_deref_mut()),
                     (plane, row, pooled_row),
                     |m, o, plane| {
-                        lane_plane(out, pq, o, m, plane);
+                        lane_plane(out, E::LANES, (o, m), &mut plane[..pq]);
                         None
                     },
                 );
@@ -459,9 +438,9 @@ fn add_bias_relu_body(src: &[f32], bias: f32, relu: bool, dst: &mut [f32]) {
     }
 }
 
-multiversion!(
+super::engine::multiversion!(
     /// `dst = src + bias`, through a ReLU if `relu` (the forward's epilogue, which writes
-    /// every output element once: compiled for AVX-512 too).
+    /// every output element once: vectorized for the process's engine).
     fn add_bias_relu(src: &[f32], bias: f32, relu: bool, dst: &mut [f32]) = add_bias_relu_body
 );
 
@@ -489,13 +468,12 @@ pub(super) fn forward<T: Precision>(
         return;
     }
     // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ), col read from the images
-    // (window tile) or written out (im2col, GEMM tile).
+    // (the lanes, or the bf16 pairs) or written out (im2col, GEMM tile).
     let offsets = Offsets::for_shape(s);
-    #[cfg(target_arch = "x86_64")]
-    if offsets.is_some() && pair_bits(x).is_none() && isa().avx512 {
-        return forward_image_lanes(s, x, w, bias, y, relu, pool);
+    if offsets.is_some() && pair_bits(x).is_none() {
+        return with_engine!(E => forward_lanes::<E, T>(s, x, w, bias, y, relu, pool));
     }
-    let (mut w_window, mut w_packed) = (PackedW::default(), PackedA::default());
+    let mut w_packed = PackedA::default();
     // bf16 on AMX or AVX512-BF16: the window product on the bf16 values themselves, by pairs
     // of taps.
     let bf16 = offsets.as_ref().zip(pair_bits(x)).zip(pair_bits(w));
@@ -505,10 +483,6 @@ pub(super) fn forward<T: Precision>(
             let grouped = pairs(&o.taps);
             w_pairs.pack(w_bits, s.out_c, k, &grouped);
             grouped
-        }
-        None if offsets.is_some() => {
-            w_window.pack_transposed(&widen(w), s.out_c, k, k);
-            Vec::new()
         }
         None => {
             w_packed.pack(&widen(w), s.out_c, k, k, 1);
@@ -542,14 +516,6 @@ pub(super) fn forward<T: Precision>(
                         block: FORWARD_BLOCK / 2,
                     };
                     w_pairs.product(&col, out, npq, false);
-                } else if let Some(o) = &offsets {
-                    let col = Windows {
-                        src: group_images(s, x, (g * GROUP, imgs), images),
-                        rows: &o.pixels[..npq],
-                        steps: &o.taps,
-                        block: FORWARD_BLOCK,
-                    };
-                    window_gemm(&col, &w_window, out, npq, false);
                 } else {
                     im2col_group(s, x, (g * GROUP, imgs), col, images);
                     gemm(&w_packed, col, npq, npq, out, npq, false);
@@ -573,29 +539,8 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
     if image_in == 0 {
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(lanes) = LaneInput::new(s, w) {
-        dx.par_chunks_mut(image_in * LANES)
-            .enumerate()
-            .for_each_init(
-                || {
-                    (
-                        vec![0.0f32; s.out_c * pq * LANES],
-                        Vec::new(),
-                        Vec::new(),
-                        Vec::new(),
-                    )
-                },
-                |(dyg, dy_lanes, dx_lanes, plane), (g, dx_g)| {
-                    let imgs = dx_g.len() / image_in;
-                    let source = OutputGrad::Tensor(dy);
-                    gather_dy(&source, (g * LANES, imgs), (s.out_c, pq), dyg, &mut []);
-                    dy_lanes.resize(s.out_c * pq * LANES, 0.0);
-                    into_lanes(dyg, (s.out_c, imgs, pq), 0, dy_lanes);
-                    lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx_g);
-                },
-            );
-        return;
+    if k >= WINDOW_TAPS && pair_bits(w).is_none() {
+        return with_engine!(E => backward_input_lanes::<E, T>(s, dy, w, dx));
     }
     // dcol (K x imgs·PQ) = wᵀ (K x O) · dy_group (O x imgs·PQ), then col2im.
     let w_t = FilterT::new(s, w);
@@ -615,6 +560,28 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
                 let source = OutputGrad::Tensor(dy);
                 gather_dy(&source, (g * GROUP, imgs), (s.out_c, pq), dyg, &mut []);
                 input_grad_group(s, &w_t, dyg, (dcol, dy_pairs), dx_g, acc);
+            },
+        );
+}
+
+/// [`backward_input`] with the images in the lanes of engine E ([`LaneInput`]).
+fn backward_input_lanes<E: Engine, T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], dx: &mut [T]) {
+    let pq = s.out_h() * s.out_w();
+    let image_in = s.in_c * s.in_h * s.in_w;
+    let lanes = LaneInput::<E>::new(s, w);
+    dx.par_chunks_mut(image_in * E::LANES)
+        .enumerate()
+        .for_each_init(
+            || {
+                let dy_lanes = vec![0.0f32; s.out_c * pq * E::LANES];
+                (dy_lanes.clone(), dy_lanes, Vec::new(), Vec::new())
+            },
+            |(dyg, dy_lanes, dx_lanes, plane), (g, dx_g)| {
+                let imgs = dx_g.len() / image_in;
+                let source = OutputGrad::Tensor(dy);
+                gather_dy(&source, (g * E::LANES, imgs), (s.out_c, pq), dyg, &mut []);
+                into_lanes(dyg, (s.out_c, imgs, pq), (0, E::LANES), dy_lanes);
+                lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx_g);
             },
         );
 }
@@ -696,45 +663,45 @@ impl FilterT {
     }
 }
 
-/// The input gradient with 16 images in the lanes ([`lane_input_grad`]): for convolutions
-/// with [`WINDOW_TAPS`] taps or more whose products run in f32, on AVX-512. Replaces the
+/// The input gradient with the images in the lanes of engine E ([`lane_input_grad`]): for
+/// convolutions with [`WINDOW_TAPS`] taps or more whose products run in f32. Replaces the
 /// GEMM tile's `wᵀ · dy` and col2im: full lanes, and the sums go straight into dx.
-#[cfg(target_arch = "x86_64")]
-struct LaneInput {
-    /// The filter (O x K) widened, taps padded with zeros to a multiple of [`R`].
+struct LaneInput<E> {
+    /// The filter (O x K) widened, taps padded with zeros to a multiple of `E::R`.
     w: Vec<f32>,
     /// Tap offsets in the lanes layout (the last repeated over the padding taps).
     taps: Vec<usize>,
     /// Output pixels' offsets in the lanes layout.
     pixels: Vec<usize>,
+    engine: std::marker::PhantomData<E>,
 }
 
-#[cfg(target_arch = "x86_64")]
-impl LaneInput {
-    /// None where the input gradient is not computed this way (no AVX-512, few taps, or
-    /// bf16 multiplied by pairs).
-    fn new<T: Precision>(s: &Conv2dShape, w: &[T]) -> Option<Self> {
+impl<E: Engine> LaneInput<E> {
+    fn new<T: Precision>(s: &Conv2dShape, w: &[T]) -> Self {
         let k = s.in_c * s.k_h * s.k_w;
-        if !isa().avx512 || k < WINDOW_TAPS || pair_bits(w).is_some() {
-            return None;
-        }
-        let kpad = k.div_ceil(R) * R;
+        let kpad = k.div_ceil(E::R) * E::R;
         let wide = widen(w);
         let mut padded = vec![0.0f32; s.out_c * kpad];
-        for (dst, src) in padded.chunks_exact_mut(kpad).zip(wide.chunks_exact(k)) {
+        for (dst, src) in padded
+            .chunks_exact_mut(kpad)
+            .zip(wide.chunks_exact(k.max(1)))
+        {
             dst[..k].copy_from_slice(src);
         }
-        let (mut taps, pixels) = lane_offsets(s);
-        taps.resize(kpad, *taps.last()?);
-        Some(Self {
+        let (mut taps, pixels) = lane_offsets(s, E::LANES);
+        let last = taps.last().copied().unwrap_or(0);
+        taps.resize(kpad, last);
+        Self {
             w: padded,
             taps,
             pixels,
-        })
+            engine: std::marker::PhantomData,
+        }
     }
 
-    /// The input gradient of `imgs` ≤ 16 images from their dy in lanes (`[O][PQ][16]`,
-    /// [`into_lanes`]) into `dx` (imgs x C x H x W); `dx_lanes` and `plane` are scratch.
+    /// The input gradient of `imgs` ≤ `E::LANES` images from their dy in lanes
+    /// (`[O][PQ][LANES]`, [`into_lanes`]) into `dx` (imgs x C x H x W); `dx_lanes` and
+    /// `plane` are scratch.
     fn input_grad<T: Precision>(
         &self,
         s: &Conv2dShape,
@@ -746,18 +713,18 @@ impl LaneInput {
         let (hp, wp) = padded_dims(s);
         let hw = s.in_h * s.in_w;
         dx_lanes.clear();
-        dx_lanes.resize(s.in_c * hp * wp * LANES, 0.0);
-        lane_input_grad(dy_lanes, &self.w, (&self.taps, &self.pixels), dx_lanes);
+        dx_lanes.resize(s.in_c * hp * wp * E::LANES, 0.0);
+        lane_input_grad::<E>(dy_lanes, &self.w, (&self.taps, &self.pixels), dx_lanes);
         plane.resize(hw, 0.0);
         for (m, dx_m) in dx.chunks_mut(s.in_c * hw).enumerate() {
             for (c, dst) in dx_m.chunks_mut(hw).enumerate() {
                 write_f32(dst, plane, |d| {
                     if s.pad == 0 {
-                        return lane_plane(&dx_lanes[c * hw * LANES..], hw, 0, m, d);
+                        return lane_plane(&dx_lanes[c * hw * E::LANES..], E::LANES, (0, m), d);
                     }
                     for (h, row) in d.chunks_mut(s.in_w).enumerate() {
-                        let at = ((c * hp + h + s.pad) * wp + s.pad) * LANES;
-                        lane_plane(&dx_lanes[at..], s.in_w, 0, m, row);
+                        let at = ((c * hp + h + s.pad) * wp + s.pad) * E::LANES;
+                        lane_plane(&dx_lanes[at..], E::LANES, (0, m), row);
                     }
                 });
             }
@@ -816,29 +783,22 @@ pub(super) fn backward_filter<T: Precision>(
     // images (taps as rows, pixels as steps) and dy transposed to pixel-major.
     // dcol_group = wᵀ (K x O) · dy_group, then col2im, for the input gradient.
     let with_bias = db.is_some();
-    // With 16 images in the lanes ([`filter_chunks_image_lanes`]) the input gradient is
+    let offsets = Offsets::for_shape(s);
+    // With the images in the lanes ([`filter_chunks_lanes`]) the input gradient is
     // [`LaneInput`]'s, else FilterT's.
-    #[cfg(target_arch = "x86_64")]
-    let lane_input = match &input {
-        Some((w, _)) if image_in > 0 => LaneInput::new(s, w),
-        _ => None,
-    };
-    #[cfg(target_arch = "x86_64")]
-    let in_lanes = lane_input.is_some();
-    #[cfg(not(target_arch = "x86_64"))]
-    let in_lanes = false;
-    let (w_t, dx_chunks): (_, Vec<Option<&mut [T]>>) = match input {
+    let in_lanes = offsets.is_some() && pair_bits(x).is_none();
+    let (w, dx_chunks): (_, Vec<Option<&mut [T]>>) = match input {
         Some((w, dx)) if image_in > 0 => {
             let chunks = dx.chunks_mut(image_in * FILTER_CHUNK).map(Some).collect();
-            ((!in_lanes).then(|| FilterT::new(s, w)), chunks)
+            (Some(w), chunks)
         }
         _ => (None, (0..chunk_count).map(|_| None).collect()),
     };
-    let offsets = Offsets::for_shape(s);
-    #[cfg(target_arch = "x86_64")]
-    if offsets.is_some() && pair_bits(x).is_none() && isa().avx512 {
-        let chunks =
-            filter_chunks_image_lanes(s, x, &dy, lane_input.as_ref(), dx_chunks, with_bias);
+    if in_lanes {
+        let chunks = with_engine!(E => {
+            let lane_input = w.map(|w| LaneInput::<E>::new(s, w));
+            filter_chunks_lanes(s, x, &dy, lane_input.as_ref(), dx_chunks, with_bias)
+        });
         let (filters, biases): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
         Cascade::sum_into(filters, dw);
         if let Some(db) = db {
@@ -846,6 +806,7 @@ pub(super) fn backward_filter<T: Precision>(
         }
         return;
     }
+    let w_t = w.map(|w| FilterT::new(s, w));
     let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
     // bf16 on AMX or AVX512-BF16: the window product on x's bf16 values and dy rounded to bf16, by
     // pairs of adjacent pixels. dy is bf16 already, or formed here from the pool's bf16
@@ -859,7 +820,7 @@ pub(super) fn backward_filter<T: Precision>(
             // Reused per worker: gather_dy and the GEMMs overwrite what they cover.
             || {
                 (
-                    (PackedW::default(), Vec::new(), Vec::new()),
+                    (Vec::new(), Vec::new()),
                     vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
                     vec![0.0f32; scratch_dcol],
@@ -874,7 +835,7 @@ pub(super) fn backward_filter<T: Precision>(
                 )
             },
             |(
-                (dy_t, images, col),
+                (images, col),
                 dyg,
                 image,
                 dcol,
@@ -904,16 +865,6 @@ pub(super) fn backward_filter<T: Precision>(
                             block: pixel_pairs.len(),
                         };
                         dy_pairs.product(&col_t, &mut partial, k, nth > 0);
-                    } else if let Some(o) = &offsets {
-                        dy_t.pack_transposed(dyg, s.out_c, npq, npq);
-                        // One block per group: the groups' sums join `partial` one by one.
-                        let col_t = Windows {
-                            src: group_images(s, x, (first, imgs), images),
-                            rows: &o.taps,
-                            steps: &o.pixels[..npq],
-                            block: npq,
-                        };
-                        window_gemm(&col_t, dy_t, &mut partial, k, nth > 0);
                     } else {
                         // Dot products along the pixels, which dy and the columns both hold
                         // contiguously: nothing transposed.
@@ -952,29 +903,28 @@ pub(super) fn backward_filter<T: Precision>(
     }
 }
 
-/// [`backward_filter`]'s chunks with 16 images in the lanes ([`image_lanes`]), for the
-/// f32 and widened products with [`WINDOW_TAPS`] taps or more on AVX-512: each chunk's
+/// [`backward_filter`]'s chunks with the images in the lanes of engine E ([`lanes`]), for
+/// the f32 and widened products with [`WINDOW_TAPS`] taps or more: each chunk's
 /// filter gradient (O x K) and bias gradient, and with `lane_input` its input gradient
 /// written into the chunk of dx. dy is gathered and its bias sums taken per [`GROUP`] of
 /// images as in `backward_filter` (the same bits), then put into the lanes, where the
 /// filter gradient ([`lane_filter_product`]: each image's pixels summed in its own lane,
-/// the chunk's sets of 16 in order, then the 16 lanes as a fixed tree, [`fold_lanes`]) and
-/// the input gradient ([`LaneInput`]) read it.
-#[cfg(target_arch = "x86_64")]
-fn filter_chunks_image_lanes<T: Precision>(
+/// the chunk's sets of `E::LANES` in order, then the lanes as a fixed tree,
+/// [`fold_lanes`]) and the input gradient ([`LaneInput`]) read it.
+fn filter_chunks_lanes<E: Engine, T: Precision>(
     s: &Conv2dShape,
     x: &[T],
     dy: &OutputGrad<T>,
-    lane_input: Option<&LaneInput>,
+    lane_input: Option<&LaneInput<E>>,
     dx_chunks: Vec<Option<&mut [T]>>,
     with_bias: bool,
 ) -> Vec<(Vec<f32>, Vec<f32>)> {
-    use super::image_lanes::{fold_lanes, lane_filter_product, LaneImages, LaneWindows};
+    let lanes = E::LANES;
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();
     let image_in = s.in_c * s.in_h * s.in_w;
-    let ld = s.out_c.div_ceil(R) * R;
-    let (taps, pixels) = lane_offsets(s);
+    let ld = s.out_c.div_ceil(E::R) * E::R;
+    let (taps, pixels) = lane_offsets(s, lanes);
     // One job per thread: each job's scratch (1.9 MB for conv2, mostly the lanes' running
     // sums) is allocated once, not once per chunk.
     let per_job = dx_chunks
@@ -991,7 +941,7 @@ fn filter_chunks_image_lanes<T: Precision>(
                     (LaneImages::default(), Vec::new()),
                     (vec![0.0f32; s.out_c * pq * GROUP], vec![0.0f32; 2 * pq]),
                     // dy's lanes: channels past O stay zero.
-                    (vec![0.0f32; ld * pq * LANES], vec![0.0f32; ld * k * LANES]),
+                    (vec![0.0f32; ld * pq * lanes], vec![0.0f32; ld * k * lanes]),
                     (Vec::new(), Vec::new()),
                 )
             },
@@ -1000,22 +950,26 @@ fn filter_chunks_image_lanes<T: Precision>(
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let start = chunk * FILTER_CHUNK;
                 let end = s.batch.min(start + FILTER_CHUNK);
-                for first in (start..end).step_by(GROUP) {
-                    let imgs = GROUP.min(end - first);
+                // Groups of GROUP images (fewer where the lanes are fewer), so a group
+                // never straddles two sets.
+                let group = GROUP.min(lanes);
+                for first in (start..end).step_by(group) {
+                    let imgs = group.min(end - first);
                     let npq = imgs * pq;
                     gather_dy(dy, (first, imgs), (s.out_c, pq), dyg, tmp);
                     for (o, b) in partial_bias.iter_mut().enumerate() {
                         *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
                     }
-                    // Sets of 16 images from the chunk's start; a short last set's other
-                    // lanes must be zero (x's are, and a stale infinity times zero is NaN).
-                    let lane0 = (first - start) % LANES;
+                    // Sets of `lanes` images from the chunk's start; a short last set's
+                    // other lanes must be zero (x's are, and a stale infinity times zero is
+                    // NaN).
+                    let lane0 = (first - start) % lanes;
                     let set_first = first - lane0;
-                    let set = LANES.min(end - set_first);
-                    if lane0 == 0 && set < LANES {
+                    let set = lanes.min(end - set_first);
+                    if lane0 == 0 && set < lanes {
                         dy_lanes.fill(0.0);
                     }
-                    into_lanes(dyg, (s.out_c, imgs, pq), lane0, dy_lanes);
+                    into_lanes(dyg, (s.out_c, imgs, pq), (lane0, lanes), dy_lanes);
                     if lane0 + imgs < set {
                         continue;
                     }
@@ -1029,15 +983,16 @@ fn filter_chunks_image_lanes<T: Precision>(
                         wide
                     });
                     let windows = LaneWindows {
-                        src: images.build(s, xg, set),
+                        src: images.build::<E>(s, xg, set),
                         pixels: &pixels,
                         taps: &taps,
                         block: pixels.len(),
                     };
-                    lane_filter_product(&windows, dy_lanes, s.out_c, totals, set_first > start);
+                    let more = set_first > start;
+                    lane_filter_product::<E>(&windows, dy_lanes, s.out_c, totals, more);
                 }
                 let mut partial = vec![0.0f32; s.out_c * k];
-                fold_lanes(&totals[..s.out_c * k * LANES], &mut partial);
+                fold_lanes::<E>(&totals[..s.out_c * k * lanes], &mut partial);
                 (partial, partial_bias)
             },
         )

@@ -1,38 +1,60 @@
 //! f16 <-> f32 slice conversion sixteen at a time (AVX-512F's `vcvtph2ps`/`vcvtps2ph`), and
-//! bf16 <-> f32 (a shift, and integer rounding: loops the compiler vectorizes for AVX-512).
+//! bf16 <-> f32 (a shift, and integer rounding: loops the compiler vectorizes for the
+//! process's engine).
 //!
 //! Mixed precision on the CPU converts every activation it touches: through the `half`
 //! crate's F16C path that is a function call per 8 elements, 14% of an fp16 training step.
 //! Here the loop is compiled for AVX-512 and the conversions are inline, 16 lanes per
 //! instruction; the rounding is the same (to nearest even, as `f16::from_f32`), so results
-//! are unchanged bit for bit. Tails and CPUs without AVX-512 go through `half`.
+//! are unchanged bit for bit. The AVX2 engine's CPUs do the same 8 at a time with F16C; tails
+//! and the portable engine go through `half`.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use super::isa::{cpu, isa, EngineKind};
+
 /// `dst[i] = f32(src[i])` (equal lengths).
 pub(crate) fn widen(src: &[f16], dst: &mut [f32]) {
+    widen_on(isa().engine(), src, dst);
+}
+
+/// [`widen`] with the instructions of `engine` (the CPU must have them).
+fn widen_on(engine: EngineKind, src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen: lengths differ");
-    let done = simd_prefix(|| {
-        // SAFETY: AVX-512F was detected by simd_prefix; lengths are equal.
+    let done = match engine {
+        // SAFETY: the engine's instructions are there (asserted); lengths are equal.
         #[cfg(target_arch = "x86_64")]
-        return unsafe { avx512::widen(src, dst) };
-        #[allow(unreachable_code)]
-        0
-    });
+        EngineKind::Avx512 if cpu().avx512 => unsafe { avx512::widen(src, dst) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        EngineKind::Avx2 if cpu().avx2 => unsafe { f16c::widen(src, dst) },
+        EngineKind::Portable => 0,
+        #[allow(unreachable_patterns)]
+        _ => panic!("{engine:?} is not available on this CPU"),
+    };
     src[done..].convert_to_f32_slice(&mut dst[done..]);
 }
 
 /// `dst[i] = f16(src[i])`, rounded to nearest even (equal lengths).
 pub(crate) fn narrow(src: &[f32], dst: &mut [f16]) {
+    narrow_on(isa().engine(), src, dst);
+}
+
+/// [`narrow`] with the instructions of `engine` (the CPU must have them).
+fn narrow_on(engine: EngineKind, src: &[f32], dst: &mut [f16]) {
     assert_eq!(src.len(), dst.len(), "narrow: lengths differ");
-    let done = simd_prefix(|| {
-        // SAFETY: AVX-512F was detected by simd_prefix; lengths are equal.
+    let done = match engine {
+        // SAFETY: the engine's instructions are there (asserted); lengths are equal.
         #[cfg(target_arch = "x86_64")]
-        return unsafe { avx512::narrow(src, dst) };
-        #[allow(unreachable_code)]
-        0
-    });
+        EngineKind::Avx512 if cpu().avx512 => unsafe { avx512::narrow(src, dst) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        EngineKind::Avx2 if cpu().avx2 => unsafe { f16c::narrow(src, dst) },
+        EngineKind::Portable => 0,
+        #[allow(unreachable_patterns)]
+        _ => panic!("{engine:?} is not available on this CPU"),
+    };
     dst[done..].convert_from_f32_slice(&src[done..]);
 }
 
@@ -50,46 +72,30 @@ pub(crate) fn bf16_from_f32(v: f32) -> bf16 {
     bf16::from_bits(if nan { 0x7fff } else { rounded })
 }
 
-/// `dst[i] = f32(src[i])` (equal lengths): exact, a 16-bit shift.
-pub(crate) fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen_bf16: lengths differ");
-    with_avx512(|| {
-        dst.iter_mut()
-            .zip(src)
-            .for_each(|(d, s)| *d = f32::from_bits(u32::from(s.to_bits()) << 16))
-    });
-}
+super::engine::multiversion!(
+    /// `dst[i] = f32(src[i])` (equal lengths): exact, a 16-bit shift.
+    pub(crate) fn widen_bf16(src: &[bf16], dst: &mut [f32]) = widen_bf16_body
+);
 
-/// `dst[i] = bf16(src[i])` as [`bf16_from_f32`] (equal lengths).
-pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
-    assert_eq!(src.len(), dst.len(), "narrow_bf16: lengths differ");
-    with_avx512(|| {
-        dst.iter_mut()
-            .zip(src)
-            .for_each(|(d, s)| *d = bf16_from_f32(*s))
-    });
-}
-
-/// Runs `f`, an inlined loop, compiled for AVX-512 where the CPU has it (so the compiler
-/// vectorizes it 16 lanes wide) and for baseline x86-64 otherwise.
 #[inline(always)]
-fn with_avx512(f: impl FnOnce()) {
-    #[cfg(target_arch = "x86_64")]
-    if super::isa::isa().avx512 {
-        // SAFETY: AVX-512 F, VL, BW and DQ were detected.
-        return unsafe { avx512::run(f) };
-    }
-    f()
+fn widen_bf16_body(src: &[bf16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen_bf16: lengths differ");
+    dst.iter_mut()
+        .zip(src)
+        .for_each(|(d, s)| *d = f32::from_bits(u32::from(s.to_bits()) << 16))
 }
 
-/// Runs `f` (which converts a prefix and returns its length) where AVX-512F is present.
-fn simd_prefix(f: impl FnOnce() -> usize) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if super::isa::isa().avx512 {
-        return f();
-    }
-    let _ = f;
-    0
+super::engine::multiversion!(
+    /// `dst[i] = bf16(src[i])` as [`bf16_from_f32`] (equal lengths).
+    pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) = narrow_bf16_body
+);
+
+#[inline(always)]
+fn narrow_bf16_body(src: &[f32], dst: &mut [bf16]) {
+    assert_eq!(src.len(), dst.len(), "narrow_bf16: lengths differ");
+    dst.iter_mut()
+        .zip(src)
+        .for_each(|(d, s)| *d = bf16_from_f32(*s))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -97,15 +103,6 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use half::f16;
-
-    /// Runs `f` with AVX-512 enabled for the code inlined into it.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F, VL, BW and DQ.
-    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq")]
-    pub(super) unsafe fn run(f: impl FnOnce()) {
-        f()
-    }
 
     /// Converts the whole 16-element chunks; returns how many elements that was.
     ///
@@ -143,18 +140,73 @@ mod avx512 {
     }
 }
 
+/// F16C with AVX: 8 lanes per conversion (the AVX2 engine's CPUs all have it).
+#[cfg(target_arch = "x86_64")]
+mod f16c {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    /// Converts the whole 8-element chunks; returns how many elements that was.
+    ///
+    /// # Safety
+    /// AVX and F16C, and `dst.len() == src.len()`.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) -> usize {
+        let whole = src.len() / 8 * 8;
+        for i in (0..whole).step_by(8) {
+            // SAFETY: elements i..i+8 exist in both slices (i + 8 <= whole).
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+        }
+        whole
+    }
+
+    /// Converts the whole 8-element chunks; returns how many elements that was.
+    ///
+    /// # Safety
+    /// AVX and F16C, and `dst.len() == src.len()`.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) -> usize {
+        let whole = src.len() / 8 * 8;
+        for i in (0..whole).step_by(8) {
+            // SAFETY: elements i..i+8 exist in both slices (i + 8 <= whole).
+            unsafe {
+                let v = _mm256_loadu_ps(src.as_ptr().add(i));
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm_storeu_si128(dst.as_mut_ptr().add(i).cast(), h);
+            }
+        }
+        whole
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use half::f16;
 
+    use super::super::isa::{cpu, EngineKind};
+
     /// Every f16 bit pattern widens as `f16::to_f32` does, and narrowing a spread of f32
     /// values (ties, subnormals, overflow, NaN, infinities) rounds as `f16::from_f32`, at
-    /// lengths that leave tails of every size.
+    /// lengths that leave tails of every size: with every engine's instructions this CPU has.
     #[test]
     fn same_bits_as_half() {
+        let mut engines = vec![EngineKind::Portable];
+        engines.extend(cpu().avx2.then_some(EngineKind::Avx2));
+        engines.extend(cpu().avx512.then_some(EngineKind::Avx512));
+        for engine in engines {
+            println!("{engine:?}");
+            same_bits_as_half_on(engine);
+        }
+    }
+
+    fn same_bits_as_half_on(engine: EngineKind) {
         let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
         let mut wide = vec![0.0f32; all.len()];
-        super::widen(&all, &mut wide);
+        super::widen_on(engine, &all, &mut wide);
         for (h, w) in all.iter().zip(&wide) {
             assert_eq!(
                 h.to_f32().to_bits(),
@@ -179,7 +231,7 @@ mod tests {
         for len in [probe.len(), 15, 16, 17, 33, 1, 0] {
             let src = &probe[..len];
             let mut got = vec![f16::ZERO; len];
-            super::narrow(src, &mut got);
+            super::narrow_on(engine, src, &mut got);
             for (s, g) in src.iter().zip(&got) {
                 let want = f16::from_f32(*s);
                 assert!(

@@ -2,9 +2,10 @@
 //!
 //! The backend is compiled for baseline x86-64 and picks its faster paths at run time, so one
 //! binary runs everywhere. Every path must give results the tests accept, and a machine with
-//! AVX-512 would otherwise never run the portable one that other machines take: set
-//! `NANODDP_CPU_ISA=portable` to force it (the tests do, to check both paths on any machine;
-//! so can anyone comparing the two). Likewise `NANODDP_CPU_ISA=avx512` keeps AVX-512 but not
+//! AVX-512 would otherwise never run the paths that other machines take: set
+//! `NANODDP_CPU_ISA=portable` to force the portable one, `NANODDP_CPU_ISA=avx2` the AVX2+FMA
+//! one (what most x86 desktops, laptops and AMD Zen 2 and 3 run), so anyone can compare them
+//! on one machine. Likewise `NANODDP_CPU_ISA=avx512` keeps AVX-512 but not
 //! its BF16 extension or AMX (the bf16 path of AVX-512 CPUs without them: Skylake and Ice
 //! Lake servers), and `NANODDP_CPU_ISA=avx512bf16` takes the bf16 products through
 //! AVX512-BF16 wherever the CPU has it, also where [`Isa::bf16_products`] would not (Intel's
@@ -22,8 +23,10 @@ pub const ISA_ENV: &str = "NANODDP_CPU_ISA";
 pub struct Isa {
     /// AVX-512 F, VL, BW and DQ: the register tiles, pooling, conversions.
     pub avx512: bool,
-    /// FMA (with AVX2's 256-bit registers): the optimizer step.
-    pub fma: bool,
+    /// AVX2 with FMA and F16C: the AVX2 engine (`engine::avx2`), and the plain loops and the
+    /// optimizer step compiled 8 lanes wide with fused multiply-adds, where AVX-512 is not
+    /// in use.
+    pub avx2: bool,
     /// AVX512-BF16 (`vdpbf16ps`, with the AVX-512 set above) is there to run (Zen 4,
     /// Sapphire Rapids and later): its kernels' tests run where this is set.
     pub avx512_bf16: bool,
@@ -47,7 +50,7 @@ impl Isa {
     /// The portable paths only (what `NANODDP_CPU_ISA=portable` selects).
     pub const PORTABLE: Isa = Isa {
         avx512: false,
-        fma: false,
+        avx2: false,
         avx512_bf16: false,
         bf16_products: false,
         amx: false,
@@ -69,7 +72,7 @@ impl Isa {
                 && super::window_gemm_amx::enable();
             Isa {
                 avx512,
-                fma: has!("fma") && has!("avx2"),
+                avx2: has!("avx2") && has!("fma") && has!("f16c"),
                 avx512_bf16,
                 bf16_products: avx512_bf16 && !is_intel() && !amx,
                 amx,
@@ -81,9 +84,20 @@ impl Isa {
         }
     }
 
+    /// The vector engine the convolution products in f32 (and widened f16 and bf16) run on.
+    pub fn engine(&self) -> EngineKind {
+        if self.avx512 {
+            EngineKind::Avx512
+        } else if self.avx2 {
+            EngineKind::Avx2
+        } else {
+            EngineKind::Portable
+        }
+    }
+
     /// The paths in use, as `nanoddp info` names them.
     pub fn describe(&self) -> &'static str {
-        match (self.avx512, self.fma) {
+        match (self.avx512, self.avx2) {
             (true, _) if self.amx => {
                 "AVX-512 (F, VL, BW, DQ), AMX-BF16 tiles for bf16 convolutions (bf16 linear layers widened to f32)"
             }
@@ -92,9 +106,73 @@ impl Isa {
                 "AVX-512 (F, VL, BW, DQ), bf16 widened to f32 (AVX512-BF16 is slower on this CPU)"
             }
             (true, _) => "AVX-512 (F, VL, BW, DQ)",
-            (false, true) => "portable, FMA for the optimizer",
+            (false, true) => "AVX2 and FMA",
             (false, false) => "portable",
         }
+    }
+}
+
+/// The vector engines the f32 convolution products run on (`engine`'s files), widest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// 16 lanes of f32 in 32 registers (AVX-512 F, VL, BW, DQ).
+    Avx512,
+    /// 8 lanes of f32 in 16 registers (AVX2 with FMA).
+    Avx2,
+    /// 4 lanes as plain arrays the compiler vectorizes for the target's baseline.
+    Portable,
+}
+
+impl EngineKind {
+    /// The engine's name, with its vector width.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Avx512 => "AVX-512 engine (16 lanes)",
+            EngineKind::Avx2 => "AVX2+FMA engine (8 lanes)",
+            EngineKind::Portable => "portable engine (4 lanes)",
+        }
+    }
+}
+
+impl Isa {
+    /// Which code serves each operation, as `nanoddp info` prints it: (operation, what runs
+    /// it).
+    pub fn plan(&self) -> Vec<(&'static str, String)> {
+        let engine = self.engine().name();
+        let bf16 = if self.amx {
+            "AMX-BF16 tiles (tdpbf16ps), bf16 pairs".to_string()
+        } else if self.bf16_products {
+            "AVX512-BF16 (vdpbf16ps), bf16 pairs".to_string()
+        } else {
+            format!("widened to f32, the {engine}")
+        };
+        let gemm_tile = if self.avx512 {
+            "im2col, then the 10 x 32 AVX-512 GEMM tile".to_string()
+        } else {
+            format!("im2col, then the GEMM tile in plain Rust for the {engine}")
+        };
+        let linear_bf16 = if self.bf16_products {
+            "AVX512-BF16 (vdpbf16ps), bf16 pairs"
+        } else {
+            "widened to f32, matrixmultiply"
+        };
+        vec![
+            (
+                "convolutions from 64 taps (conv2), f32 and f16",
+                format!("images in the lanes, the {engine}"),
+            ),
+            ("convolutions from 64 taps (conv2), bf16", bf16),
+            ("convolutions under 64 taps (conv1)", gemm_tile),
+            (
+                "linear layers, f32 and f16",
+                "matrixmultiply (its own choice of AVX-512, AVX2 or SSE)".to_string(),
+            ),
+            ("linear layers, bf16", linear_bf16.to_string()),
+            (
+                "pools, bias and ReLU, conversions, SGD step",
+                format!("plain loops compiled for the {engine}"),
+            ),
+        ]
     }
 }
 
@@ -125,6 +203,9 @@ pub enum IsaError {
 /// The values of `NANODDP_CPU_ISA` a CPU offering `cpu` accepts, as a phrase.
 fn allowed(cpu: &Isa) -> String {
     let mut names = vec!["`portable`"];
+    if cpu.avx2 {
+        names.push("`avx2`");
+    }
     if cpu.avx512 {
         names.push("`avx512`");
     }
@@ -143,7 +224,7 @@ pub fn requested() -> Result<Isa, IsaError> {
         Err(std::env::VarError::NotPresent) => None,
         Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
     };
-    choose(value.as_deref(), Isa::detect)
+    choose(value.as_deref(), cpu)
 }
 
 /// The paths `value` (of `NANODDP_CPU_ISA`; `None`: unset) selects on a CPU that `detect`
@@ -160,6 +241,14 @@ fn choose(value: Option<&str>, detect: impl FnOnce() -> Isa) -> Result<Isa, IsaE
         cpu,
     };
     match value {
+        Some("avx2") if !cpu.avx2 => Err(unsupported("AVX2 with FMA and F16C")),
+        Some("avx2") => Ok(Isa {
+            avx512: false,
+            avx512_bf16: false,
+            bf16_products: false,
+            amx: false,
+            ..cpu
+        }),
         Some("avx512") if !cpu.avx512 => Err(unsupported("AVX-512 (F, VL, BW and DQ)")),
         Some("avx512") => Ok(Isa {
             avx512_bf16: false,
@@ -183,6 +272,13 @@ fn choose(value: Option<&str>, detect: impl FnOnce() -> Isa) -> Result<Isa, IsaE
     }
 }
 
+/// What this CPU offers, whatever `NANODDP_CPU_ISA` asks for (detected once): the engines the
+/// tests can run here.
+pub fn cpu() -> Isa {
+    static CPU: OnceLock<Isa> = OnceLock::new();
+    *CPU.get_or_init(Isa::detect)
+}
+
 /// The instruction sets in use, decided on first use: what the CPU has, unless
 /// `NANODDP_CPU_ISA` chooses fewer. A value it does not know, or a level the CPU lacks, is
 /// reported on stderr once and ignored (a library must not panic on its environment; the
@@ -192,7 +288,7 @@ pub fn isa() -> Isa {
     *ISA.get_or_init(|| {
         requested().unwrap_or_else(|why| {
             eprintln!("nanoddp: ignoring {why}");
-            Isa::detect()
+            cpu()
         })
     })
 }
@@ -218,7 +314,7 @@ mod tests {
 
     const AVX512_ONLY: Isa = Isa {
         avx512: true,
-        fma: true,
+        avx2: true,
         avx512_bf16: false,
         bf16_products: false,
         amx: false,
@@ -227,7 +323,7 @@ mod tests {
     #[test]
     fn a_level_the_cpu_lacks_is_refused_naming_what_it_offers() {
         let old = Isa {
-            fma: true,
+            avx2: true,
             ..Isa::PORTABLE
         };
         let err = choose(Some("avx512"), || old).expect_err("no AVX-512 here");
@@ -235,7 +331,12 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "NANODDP_CPU_ISA=avx512: this CPU lacks AVX-512 (F, VL, BW and DQ); expected \
-             `portable` or `native` (the default)"
+             `portable`, `avx2` or `native` (the default)"
+        );
+        let err = choose(Some("avx2"), || Isa::PORTABLE).expect_err("no AVX2 here");
+        assert!(
+            err.to_string().contains("lacks AVX2 with FMA and F16C"),
+            "{err}"
         );
         let err = choose(Some("avx512bf16"), || AVX512_ONLY).expect_err("no AVX512-BF16 here");
         let text = err.to_string();
@@ -248,10 +349,10 @@ mod tests {
 
     #[test]
     fn an_unknown_name_is_refused_and_known_ones_choose_their_paths() {
-        let err = choose(Some("avx2"), || AVX512_ONLY).expect_err("not a level");
+        let err = choose(Some("avx3"), || AVX512_ONLY).expect_err("not a level");
         assert_eq!(
             err.to_string(),
-            "NANODDP_CPU_ISA=avx2: expected `portable`, `avx512` or `native` (the default)"
+            "NANODDP_CPU_ISA=avx3: expected `portable`, `avx2`, `avx512` or `native` (the default)"
         );
         // `portable` needs nothing of the CPU: it is not probed (nor AMX requested).
         assert_eq!(
@@ -268,5 +369,8 @@ mod tests {
         assert_eq!(choose(Some("avx512"), || full), Ok(AVX512_ONLY));
         let bf16 = choose(Some("avx512bf16"), || full).expect("the CPU has it");
         assert!(bf16.bf16_products && !bf16.amx);
+        let avx2 = choose(Some("avx2"), || full).expect("the CPU has it");
+        assert_eq!(avx2.engine(), EngineKind::Avx2);
+        assert!(!avx2.avx512 && !avx2.amx && !avx2.bf16_products && !avx2.avx512_bf16);
     }
 }

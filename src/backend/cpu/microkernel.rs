@@ -18,9 +18,9 @@
 //! a tile of at most 16 columns uses one vector per row.
 //!
 //! Without AVX-512 the same tile runs as portable Rust that the compiler vectorizes for the
-//! baseline instruction set, with separate multiplies and adds instead of fused ones: the
-//! two paths differ in the last bits, and each is deterministic (the sum over k always runs
-//! in order).
+//! process's engine (AVX2, or the baseline), with separate multiplies and adds instead of
+//! fused ones: the two paths differ in the last bits, and each is deterministic (the sum
+//! over k always runs in order).
 
 use super::isa::isa;
 
@@ -264,15 +264,34 @@ fn dot_tile(
         return unsafe { avx512::dot_tile(a, b) };
     }
     let _ = avx512;
-    // Sixteen partial sums per product, as the vector path keeps them.
+    portable_dot_tile(a, b)
+}
+
+super::engine::multiversion!(
+    /// [`dot_tile`] in portable Rust, vectorized for the process's engine.
+    fn portable_dot_tile(a: &[&[f32]; NT_ROWS], b: &[&[f32]; NT_COLS]) -> [[f32; NT_COLS]; NT_ROWS] = dot_tile_body
+);
+
+/// [`dot_tile`] in portable Rust: sixteen partial sums per product, as the AVX-512 path
+/// keeps them.
+#[inline(always)]
+fn dot_tile_body(a: &[&[f32]; NT_ROWS], b: &[&[f32]; NT_COLS]) -> [[f32; NT_COLS]; NT_ROWS] {
     let mut sums = [[0.0f32; NT_COLS]; NT_ROWS];
     for (r, a) in a.iter().enumerate() {
         for (s, b) in b.iter().enumerate() {
+            // Whole chunks with constant bounds (they vectorize), then the ragged tail into
+            // the first lanes: element i always joins lane i % 16.
             let mut lanes = [0.0f32; 16];
-            for (a, b) in a.chunks(16).zip(b.chunks(16)) {
-                for ((l, a), b) in lanes.iter_mut().zip(a).zip(b) {
-                    *l += a * b;
+            let n = a.len().min(b.len());
+            let (ac, bc) = (a[..n].chunks_exact(16), b[..n].chunks_exact(16));
+            let (at, bt) = (ac.remainder(), bc.remainder());
+            for (a, b) in ac.zip(bc) {
+                for l in 0..16 {
+                    lanes[l] += a[l] * b[l];
                 }
+            }
+            for ((l, a), b) in lanes.iter_mut().zip(at).zip(bt) {
+                *l += a * b;
             }
             sums[r][s] = lanes.iter().sum();
         }
@@ -390,9 +409,15 @@ fn run_tile(tile: Tile, avx512: bool) {
     portable_tile(tile);
 }
 
+super::engine::multiversion!(
+    /// [`portable_tile_body`] vectorized for the process's engine.
+    fn portable_tile(t: Tile) = portable_tile_body
+);
+
 /// The tile in portable Rust: B's row copied into a fixed-size array so the inner loops have
 /// constant bounds and vectorize.
-fn portable_tile(t: Tile) {
+#[inline(always)]
+fn portable_tile_body(t: Tile) {
     assert!(t.in_bounds());
     let mut acc = [[0.0f32; NR]; MR];
     let mut bv = [0.0f32; NR];

@@ -1,50 +1,37 @@
 //! The native CPU backend: the same operations as the kernels, in Rust, on host memory.
 //!
-//! It is the production path on machines without a GPU, so it is built for speed: the
-//! fully connected layers' GEMMs go to `matrixmultiply` (cache-blocked, SIMD, threaded); the
-//! convolutions run over groups of images on nanoddp's own AVX-512 register tiles: from 64
-//! filter taps with 16 images in the lanes (`image_lanes`: forward, input and filter
-//! gradients), without AVX-512 reading the images in place (`window_gemm`) and the input
-//! gradient as a GEMM then col2im (`microkernel`, which also takes conv1's 9 taps through
-//! im2col), with the ReLU, the average pool and the bias gradient fused in where
-//! the trainer asks for it (`Backend::conv2d_relu_avg_pool_forward` and friends); loops over
-//! images, planes and rows run on all cores with rayon. Arithmetic is
-//! f32 with f16 or bf16 storage for mixed precision, as on the GPU. Every reduction has a fixed
-//! order that does not depend on the number of threads, so results are bitwise
-//! reproducible across machines.
+//! It is the production path on machines without a GPU, so it is built for speed, and every
+//! reduction has a fixed order that does not depend on the number of threads, so results
+//! are bitwise reproducible on a machine. Arithmetic is f32 with f16 or bf16 storage for
+//! mixed precision, as on the GPU. `docs/cpu-backend.md` walks through it. The files, by
+//! role:
 //!
-//! The float64 reference the tests compare against is separate (`tests/common/reference.rs`).
-
-/// Defines a function as `$body` compiled twice, for the baseline instruction set and for
-/// AVX-512 (F, VL, BW, DQ), and picks one at run time ([`isa::isa`]). For the plain loops the compiler
-/// vectorizes by itself: the crate is built for baseline x86-64, four lanes wide.
-macro_rules! multiversion {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) = $body:ident) => {
-        $(#[$m])*
-        $vis fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq")]
-                unsafe fn avx512_version($($arg: $ty),*) {
-                    $body($($arg),*)
-                }
-                if $crate::backend::cpu::isa::isa().avx512 {
-                    // SAFETY: the CPU has every feature `avx512_version` is compiled for
-                    // (`Isa::avx512` is only set where all four were detected).
-                    return unsafe { avx512_version($($arg),*) };
-                }
-            }
-            $body($($arg),*)
-        }
-    };
-}
+//! - this file: [`CpuDevice`], its buffers, and each operation (`BackendImpl`);
+//! - drivers (loops, groups of images, threads, the summation order): `conv` (the
+//!   convolutions, fused with ReLU, pooling and the bias gradient where the trainer asks),
+//!   `gemm` (the linear layers, through `matrixmultiply`), `pool`, `loss`, `optim`, `step`
+//!   (the training step's small operations), `summation` (the fixed trees);
+//! - `lanes`: the convolution products with a group of images in a vector's lanes, written
+//!   once over the engine trait;
+//! - `engine`: the vector engines, one file each (AVX-512, AVX2+FMA, portable), and
+//!   `multiversion!` for the plain loops;
+//! - bf16 pair products: `window_gemm_bf16` and `microkernel_bf16` (`vdpbf16ps`),
+//!   `window_gemm_amx` (AMX tiles);
+//! - `microkernel`: the im2col GEMM tile (conv1's 9 taps) and its helpers;
+//! - `half_convert`: f16 and bf16 to and from f32;
+//! - [`isa`]: what the CPU has and which engine each operation uses (the plan, decided once
+//!   per process; `NANODDP_CPU_ISA` forces a lower level);
+//! - `product_check` (tests only): random operands and float64 checks for the tiles' tests.
+//!
+//! The float64 reference the integration tests compare against is separate
+//! (`tests/common/reference.rs`).
 
 mod conv;
+mod engine;
 mod gemm;
 pub(crate) mod half_convert;
-#[cfg(target_arch = "x86_64")]
-mod image_lanes;
 pub mod isa;
+mod lanes;
 mod loss;
 mod microkernel;
 mod microkernel_bf16;
@@ -54,7 +41,6 @@ mod pool;
 mod product_check;
 mod step;
 mod summation;
-mod window_gemm;
 mod window_gemm_amx;
 mod window_gemm_bf16;
 

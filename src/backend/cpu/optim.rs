@@ -28,39 +28,19 @@ pub(super) fn sgd_step<T: Precision>(
         .for_each(|(((w, g), v), h)| update(w, g, v, h, s));
 }
 
-/// One chunk of [`sgd_step`]. The fused multiply-adds must be single instructions (as
-/// `fmaf` is on the GPU): without the `fma` target feature, `f32::mul_add` is a call into
-/// the math library per element, so the loop is compiled twice and picked at run time.
-fn update<T: Precision>(
-    w: &mut [f32],
-    g: &[f32],
-    v: Option<&mut [f32]>,
-    h: Option<&mut [T]>,
-    s: SgdStep,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if super::isa::isa().fma {
-        // SAFETY: the CPU has FMA.
-        return unsafe { update_fma(w, g, v, h, s) };
-    }
-    update_body(w, g, v, h, s);
-}
-
-/// [`update_body`] compiled with FMA instructions.
-///
-/// # Safety
-/// The CPU must have FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-unsafe fn update_fma<T: Precision>(
-    w: &mut [f32],
-    g: &[f32],
-    v: Option<&mut [f32]>,
-    h: Option<&mut [T]>,
-    s: SgdStep,
-) {
-    update_body(w, g, v, h, s);
-}
+super::engine::multiversion!(
+    /// One chunk of [`sgd_step`]. The fused multiply-adds must be single instructions (as
+    /// `fmaf` is on the GPU): without FMA, `f32::mul_add` is a call into the math library per
+    /// element, so the loop is compiled for the process's engine; the portable engine pays
+    /// the calls.
+    fn update<T: Precision>(
+        w: &mut [f32],
+        g: &[f32],
+        v: Option<&mut [f32]>,
+        h: Option<&mut [T]>,
+        s: SgdStep,
+    ) = update_body
+);
 
 #[inline(always)]
 fn update_body<T: Precision>(

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use crate::backend::shapes::Pool2dShape;
 use crate::backend::Precision;
 
+use super::engine::multiversion;
 #[cfg(target_arch = "x86_64")]
 use super::isa::isa;
 use super::{widened, write_f32};
@@ -217,11 +218,11 @@ fn avg_relu_backward_plane_body(s: &Pool2dShape, g: &[f32], act: &[f32], dx: &mu
     }
 }
 
-// The plane loops are compiled twice: for the baseline instruction set (SSE2: four lanes)
-// and for AVX-512, picked at run time per plane. Element-wise arithmetic in the same order,
-// so both give the same bits.
+// The plane loops are compiled for the process's engine (`multiversion!`), picked at run time
+// per plane. Element-wise arithmetic in the same order, so every engine gives the same bits.
+
 multiversion!(
-    /// [`avg_plane`] for any window: the loops above, compiled twice.
+    /// [`avg_plane`] for any window: the loops above, vectorized.
     fn avg_plane_loops(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) = avg_plane_body
 );
 
@@ -245,7 +246,7 @@ multiversion!(
     fn avg_backward_plane(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) = avg_backward_plane_body
 );
 multiversion!(
-    /// [`avg_relu_backward_plane`] for any window: the loops above, compiled twice.
+    /// [`avg_relu_backward_plane`] for any window: the loops above, vectorized.
     fn avg_relu_backward_plane_loops(
         s: &Pool2dShape,
         g: &[f32],

@@ -1,8 +1,11 @@
-//! [`window_gemm`](super::window_gemm)'s product on bf16 operands with AVX512-BF16's
-//! `vdpbf16ps`: two steps of k per instruction.
+//! The window product on bf16 operands with AVX512-BF16's `vdpbf16ps`: two steps of k per
+//! instruction.
 //!
-//! `C[o][r] = Σ_k W[k][o] · x[rows[r] + steps[k]]` as in `window_gemm.rs`, where x and W hold
-//! bf16 values. `vdpbf16ps` multiplies 16 lanes of bf16 *pairs* and adds both products to
+//! `C[o][r] = Σ_k W[k][o] · x[rows[r] + steps[k]]`, where x holds a group of images and
+//! `rows`/`steps` are offsets into it: for the forward, r runs over output pixels (each
+//! pixel's window offset) and k over the filter's taps, W is the filter transposed; for the
+//! filter gradient, r runs over taps, k over output pixels, W is the output gradient
+//! transposed. x and W hold bf16 values. `vdpbf16ps` multiplies 16 lanes of bf16 *pairs* and adds both products to
 //! each f32 lane, so the steps of k are taken two at a time:
 //! - a **pair** is two consecutive steps whose offsets are adjacent in memory
 //!   (`steps[k + 1] = steps[k] + 1`: neighbouring taps of a filter row, neighbouring pixels
@@ -13,20 +16,48 @@
 //!   missing product is exactly 0 · 0, whatever x[i + 1] holds (an inf there cannot leak in).
 //!
 //! W is packed as `[chunk of 64 columns][pair][64]` 32-bit words (the pair's two weights per
-//! column), so one 512-bit load gives 16 columns' pairs. The tile is the f32 one's: R values
-//! of r by V vectors of 16 columns, 24 accumulators, each pair step one load of W per vector
+//! column), so one 512-bit load gives 16 columns' pairs. The tile is R values of r by V
+//! vectors of 16 columns, 24 accumulators, each pair step one load of W per vector
 //! and one broadcast per value of r into R·V `vdpbf16ps`: conv2's 5x5 filter is 15 pair steps
 //! per input channel instead of 25 FMA steps.
 //!
 //! Products of bf16 values are exact in f32, and `vdpbf16ps` adds the two products of a lane
 //! to it one after the other, rounding to nearest even, with bf16 and f32 subnormals read and
 //! written as zero (its fixed DAZ/FTZ). Sums run over k in order in blocks of
-//! [`PairWindows::block`] pairs, so the result is deterministic; it differs from the f32 tile's
-//! in the last bits. There is no portable version: a CPU without AVX512-BF16 runs the f32
-//! tile on the widened operands (`conv.rs` chooses).
+//! [`PairWindows::block`] pairs, so the result is deterministic; it differs from the f32
+//! products' in the last bits. There is no portable version: a CPU without AVX512-BF16 runs
+//! the f32 products on the widened operands (`conv.rs` chooses). AMX (`window_gemm_amx`)
+//! takes the same pairs.
 
 use super::isa::isa;
-use super::window_gemm::{store_tile, tile_bases, CHUNK};
+
+/// Output channels per chunk of W: four 16-lane vectors.
+const CHUNK: usize = 64;
+
+/// The offsets of the R values of r from `r0` on; past the edge the last offset repeats
+/// (always inside x), and [`store_tile`] drops those sums.
+fn tile_bases<const R: usize>(rows: &[usize], r0: usize) -> [usize; R] {
+    std::array::from_fn(|i| rows[(r0 + i).min(rows.len() - 1)])
+}
+
+/// Writes (or with `accumulate` adds) a tile's sums `out[i][o]` into `C[o][r0 + i]` for the
+/// `width` columns of the chunk and the values of r below `n`.
+fn store_tile<const R: usize>(
+    out: &[[f32; CHUNK]; R],
+    (r0, n): (usize, usize),
+    width: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let count = R.min(n - r0);
+    for (o, c_row) in c.chunks_mut(ldc).take(width).enumerate() {
+        let c_row = &mut c_row[r0..r0 + count];
+        for (dst, sums) in c_row.iter_mut().zip(out) {
+            *dst = if accumulate { *dst + sums[o] } else { sums[o] };
+        }
+    }
+}
 
 /// How [`pairs`] groups the steps of k: `first` is the step's index and `offset` its offset;
 /// `paired` says that step `first + 1`, at `offset + 1`, comes with it.
@@ -218,9 +249,37 @@ fn tiles<const V: usize, const R: usize>(
 mod avx512_bf16 {
     use std::arch::x86_64::*;
 
-    use super::super::window_gemm::avx512::add_into;
     use super::{Pair, CHUNK};
     use crate::backend::cpu::isa::lanes;
+
+    /// `out[i][16·v ..]` = `acc[i][v]`, or `+=` when `accumulate`: a tile's registers into
+    /// its running total.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn add_into<const V: usize, const R: usize>(
+        out: &mut [[f32; CHUNK]; R],
+        acc: &[[__m512; V]; R],
+        accumulate: bool,
+    ) {
+        assert!(V * 16 <= CHUNK);
+        for (out, acc) in out.iter_mut().zip(acc) {
+            for (v, a) in acc.iter().enumerate() {
+                // SAFETY: v·16 + 16 ≤ CHUNK (asserted): inside the row.
+                unsafe {
+                    let at = out.as_mut_ptr().add(v * 16);
+                    let sum = if accumulate {
+                        _mm512_add_ps(_mm512_loadu_ps(at), *a)
+                    } else {
+                        *a
+                    };
+                    _mm512_storeu_ps(at, sum);
+                }
+            }
+        }
+    }
 
     /// [`super::PairImage::build`]: word i is `x[i] | x[i + 1] << 16` (zero past the end).
     ///

@@ -1,0 +1,157 @@
+//! The vector engines: one file per instruction set, each the same small [`Engine`] trait
+//! (its vector width, its register tile and a handful of vector operations), so the
+//! products over them (`lanes`) are written once.
+//!
+//! - [`avx512`]: 16 lanes in 32 registers, a tile of 5 x 5 accumulators;
+//! - [`avx2`]: 8 lanes in 16 registers (AVX2 with FMA), a tile of 4 x 3;
+//! - [`portable`]: 4 lanes as plain arrays the compiler vectorizes for whatever the target
+//!   has (SSE2 on baseline x86-64), a tile of 4 x 3, multiplies and adds not fused.
+//!
+//! Which engine serves the process is decided once ([`super::isa::Isa::engine`]); the tests
+//! run every engine the CPU has in one process ([`on_each_engine`]). A product's summation
+//! order is fixed by the shapes and the engine's lane count, never by the thread count; each
+//! engine is deterministic, and engines of different widths round differently
+//! (`docs/cpu-backend.md`).
+//!
+//! Adding an engine: a file implementing [`Engine`] (with `run` enabling its instruction set
+//! for the code inlined into it), a variant of [`super::isa::EngineKind`] and its detection,
+//! and an arm in [`with_engine`].
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512;
+pub(super) mod portable;
+
+use super::isa::EngineKind;
+
+/// A vector instruction set as the lane products use it. Every method is `unsafe`: it may
+/// only run inside [`Engine::run`], on a CPU that has the instruction set
+/// ([`Engine::available`]); pointers must be valid for a whole vector.
+pub(super) trait Engine: Send + Sync + 'static {
+    /// Which engine this is (its name: [`EngineKind::name`]).
+    const KIND: EngineKind;
+    /// f32 lanes per vector: the images a group lays side by side.
+    const LANES: usize;
+    /// Register tile rows: output channels (forward, filter gradient) or taps (input
+    /// gradient). Filters and output gradients are padded to a multiple of it.
+    const R: usize;
+    /// Register tile columns, at most: pixels (forward, input gradient) or taps (filter
+    /// gradient). Ragged edges take a narrower tile.
+    const V: usize;
+    /// Whether [`Engine::fmadd`] rounds once (a fused multiply-add) or twice (what the
+    /// tests' bit-exact reference needs to know).
+    #[cfg(test)]
+    const FUSED: bool;
+    /// One vector of [`Engine::LANES`] f32.
+    type Vector: Copy;
+
+    /// Whether this CPU has the instruction set (what it offers, whatever
+    /// `NANODDP_CPU_ISA` chooses for the process).
+    fn available() -> bool;
+    /// Runs `f` with the instruction set enabled for the code inlined into it (the products
+    /// are `#[inline(always)]`).
+    ///
+    /// # Safety
+    /// [`Engine::available`].
+    unsafe fn run<T>(f: impl FnOnce() -> T) -> T;
+    /// All lanes zero.
+    unsafe fn zero() -> Self::Vector;
+    /// `LANES` values from `p` (unaligned).
+    unsafe fn load(p: *const f32) -> Self::Vector;
+    /// `v` to `p` (unaligned).
+    unsafe fn store(p: *mut f32, v: Self::Vector);
+    /// `v` in every lane.
+    unsafe fn splat(v: f32) -> Self::Vector;
+    /// `a · b + c` per lane, rounded once where [`Engine::FUSED`].
+    unsafe fn fmadd(a: Self::Vector, b: Self::Vector, c: Self::Vector) -> Self::Vector;
+    /// `a + b` per lane.
+    unsafe fn add(a: Self::Vector, b: Self::Vector) -> Self::Vector;
+}
+
+/// Runs `$body` with the type `$E` naming the engine the process computes with
+/// ([`isa`]`().engine()`).
+macro_rules! with_engine {
+    ($E:ident => $body:expr) => {
+        match $crate::backend::cpu::isa::isa().engine() {
+            #[cfg(target_arch = "x86_64")]
+            $crate::backend::cpu::isa::EngineKind::Avx512 => {
+                type $E = $crate::backend::cpu::engine::avx512::Avx512;
+                $body
+            }
+            #[cfg(target_arch = "x86_64")]
+            $crate::backend::cpu::isa::EngineKind::Avx2 => {
+                type $E = $crate::backend::cpu::engine::avx2::Avx2;
+                $body
+            }
+            _ => {
+                type $E = $crate::backend::cpu::engine::portable::Portable;
+                $body
+            }
+        }
+    };
+}
+pub(super) use with_engine;
+
+/// Runs `$f::<E>()` for every engine this CPU can run, naming each on stdout.
+#[cfg(test)]
+macro_rules! on_each_engine {
+    ($f:ident) => {{
+        use $crate::backend::cpu::engine::Engine as _;
+        #[cfg(target_arch = "x86_64")]
+        {
+            use $crate::backend::cpu::engine::{avx2::Avx2, avx512::Avx512};
+            if Avx512::available() {
+                println!("{}: {}", stringify!($f), Avx512::KIND.name());
+                $f::<Avx512>();
+            }
+            if Avx2::available() {
+                println!("{}: {}", stringify!($f), Avx2::KIND.name());
+                $f::<Avx2>();
+            }
+        }
+        use $crate::backend::cpu::engine::portable::Portable;
+        println!("{}: {}", stringify!($f), Portable::KIND.name());
+        $f::<Portable>();
+    }};
+}
+#[cfg(test)]
+pub(super) use on_each_engine;
+
+/// Defines a function as `$body` (an `#[inline(always)]` function of the same arguments)
+/// compiled for each engine's instruction set, picked at run time by the process's engine
+/// ([`super::isa::Isa::engine`]): the compiler vectorizes plain loops 16 or 8 lanes wide,
+/// with fused multiply-adds only where the code asks for `mul_add` (so every engine gives
+/// the same bits). Each version calls `$body` directly: a closure passed to [`Engine::run`]
+/// is inlined only where the compiler judges it worth it, and a closure left as a call is
+/// compiled for the baseline. The features are those of the engines' `run`.
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident: $b:path),*>)?
+        ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:ident) => {
+        $(#[$m])*
+        $vis fn $name $(<$($g: $b),*>)? ($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq")]
+                unsafe fn avx512 $(<$($g: $b),*>)? ($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn avx2 $(<$($g: $b),*>)? ($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                match $crate::backend::cpu::isa::isa().engine() {
+                    // SAFETY: the process's engine was detected on this CPU.
+                    $crate::backend::cpu::isa::EngineKind::Avx512 => {
+                        return unsafe { avx512($($arg),*) }
+                    }
+                    // SAFETY: as above.
+                    $crate::backend::cpu::isa::EngineKind::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::backend::cpu::isa::EngineKind::Portable => {}
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+pub(super) use multiversion;

@@ -1,0 +1,808 @@
+//! Convolution products with a group of images in the lanes of a vector register, written
+//! once over the [`Engine`] trait (16 images on AVX-512, 8 on AVX2, 4 portable).
+//!
+//! A group of images is first laid out image-innermost (`[C][H][W][LANES]`,
+//! [`LaneImages`]), so one vector load brings one input element of every image in the group,
+//! every lane does useful work for any channel count, and a register holds one output
+//! element of each image.
+//!
+//! - **Forward** ([`lane_product`]): the register tile is `E::R` output channels by up to
+//!   `E::V` output pixels; per tap, V vector loads of the images and R broadcasts of the
+//!   filter for R·V multiply-adds. The taps are summed in blocks (each block from zero in
+//!   the registers, then added to the running total, taps in the filter's order); a test
+//!   holds every engine to that order bit for bit.
+//! - **Input gradient** ([`lane_input_grad`]): R taps by V output pixels, summed over the
+//!   output channels in the registers and added straight into dx's lanes, so neither the
+//!   `wᵀ · dy` matrix nor col2im exists.
+//! - **Filter gradient** ([`lane_filter_product`]): R output channels by V taps, each lane
+//!   summing its own image's pixels; the sets of images add up in memory and the lanes are
+//!   added at the end as a fixed tree ([`fold_lanes`]). It reads the same dy lanes as the
+//!   input gradient.
+//!
+//! The layouts cost one copy per element going in and one per element coming out
+//! ([`LaneImages::build`], [`into_lanes`], [`lane_plane`]): plain loops, a few percent of
+//! the products' time.
+
+use std::marker::PhantomData;
+
+use super::engine::Engine;
+use crate::backend::shapes::Conv2dShape;
+
+/// A group of up to `E::LANES` images laid out `[C][H + 2·pad][W + 2·pad][LANES]`: element
+/// (c, h, w) of image m at `((c·Hp + h)·Wp + w)·LANES + m`, zero in the padding and in the
+/// lanes of missing images. The buffer is kept between groups.
+#[derive(Default)]
+pub(super) struct LaneImages {
+    data: Vec<f32>,
+}
+
+impl LaneImages {
+    /// Lays out `imgs` ≤ `E::LANES` images of `x` (`imgs` x C x H x W, f32, contiguous).
+    ///
+    /// # Panics
+    /// If `imgs` is 0 or over the lanes, or `x` is not `imgs` images long.
+    pub(super) fn build<E: Engine>(&mut self, s: &Conv2dShape, x: &[f32], imgs: usize) -> &[f32] {
+        let image = s.in_c * s.in_h * s.in_w;
+        assert!((1..=E::LANES).contains(&imgs) && x.len() == imgs * image);
+        let (hp, wp) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad);
+        self.data.resize(s.in_c * hp * wp * E::LANES, 0.0);
+        if s.pad > 0 || imgs < E::LANES {
+            self.data.fill(0.0);
+        }
+        // Each element's vector written whole, its images read `image` apart.
+        let row_len = s.in_w * E::LANES;
+        for (row, e) in (0..s.in_c * s.in_h).zip((0..image).step_by(s.in_w.max(1))) {
+            let (c, h) = (row / s.in_h, row % s.in_h);
+            let at = ((c * hp + h + s.pad) * wp + s.pad) * E::LANES;
+            let dst = self.data[at..at + row_len].chunks_exact_mut(E::LANES);
+            for (w, d) in dst.enumerate() {
+                for (m, d) in d.iter_mut().enumerate().take(imgs) {
+                    *d = x[m * image + e + w];
+                }
+            }
+        }
+        &self.data
+    }
+}
+
+/// The filter as the tile reads it: `[tap][O rounded up to E::R]`, zero past O.
+pub(super) struct LaneFilter<E> {
+    data: Vec<f32>,
+    cols: usize,
+    depth: usize,
+    engine: PhantomData<E>,
+}
+
+impl<E: Engine> LaneFilter<E> {
+    /// Packs `w` (O x K, row-major, f32).
+    pub(super) fn pack(w: &[f32], cols: usize, depth: usize) -> Self {
+        assert_eq!(w.len(), cols * depth, "filter is not O x K");
+        let ld = cols.div_ceil(E::R) * E::R;
+        let mut data = vec![0.0; ld * depth];
+        for (o, row) in w.chunks_exact(depth.max(1)).enumerate().take(cols) {
+            for (k, v) in row.iter().enumerate() {
+                data[k * ld + o] = *v;
+            }
+        }
+        Self {
+            data,
+            cols,
+            depth,
+            engine: PhantomData,
+        }
+    }
+
+    /// Output channels rounded up to `E::R`: the packed rows' length.
+    pub(super) fn ld(&self) -> usize {
+        self.cols.div_ceil(E::R) * E::R
+    }
+}
+
+/// Offsets into a [`LaneImages`] layout (already times the lanes), as the window tile's
+/// offsets into an image: one per output pixel (its window's corner) and one per tap.
+pub(super) struct LaneWindows<'a> {
+    /// The images, [`LaneImages::build`]'s layout.
+    pub(super) src: &'a [f32],
+    /// One offset per output pixel of an image.
+    pub(super) pixels: &'a [usize],
+    /// One offset per tap, in the filter's order.
+    pub(super) taps: &'a [usize],
+    /// Taps summed in the registers from zero before they join the running total.
+    pub(super) block: usize,
+}
+
+impl LaneWindows<'_> {
+    /// Asserts that every window lies inside the images (`lanes` floats per element).
+    fn assert_inside(&self, lanes: usize) {
+        if let (Some(p), Some(t)) = (self.pixels.iter().max(), self.taps.iter().max()) {
+            assert!(
+                p + t + lanes <= self.src.len(),
+                "a window lies outside the images"
+            );
+        }
+    }
+}
+
+/// Calls `$tile::<E, R, V>($args)` for the engine's R and the tile width `$v` (1 to
+/// `E::V`): the tile's accumulators are arrays of constant size, so R and V are constants
+/// of each instance, and the arms other engines need are compiled out.
+macro_rules! tile_of_width {
+    ($E:ty, $v:expr, $tile:ident($($arg:expr),*)) => {
+        match (<$E>::R, $v) {
+            (5, 1) => $tile::<$E, 5, 1>($($arg),*),
+            (5, 2) => $tile::<$E, 5, 2>($($arg),*),
+            (5, 3) => $tile::<$E, 5, 3>($($arg),*),
+            (5, 4) => $tile::<$E, 5, 4>($($arg),*),
+            (5, 5) => $tile::<$E, 5, 5>($($arg),*),
+            (4, 1) => $tile::<$E, 4, 1>($($arg),*),
+            (4, 2) => $tile::<$E, 4, 2>($($arg),*),
+            (4, 3) => $tile::<$E, 4, 3>($($arg),*),
+            (3, 1) => $tile::<$E, 3, 1>($($arg),*),
+            (3, 2) => $tile::<$E, 3, 2>($($arg),*),
+            (3, 3) => $tile::<$E, 3, 3>($($arg),*),
+            (r, v) => unreachable!("no {r} x {v} tile"),
+        }
+    };
+}
+
+/// `out[o][p][m] = Σ_k w[o][k] · x_m[pixels[p] + taps[k]]` for o < O rounded up to `E::R`
+/// (the padding channels are zero) and every pixel p, all lanes: `out` holds
+/// `ld · pixels · LANES` floats.
+///
+/// # Panics
+/// If the taps do not match the filter's depth, a window lies outside the images, `out` is
+/// too short, or the CPU lacks the engine.
+pub(super) fn lane_product<E: Engine>(x: &LaneWindows, w: &LaneFilter<E>, out: &mut [f32]) {
+    assert!(E::available(), "{} is not available", E::KIND.name());
+    assert_eq!(x.taps.len(), w.depth, "taps do not match the filter");
+    let (n, ld) = (x.pixels.len(), w.ld());
+    assert!(out.len() >= ld * n * E::LANES, "out too short");
+    x.assert_inside(E::LANES);
+    // Tap blocks outermost, then pixels, then channels: a pixel tile's windows over a block
+    // stay in L1 across the channel tiles, the block's filter rows across the pixel tiles;
+    // the running totals wait in `out`.
+    let block = x.block.max(1);
+    // SAFETY: the engine is available (asserted); every pixels[p] + taps[k] + LANES ≤
+    // src.len() (asserted), W rows of ld with o0 + R ≤ ld, out holds ld·n·LANES (asserted).
+    unsafe {
+        E::run(|| {
+            for (b, taps) in x.taps.chunks(block).enumerate() {
+                for p0 in (0..n).step_by(E::V) {
+                    for o0 in (0..ld).step_by(E::R) {
+                        let at = (b * block, o0, p0);
+                        tile_of_width!(E, (n - p0).min(E::V), tile(x, taps, w, at, out));
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// One register tile of [`lane_product`] over one block of taps (`taps`, from tap `first`
+/// on): channels `o0..o0 + R`, pixels `p0..p0 + V`, summed from zero and then stored into
+/// `out` (the first block) or added to it.
+///
+/// # Safety
+/// Inside `E::run`; the bounds [`lane_product`] asserts.
+#[inline(always)]
+unsafe fn tile<E: Engine, const R: usize, const V: usize>(
+    x: &LaneWindows,
+    taps: &[usize],
+    w: &LaneFilter<E>,
+    (first, o0, p0): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let (n, ld) = (x.pixels.len(), w.ld());
+    // SAFETY: pixels[p] + taps[k] + LANES ≤ src.len() and W's rows are ld ≥ o0 + R long
+    // (the caller's bounds), so every load is inside its slice; out is read and written at
+    // ((o0 + r)·n + p0 + v)·LANES ..[..LANES], inside out (ld·n·LANES long).
+    unsafe {
+        let mut base = [x.src.as_ptr(); V];
+        for (v, b) in base.iter_mut().enumerate() {
+            *b = b.add(x.pixels[p0 + v]);
+        }
+        let wp = w.data.as_ptr().add(o0 + first * ld);
+        let mut acc = [[E::zero(); V]; R];
+        for (t, &tap) in taps.iter().enumerate() {
+            let mut xv = [E::zero(); V];
+            for (xv, p) in xv.iter_mut().zip(base) {
+                *xv = E::load(p.add(tap));
+            }
+            let wk = wp.add(t * ld);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let wv = E::splat(*wk.add(r));
+                for (a, xv) in acc.iter_mut().zip(xv) {
+                    *a = E::fmadd(xv, wv, *a);
+                }
+            }
+        }
+        let dst = out.as_mut_ptr();
+        for (r, acc) in acc.iter().enumerate() {
+            for (v, a) in acc.iter().enumerate() {
+                let at = dst.add(((o0 + r) * n + p0 + v) * E::LANES);
+                let sum = if first == 0 {
+                    *a
+                } else {
+                    E::add(E::load(at), *a)
+                };
+                E::store(at, sum);
+            }
+        }
+    }
+}
+
+/// Image m's plane of channel o from `out` (`lane_product`'s layout, `pixels` per channel,
+/// `lanes` per vector) into `plane` (`pixels` long).
+pub(super) fn lane_plane(out: &[f32], lanes: usize, (o, m): (usize, usize), plane: &mut [f32]) {
+    let pixels = plane.len();
+    assert!(m < lanes && out.len() >= (o + 1) * pixels * lanes);
+    let src = out[o * pixels * lanes..][..pixels * lanes].chunks_exact(lanes);
+    for (dst, v) in plane.iter_mut().zip(src) {
+        *dst = v[m];
+    }
+}
+
+/// The input gradient with the images in the lanes, col2im fused: for every tap k and
+/// output pixel p, `dx[taps[k] + pixels[p]] += Σ_o w[o][k] · dy[o][p]` per lane, the sum
+/// over the O output channels taken in order in the registers and added to dx in a fixed
+/// order (tap tiles within pixel tiles). `dy` is `[O][pixels][LANES]`, `w` the filter (O x
+/// K, row-major, K a multiple of `E::R`: pad with zero taps), `dx` the images' layout of
+/// [`LaneImages`] (added to, not cleared).
+///
+/// # Panics
+/// If a slice is too short, K is not a multiple of R, an offset lies outside dx, or the CPU
+/// lacks the engine.
+pub(super) fn lane_input_grad<E: Engine>(
+    dy: &[f32],
+    w: &[f32],
+    (taps, pixels): (&[usize], &[usize]),
+    dx: &mut [f32],
+) {
+    assert!(E::available(), "{} is not available", E::KIND.name());
+    let (k, n) = (taps.len(), pixels.len());
+    assert!(k % E::R == 0, "taps not a multiple of R");
+    let o_n = w.len().checked_div(k).unwrap_or(0);
+    assert!(
+        w.len() == o_n * k && dy.len() >= o_n * n * E::LANES,
+        "w or dy too short"
+    );
+    if let (Some(p), Some(t)) = (pixels.iter().max(), taps.iter().max()) {
+        assert!(p + t + E::LANES <= dx.len(), "a window lies outside dx");
+    }
+    // Pixels outermost: a pixel tile's dy (V pixels x O) stays in L1 across the taps; the
+    // filter streams from L2 once per pixel tile.
+    // SAFETY: the engine is available (asserted); dy holds O·n vectors, w O rows of k, every
+    // taps[t] + pixels[p] + LANES ≤ dx.len() (asserted).
+    unsafe {
+        E::run(|| {
+            for p0 in (0..n).step_by(E::V) {
+                for t0 in (0..k).step_by(E::R) {
+                    let v = (n - p0).min(E::V);
+                    tile_of_width!(E, v, input_tile(dy, w, (taps, pixels), (t0, p0), dx));
+                }
+            }
+        })
+    }
+}
+
+/// One register tile of [`lane_input_grad`]: taps `t0..t0 + R`, pixels `p0..p0 + V`.
+///
+/// # Safety
+/// Inside `E::run`; the bounds [`lane_input_grad`] asserts.
+#[inline(always)]
+unsafe fn input_tile<E: Engine, const R: usize, const V: usize>(
+    dy: &[f32],
+    w: &[f32],
+    (taps, pixels): (&[usize], &[usize]),
+    (t0, p0): (usize, usize),
+    dx: &mut [f32],
+) {
+    let (k, n) = (taps.len(), pixels.len());
+    let o_n = w.len() / k;
+    // SAFETY: the caller's bounds: dy holds o_n·n vectors, w o_n rows of k ≥ t0 + R,
+    // taps[t] + pixels[p] + LANES ≤ dx.len().
+    unsafe {
+        let mut acc = [[E::zero(); V]; R];
+        let (d, wp) = (dy.as_ptr().add(p0 * E::LANES), w.as_ptr().add(t0));
+        for o in 0..o_n {
+            let mut dv = [E::zero(); V];
+            for (v, dv) in dv.iter_mut().enumerate() {
+                *dv = E::load(d.add((o * n + v) * E::LANES));
+            }
+            let wo = wp.add(o * k);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let wv = E::splat(*wo.add(r));
+                for (a, dv) in acc.iter_mut().zip(dv) {
+                    *a = E::fmadd(dv, wv, *a);
+                }
+            }
+        }
+        let dst = dx.as_mut_ptr();
+        for (r, acc) in acc.iter().enumerate() {
+            for (v, a) in acc.iter().enumerate() {
+                let at = dst.add(taps[t0 + r] + pixels[p0 + v]);
+                E::store(at, E::add(E::load(at), *a));
+            }
+        }
+    }
+}
+
+/// Puts `count` images' planes into lanes `lane0..lane0 + count` of `lanes` (`[rows][pq]`
+/// vectors of `width` lanes): `src` holds `rows` rows of `count·pq` (image m's plane of row
+/// o at `o·count·pq + m·pq`, as the GEMM paths gather dy). Other lanes are left as they are.
+///
+/// # Panics
+/// If the lanes do not fit in `width`, or a slice is too short.
+pub(super) fn into_lanes(
+    src: &[f32],
+    (rows, count, pq): (usize, usize, usize),
+    (lane0, width): (usize, usize),
+    lanes: &mut [f32],
+) {
+    assert!(lane0 + count <= width && src.len() >= rows * count * pq);
+    assert!(lanes.len() >= rows * pq * width);
+    for o in 0..rows {
+        for m in 0..count {
+            let plane = &src[(o * count + m) * pq..][..pq];
+            let dst = lanes[o * pq * width..][..pq * width].chunks_exact_mut(width);
+            for (d, v) in dst.zip(plane) {
+                d[lane0 + m] = *v;
+            }
+        }
+    }
+}
+
+/// The filter gradient's product, per lane: `out[o][k][m] (+)= Σ_p dy[o][p][m] ·
+/// x_m[pixels[p] + taps[k]]` for o < `cols` rounded up to `E::R` (dy's padding channels
+/// zero) and every tap k: each image's own sum over the pixels (in order, one chain per
+/// lane), `out` then holding `ld · taps · LANES` floats. [`fold_lanes`] adds the lanes
+/// afterwards. `x.block` is not used: each lane's chain runs over all the pixels.
+///
+/// # Panics
+/// If dy or out is too short, a window lies outside the images, or the CPU lacks the engine.
+pub(super) fn lane_filter_product<E: Engine>(
+    x: &LaneWindows,
+    dy: &[f32],
+    cols: usize,
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    assert!(E::available(), "{} is not available", E::KIND.name());
+    let (n, k, ld) = (x.pixels.len(), x.taps.len(), cols.div_ceil(E::R) * E::R);
+    assert!(dy.len() >= ld * n * E::LANES, "dy too short");
+    assert!(out.len() >= ld * k * E::LANES, "out too short");
+    x.assert_inside(E::LANES);
+    // Channels outermost: a tile's rows of dy (R channels x the pixels) stay in L1 across
+    // the taps.
+    // SAFETY: the engine is available (asserted); dy holds ld·n vectors, out ld·k, every
+    // pixels[p] + taps[t] + LANES ≤ src.len() (asserted).
+    unsafe {
+        E::run(|| {
+            for o0 in (0..ld).step_by(E::R) {
+                for t0 in (0..k).step_by(E::V) {
+                    let v = (k - t0).min(E::V);
+                    tile_of_width!(E, v, filter_tile(x, dy, (o0, t0), out, accumulate));
+                }
+            }
+        })
+    }
+}
+
+/// One register tile of [`lane_filter_product`]: channels `o0..o0 + R`, taps
+/// `t0..t0 + V`, every pixel.
+///
+/// # Safety
+/// Inside `E::run`; the bounds [`lane_filter_product`] asserts.
+#[inline(always)]
+unsafe fn filter_tile<E: Engine, const R: usize, const V: usize>(
+    x: &LaneWindows,
+    dy: &[f32],
+    (o0, t0): (usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let (n, k) = (x.pixels.len(), x.taps.len());
+    // SAFETY: the caller's bounds: dy's rows o0..o0 + R hold n vectors each, every
+    // pixels[p] + taps[t0 + v] + LANES ≤ src.len(), out holds (o0 + R)·k vectors.
+    unsafe {
+        let mut base = [x.src.as_ptr(); V];
+        for (v, b) in base.iter_mut().enumerate() {
+            *b = b.add(x.taps[t0 + v]);
+        }
+        let d = dy.as_ptr().add(o0 * n * E::LANES);
+        let mut acc = [[E::zero(); V]; R];
+        for (p, &pixel) in x.pixels.iter().enumerate() {
+            // The V windows' vectors held, one dy vector at a time: R·V + V + 1 registers.
+            let mut xv = [E::zero(); V];
+            for (xv, b) in xv.iter_mut().zip(base) {
+                *xv = E::load(b.add(pixel));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let dv = E::load(d.add((r * n + p) * E::LANES));
+                for (a, xv) in acc.iter_mut().zip(xv) {
+                    *a = E::fmadd(dv, xv, *a);
+                }
+            }
+        }
+        let dst = out.as_mut_ptr();
+        for (r, acc) in acc.iter().enumerate() {
+            for (v, a) in acc.iter().enumerate() {
+                let at = dst.add(((o0 + r) * k + t0 + v) * E::LANES);
+                let sum = if accumulate {
+                    E::add(E::load(at), *a)
+                } else {
+                    *a
+                };
+                E::store(at, sum);
+            }
+        }
+    }
+}
+
+/// `sums[i] = ` the sum of vector i's `E::LANES` values (`vectors[LANES·i ..][..LANES]`),
+/// always added as the same tree: lane l with lane l + LANES/2, then those sums with the ones
+/// a quarter apart, and so on.
+///
+/// # Panics
+/// If `vectors` is not `E::LANES` values per sum, or the CPU lacks the engine.
+pub(super) fn fold_lanes<E: Engine>(vectors: &[f32], sums: &mut [f32]) {
+    assert!(E::available(), "{} is not available", E::KIND.name());
+    assert_eq!(
+        vectors.len(),
+        sums.len() * E::LANES,
+        "{} values per sum",
+        E::LANES
+    );
+    // SAFETY: the engine is available (asserted).
+    unsafe {
+        E::run(|| match E::LANES {
+            16 => fold::<16>(vectors, sums),
+            8 => fold::<8>(vectors, sums),
+            4 => fold::<4>(vectors, sums),
+            lanes => unreachable!("no fold for {lanes} lanes"),
+        })
+    }
+}
+
+/// [`fold_lanes`] for `L` lanes: constant bounds, so each level is a few vector adds.
+#[inline(always)]
+fn fold<const L: usize>(vectors: &[f32], sums: &mut [f32]) {
+    for (sum, v) in sums.iter_mut().zip(vectors.chunks_exact(L)) {
+        let mut level = [0.0f32; L];
+        level.copy_from_slice(v);
+        let mut width = L / 2;
+        while width > 0 {
+            for l in 0..width {
+                level[l] += level[l + width];
+            }
+            width /= 2;
+        }
+        *sum = level[0];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::Rng;
+
+    use super::super::engine::on_each_engine;
+    use super::super::product_check::{seeded, uniform};
+    use super::*;
+
+    /// Offsets of the taps and of the output pixels of `imgs` images, in NCHW images
+    /// padded by `s.pad` (times `scale`; image m at m·C·Hp·Wp: with the images in the
+    /// lanes, `imgs` is 1).
+    fn offsets(s: &Conv2dShape, imgs: usize, scale: usize) -> (Vec<usize>, Vec<usize>) {
+        let (hp, wp) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad);
+        let mut taps = Vec::new();
+        for c in 0..s.in_c {
+            for i in 0..s.k_h {
+                taps.extend((0..s.k_w).map(|j| (c * hp * wp + i * wp + j) * scale));
+            }
+        }
+        let mut pixels = Vec::new();
+        for m in 0..imgs {
+            for p in 0..s.out_h() {
+                for q in 0..s.out_w() {
+                    let at = m * s.in_c * hp * wp + p * s.stride * wp + q * s.stride;
+                    pixels.push(at * scale);
+                }
+            }
+        }
+        (taps, pixels)
+    }
+
+    fn shape(
+        in_c: usize,
+        (h, w): (usize, usize),
+        out_c: usize,
+        k: usize,
+        stride: usize,
+        pad: usize,
+    ) -> Conv2dShape {
+        Conv2dShape {
+            batch: 16,
+            in_c,
+            in_h: h,
+            in_w: w,
+            out_c,
+            k_h: k,
+            k_w: k,
+            stride,
+            pad,
+        }
+    }
+
+    /// The product against float64 for conv2's shape and an awkward one (padding, stride 2,
+    /// 7 output channels: not a multiple of R, pixels not a multiple of the tile), full and
+    /// ragged groups, several blocks; every image's every output.
+    #[test]
+    fn lane_product_matches_float64() {
+        on_each_engine!(lane_product_matches_float64_on);
+    }
+
+    fn lane_product_matches_float64_on<E: Engine>() {
+        let mut rng = seeded(21);
+        let cases = [
+            (shape(20, (13, 13), 50, 5, 1, 0), E::LANES, 64),
+            (shape(20, (13, 13), 50, 5, 1, 0), E::LANES - 1, 500),
+            (shape(3, (11, 10), 7, 3, 2, 1), 3, 4),
+            (shape(2, (6, 9), 16, 3, 1, 2), E::LANES, 1),
+        ];
+        for (s, imgs, block) in cases {
+            let (image, k) = (s.in_c * s.in_h * s.in_w, s.in_c * s.k_h * s.k_w);
+            let pq = s.out_h() * s.out_w();
+            let x = uniform(&mut rng, imgs * image);
+            let w = uniform(&mut rng, s.out_c * k);
+            let (taps, pixels) = offsets(&s, 1, E::LANES);
+            let mut images = LaneImages::default();
+            let filter = LaneFilter::<E>::pack(&w, s.out_c, k);
+            let windows = LaneWindows {
+                src: images.build::<E>(&s, &x, imgs),
+                pixels: &pixels,
+                taps: &taps,
+                block,
+            };
+            let mut out = vec![f32::NAN; filter.ld() * pq * E::LANES];
+            lane_product(&windows, &filter, &mut out);
+            let mut plane = vec![f32::NAN; pq];
+            for m in 0..imgs {
+                for o in 0..s.out_c {
+                    lane_plane(&out, E::LANES, (o, m), &mut plane);
+                    for (p, &got) in plane.iter().enumerate() {
+                        let (py, px) = ((p / s.out_w()) * s.stride, (p % s.out_w()) * s.stride);
+                        let (mut want, mut mag) = (0.0f64, 0.0f64);
+                        for c in 0..s.in_c {
+                            for i in 0..s.k_h {
+                                for j in 0..s.k_w {
+                                    let (h, v) =
+                                        ((py + i).checked_sub(s.pad), (px + j).checked_sub(s.pad));
+                                    let Some((h, v)) =
+                                        h.zip(v).filter(|&(h, v)| h < s.in_h && v < s.in_w)
+                                    else {
+                                        continue;
+                                    };
+                                    let t = f64::from(w[o * k + (c * s.k_h + i) * s.k_w + j])
+                                        * f64::from(x[m * image + (c * s.in_h + h) * s.in_w + v]);
+                                    want += t;
+                                    mag += t.abs();
+                                }
+                            }
+                        }
+                        let err = (f64::from(got) - want).abs();
+                        assert!(
+                            err <= 1e-6 + 2e-6 * mag,
+                            "{}: {s:?} imgs {imgs} block {block}: image {m} channel {o} pixel {p}: {got} vs {want}",
+                            E::KIND.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The input gradient (col2im fused) against float64, for conv2's shape and a padded,
+    /// strided one whose 27 taps are padded to 30 (zero weights, the last offset repeated)
+    /// as the caller pads them; dx starts at random values and is added to.
+    #[test]
+    fn lane_input_grad_matches_float64() {
+        on_each_engine!(lane_input_grad_matches_float64_on);
+    }
+
+    fn lane_input_grad_matches_float64_on<E: Engine>() {
+        let mut rng = seeded(23);
+        for s in [
+            shape(20, (13, 13), 50, 5, 1, 0),
+            shape(3, (11, 10), 7, 3, 2, 1),
+        ] {
+            let (hp, wp) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad);
+            let k = s.in_c * s.k_h * s.k_w;
+            let kpad = k.div_ceil(E::R) * E::R;
+            let pq = s.out_h() * s.out_w();
+            let (mut taps, pixels) = offsets(&s, 1, E::LANES);
+            taps.resize(kpad, *taps.last().unwrap());
+            let w = uniform(&mut rng, s.out_c * k);
+            let mut wpad = vec![0.0; s.out_c * kpad];
+            for o in 0..s.out_c {
+                wpad[o * kpad..o * kpad + k].copy_from_slice(&w[o * k..(o + 1) * k]);
+            }
+            let dy = uniform(&mut rng, s.out_c * pq * E::LANES);
+            let dx0 = uniform(&mut rng, s.in_c * hp * wp * E::LANES);
+            let mut dx = dx0.clone();
+            lane_input_grad::<E>(&dy, &wpad, (&taps, &pixels), &mut dx);
+            // float64: each element's starting value plus every (o, tap, pixel) landing on it.
+            let mut want: Vec<f64> = dx0.iter().map(|&v| f64::from(v)).collect();
+            let mut mag: Vec<f64> = want.iter().map(|v| v.abs()).collect();
+            for o in 0..s.out_c {
+                for t in 0..k {
+                    for (p, &pixel) in pixels.iter().enumerate() {
+                        for m in 0..E::LANES {
+                            let term = f64::from(w[o * k + t])
+                                * f64::from(dy[(o * pq + p) * E::LANES + m]);
+                            want[taps[t] + pixel + m] += term;
+                            mag[taps[t] + pixel + m] += term.abs();
+                        }
+                    }
+                }
+            }
+            for (i, ((&got, want), mag)) in dx.iter().zip(&want).zip(&mag).enumerate() {
+                let err = (f64::from(got) - want).abs();
+                assert!(
+                    err <= 1e-6 + 2e-6 * mag,
+                    "{}: {s:?}: element {i}: {got} vs {want}",
+                    E::KIND.name()
+                );
+            }
+        }
+    }
+
+    /// The filter gradient per lane, then the lanes folded, against float64: conv2's shape
+    /// (50 channels: 10 tiles of R) and an awkward one (padding, stride 2, 7 channels, 27
+    /// taps), two sets of images summed as a chunk sums them, the second shape's sets short
+    /// (11 images: the other lanes zero in x and in dy, as the caller leaves them); the fold
+    /// covers 25,000 and 189 sums, neither a multiple of 16.
+    #[test]
+    fn lane_filter_product_and_fold_match_float64() {
+        on_each_engine!(lane_filter_product_and_fold_match_float64_on);
+    }
+
+    fn lane_filter_product_and_fold_match_float64_on<E: Engine>() {
+        let mut rng = seeded(24);
+        for (s, imgs) in [
+            (shape(20, (13, 13), 50, 5, 1, 0), E::LANES),
+            (shape(3, (11, 10), 7, 3, 2, 1), E::LANES * 2 / 3),
+        ] {
+            let image = s.in_c * s.in_h * s.in_w;
+            let k = s.in_c * s.k_h * s.k_w;
+            let pq = s.out_h() * s.out_w();
+            let ld = s.out_c.div_ceil(E::R) * E::R;
+            let (taps, pixels) = offsets(&s, 1, E::LANES);
+            let xs: Vec<Vec<f32>> = (0..2).map(|_| uniform(&mut rng, imgs * image)).collect();
+            let dys: Vec<Vec<f32>> = (0..2)
+                .map(|_| {
+                    let mut dy = vec![0.0f32; ld * pq * E::LANES];
+                    for o in 0..s.out_c {
+                        for p in 0..pq {
+                            for m in 0..imgs {
+                                dy[(o * pq + p) * E::LANES + m] = rng.gen_range(-1.0..1.0);
+                            }
+                        }
+                    }
+                    dy
+                })
+                .collect();
+            let mut totals = vec![f32::NAN; ld * k * E::LANES];
+            let mut images = LaneImages::default();
+            for (set, (x, dy)) in xs.iter().zip(&dys).enumerate() {
+                let windows = LaneWindows {
+                    src: images.build::<E>(&s, x, imgs),
+                    pixels: &pixels,
+                    taps: &taps,
+                    block: pq,
+                };
+                lane_filter_product::<E>(&windows, dy, s.out_c, &mut totals, set > 0);
+            }
+            let mut dw = vec![f32::NAN; s.out_c * k];
+            fold_lanes::<E>(&totals[..s.out_c * k * E::LANES], &mut dw);
+            for o in 0..s.out_c {
+                for c in 0..s.in_c {
+                    for i in 0..s.k_h {
+                        for j in 0..s.k_w {
+                            let (mut want, mut mag) = (0.0f64, 0.0f64);
+                            for (x, dy) in xs.iter().zip(&dys) {
+                                for m in 0..imgs {
+                                    for p in 0..pq {
+                                        let (py, px) = (
+                                            (p / s.out_w()) * s.stride + i,
+                                            (p % s.out_w()) * s.stride + j,
+                                        );
+                                        let (Some(h), Some(v)) =
+                                            (py.checked_sub(s.pad), px.checked_sub(s.pad))
+                                        else {
+                                            continue;
+                                        };
+                                        if h >= s.in_h || v >= s.in_w {
+                                            continue;
+                                        }
+                                        let t = f64::from(dy[(o * pq + p) * E::LANES + m])
+                                            * f64::from(
+                                                x[m * image + (c * s.in_h + h) * s.in_w + v],
+                                            );
+                                        want += t;
+                                        mag += t.abs();
+                                    }
+                                }
+                            }
+                            let got = dw[o * k + (c * s.k_h + i) * s.k_w + j];
+                            let err = (f64::from(got) - want).abs();
+                            assert!(
+                                err <= 1e-6 + 2e-6 * mag,
+                                "{}: {s:?}: dw[{o}][{c}][{i}][{j}] {got} vs {want}",
+                                E::KIND.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Exactly the sums the docs promise: each output the taps' products multiply-added
+    /// (fused where the engine fuses) in order from zero within blocks of 64 taps, the
+    /// blocks' sums added in order (a scalar reference, compared bit for bit). conv2's
+    /// shape, full lanes and a ragged group.
+    #[test]
+    fn lane_product_sums_blocks_of_taps_in_order() {
+        on_each_engine!(lane_product_sums_blocks_of_taps_in_order_on);
+    }
+
+    fn lane_product_sums_blocks_of_taps_in_order_on<E: Engine>() {
+        let mut rng = seeded(22);
+        let s = shape(20, (13, 13), 50, 5, 1, 0);
+        let (image, k, pq) = (20 * 169, 500, 81);
+        for imgs in [E::LANES, E::LANES / 2 + 1] {
+            let x = uniform(&mut rng, imgs * image);
+            let w = uniform(&mut rng, s.out_c * k);
+            let (taps, pixels) = offsets(&s, 1, E::LANES);
+            let mut images = LaneImages::default();
+            let filter = LaneFilter::<E>::pack(&w, s.out_c, k);
+            let windows = LaneWindows {
+                src: images.build::<E>(&s, &x, imgs),
+                pixels: &pixels,
+                taps: &taps,
+                block: 64,
+            };
+            let mut out = vec![0.0; filter.ld() * pq * E::LANES];
+            lane_product(&windows, &filter, &mut out);
+            let (taps, pixels) = offsets(&s, 1, 1);
+            let mut plane = vec![0.0; pq];
+            for m in 0..imgs {
+                for o in 0..s.out_c {
+                    lane_plane(&out, E::LANES, (o, m), &mut plane);
+                    for (p, got) in plane.iter().enumerate() {
+                        let mut total = 0.0f32;
+                        for (b, block) in taps.chunks(64).enumerate() {
+                            let mut acc = 0.0f32;
+                            for (t, tap) in block.iter().enumerate() {
+                                let xv = x[m * image + pixels[p] + tap];
+                                let wv = w[o * k + b * 64 + t];
+                                acc = if E::FUSED {
+                                    xv.mul_add(wv, acc)
+                                } else {
+                                    xv * wv + acc
+                                };
+                            }
+                            total = if b == 0 { acc } else { total + acc };
+                        }
+                        assert_eq!(
+                            got.to_bits(),
+                            total.to_bits(),
+                            "{}: {imgs} images: image {m} channel {o} pixel {p}",
+                            E::KIND.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
