@@ -364,20 +364,59 @@ per_backend!(
     fused_bf16
 );
 
-/// The bf16 convolutions through AVX512-BF16's `vdpbf16ps` pass the same checks on every CPU
-/// that has it, also where training widens bf16 instead (Intel's cores, on which
-/// `vdpbf16ps` is slower: see `Isa::bf16_products`), by running this binary's bf16 CPU
-/// tests again with `NANODDP_CPU_ISA=avx512bf16`.
+/// A device given a level computes with it, whatever the process uses: the portable engine
+/// multiplies and adds unfused, so conv2's forward differs in the last bits from the fused
+/// engines'; and every level this CPU runs passes `conv_f32`'s float64 checks (above,
+/// `conv_f32::cpu`). Unknown names and levels the CPU lacks are refused.
 #[test]
-fn the_avx512_bf16_convolutions_are_checked_wherever_the_cpu_has_them() {
-    let isa = nanoddp::backend::cpu::isa::isa();
-    if !isa.avx512_bf16 {
-        println!("this CPU has no AVX512-BF16: its bf16 convolutions are widened to f32");
+fn a_cpu_device_computes_with_its_own_level() {
+    use nanoddp::backend::cpu::{isa, CpuDevice};
+    use nanoddp::backend::Memory;
+    assert!(CpuDevice::with_level("avx3").is_err(), "an unknown name");
+    let levels = isa::levels();
+    assert_eq!(levels[0].0, "portable");
+    let fused = levels
+        .iter()
+        .find(|(_, level)| level.engine() != isa::EngineKind::Portable);
+    let Some(&(fused, _)) = fused else {
+        println!("this CPU runs only the portable engine");
         return;
-    }
-    if isa.bf16_products {
-        println!("conv_bf16::cpu and fused_bf16::cpu ran them in this process");
-        return;
-    }
-    common::rerun_with_cpu_isa(&["conv_bf16::cpu", "fused_bf16::cpu"], "avx512bf16");
+    };
+    let forward = |level: &str| -> Vec<u32> {
+        let dev = CpuDevice::with_level(level).expect("a level this CPU runs");
+        assert_eq!(dev.isa(), isa::level(level).unwrap(), "{level}");
+        let s = Conv2dShape {
+            batch: 5,
+            in_c: 20,
+            in_h: 13,
+            in_w: 13,
+            out_c: 50,
+            k_h: 5,
+            k_w: 5,
+            stride: 1,
+            pad: 0,
+        };
+        let (xs, ws, ys) = s.sizes();
+        let mut g = rng(77);
+        let x = dev.upload(&random::<f32>(&mut g, xs)).unwrap();
+        let w = dev.upload(&random::<f32>(&mut g, ws)).unwrap();
+        let mut y = dev.alloc_zeros::<f32>(ys).unwrap();
+        dev.conv2d_forward(&s, &x, &w, None, &mut y, false).unwrap();
+        dev.download(&y)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    let (unfused, fused_bits) = (forward("portable"), forward(fused));
+    let differ = unfused
+        .iter()
+        .zip(&fused_bits)
+        .filter(|(a, b)| a != b)
+        .count();
+    println!(
+        "portable and {fused}: {differ} of {} outputs differ",
+        unfused.len()
+    );
+    assert!(differ > 0, "portable and {fused} computed the same bits");
 }

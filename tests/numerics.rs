@@ -11,6 +11,7 @@ mod common;
 
 use common::lenet64::{self, relative_error, widen};
 use common::{per_backend, rng};
+use nanoddp::backend::cpu::isa::levels;
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::{Backend, Conv2dShape, Epilogue, GemmShape};
 use nanoddp::comm::communicator::CommConfig;
@@ -323,31 +324,12 @@ per_backend!(
     long_reductions
 );
 
-/// The CPU backend's other engines meet the same bounds: this binary's CPU tests again, in a
-/// process told to use each (`NANODDP_CPU_ISA=portable`, and `avx2` where the CPU has it:
-/// what CPUs without AVX-512 run).
-#[test]
-fn the_portable_and_avx2_cpu_engines_are_as_accurate() {
-    let tests = [
-        "forward_at_batch_256::cpu",
-        "conv_gradients_at_batch_256::cpu",
-        "linear_gradients_at_batch_256::cpu",
-        "long_reductions::cpu",
-        "twelve_sgd_steps_stay_on_the_float64_trajectory",
-    ];
-    common::rerun_with_cpu_isa(&tests, "portable");
-    if nanoddp::backend::cpu::isa::cpu().avx2 {
-        common::rerun_with_cpu_isa(&tests, "avx2");
-    } else {
-        println!("this CPU has no AVX2 and FMA: the AVX2 engine does not run here");
-    }
-}
-
 /// Twelve plain SGD steps (lr 0.1, He-scaled weights, file order, batch 250: the shipped
 /// subset's 3,000 images once) on 1 and 4 devices, against the float64 model taking the
 /// same steps: every step's loss within 1e-5 (relative) and every final tensor within 1e-4.
 /// PyTorch float32 on the full set's first 12 batches of 256 reaches 2.0e-7 on the loss
-/// (`tools/torch_crosscheck.py`).
+/// (`tools/torch_crosscheck.py`). On every level of the CPU backend this CPU runs (each
+/// engine), in this process.
 #[test]
 fn twelve_sgd_steps_stay_on_the_float64_trajectory() {
     let data = locate::load(&locate::shipped_subset()).expect("the shipped subset loads");
@@ -385,10 +367,14 @@ fn twelve_sgd_steps_stay_on_the_float64_trajectory() {
         comm: CommConfig::default(),
         cuda_graph: true,
     };
-    for devices in [1, 4] {
+    let runs = levels()
+        .into_iter()
+        .flat_map(|(level, _)| [(level, 1), (level, 4)]);
+    for (level, devices) in runs {
+        let dev = CpuDevice::with_level(level).expect("a level this CPU runs");
         let mut losses = Vec::new();
         let finals = train(
-            vec![CpuDevice::new(); devices],
+            vec![dev; devices],
             &data,
             from_weights(start.clone()),
             &cfg,
@@ -400,23 +386,29 @@ fn twelve_sgd_steps_stay_on_the_float64_trajectory() {
             },
         )
         .expect("training runs");
-        assert_eq!(losses.len(), steps, "{devices} devices: steps taken");
+        assert_eq!(
+            losses.len(),
+            steps,
+            "{level}, {devices} devices: steps taken"
+        );
         let deviations: Vec<f64> = losses
             .iter()
             .zip(&losses64)
             .map(|(l, r)| (l - r).abs() / r)
             .collect();
         let worst = deviations.iter().cloned().fold(0.0, f64::max);
-        println!("{devices} devices: largest deviation of the loss from float64's {worst:.2e}");
+        println!(
+            "{level}, {devices} devices: largest deviation of the loss from float64's {worst:.2e}"
+        );
         assert!(
             worst < 1e-5,
-            "{devices} devices: the loss left float64's by {worst:.2e}; per step: {deviations:?}"
+            "{level}, {devices} devices: the loss left float64's by {worst:.2e}; per step: {deviations:?}"
         );
         for (p, (got, want)) in PARAMS.iter().zip(finals[0].iter().zip(&w64)) {
             let err = relative_error(got, want);
             assert!(
                 err < 1e-4,
-                "{devices} devices: {} is {err:.2e} from float64's after {steps} steps",
+                "{level}, {devices} devices: {} is {err:.2e} from float64's after {steps} steps",
                 p.name
             );
         }

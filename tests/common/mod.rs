@@ -228,7 +228,8 @@ pub fn half_bits(v: &[f16]) -> Vec<u8> {
 }
 
 /// Instantiates a test body `fn body<B: Backend>(dev: &B) -> Vec<u8>` (returning the bytes
-/// of everything it computed) once per backend: the native CPU backend; the SIMT emulator
+/// of everything it computed) once per backend: the native CPU backend, at every level its
+/// CPU runs (`isa::levels`: the portable, AVX2 and AVX-512 engines, the bf16 paths); the SIMT emulator
 /// under forward and reverse lane order, which must also agree bit for bit; and the CUDA
 /// backend, on a GPU when there is one and on the CPU stand-in for the driver otherwise
 /// (never skipped: see [`cuda_device`]). The kernel instances run with
@@ -246,9 +247,15 @@ macro_rules! per_backend {
     };
     (@one $body:ident, $bit_for_bit:expr) => {
         mod $body {
+            /// Every level of the CPU backend this CPU runs (each engine), in this process.
             #[test]
             fn cpu() {
-                super::$body(&nanoddp::backend::cpu::CpuDevice::new());
+                for (level, _) in nanoddp::backend::cpu::isa::levels() {
+                    println!("CPU backend at level {level}");
+                    let dev = nanoddp::backend::cpu::CpuDevice::with_level(level)
+                        .expect("a level this CPU runs");
+                    super::$body(&dev);
+                }
             }
 
             #[test]
@@ -418,31 +425,4 @@ pub fn launch_bounds_are_enforced<D: nanoddp::backend::KernelDevice>(dev: &D) {
     // SAFETY: 4 blocks of 64 threads over 256 elements.
     unsafe { bounded_iota(dev, blocks(4, 64), &mut out, 256) }.expect("within the bounds");
     assert_eq!(dev.download(&out).unwrap(), (0..256).collect::<Vec<u32>>());
-}
-
-/// Runs the named tests of this test binary again in a child process with
-/// `NANODDP_CPU_ISA=isa`, requiring every one of them to pass (a filter that matched nothing
-/// would pass silently, so the count is checked). Prints the child's output.
-pub fn rerun_with_cpu_isa(tests: &[&str], isa: &str) {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args(tests)
-        .args(["--exact", "--nocapture", "--test-threads", "1"])
-        .env(nanoddp::backend::cpu::isa::ISA_ENV, isa)
-        .output()
-        .expect("the test binary runs again");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success(),
-        "with NANODDP_CPU_ISA={isa}:\n{stdout}\n{stderr}"
-    );
-    let summary = format!("test result: ok. {} passed", tests.len());
-    assert!(
-        stdout.contains(&summary),
-        "with NANODDP_CPU_ISA={isa}, expected \"{summary}\":\n{stdout}"
-    );
-    println!("{stdout}");
 }

@@ -188,6 +188,12 @@ pub enum IsaError {
         /// What this CPU offers.
         cpu: Isa,
     },
+    /// The threads of a device computing with its own level could not be started.
+    #[error("could not start the CPU backend's threads: {reason}")]
+    Threads {
+        /// The thread pool's explanation.
+        reason: String,
+    },
     /// A level this CPU cannot run.
     #[error("{ISA_ENV}={value}: this CPU lacks {lacks}; expected {}", allowed(.cpu))]
     Unsupported {
@@ -279,16 +285,51 @@ pub fn cpu() -> Isa {
     *CPU.get_or_init(Isa::detect)
 }
 
-/// The instruction sets in use, decided on first use: what the CPU has, unless
-/// `NANODDP_CPU_ISA` chooses fewer. A value it does not know, or a level the CPU lacks, is
-/// reported on stderr once and ignored (a library must not panic on its environment; the
-/// command line refuses it through [`requested`]).
+/// The level `name` (a value of `NANODDP_CPU_ISA`) selects on this CPU, or why it cannot:
+/// what [`CpuDevice::with_level`](super::CpuDevice::with_level) computes with.
+pub fn level(name: &str) -> Result<Isa, IsaError> {
+    choose(Some(name), cpu)
+}
+
+/// Every level this CPU can run, by name, each set of paths once (lowest first): the
+/// engines a test runs on.
+pub fn levels() -> Vec<(&'static str, Isa)> {
+    let mut out: Vec<(&'static str, Isa)> = Vec::new();
+    for name in ["portable", "avx2", "avx512", "avx512bf16", "native"] {
+        if let Ok(isa) = level(name) {
+            if out.iter().all(|(_, seen)| *seen != isa) {
+                out.push((name, isa));
+            }
+        }
+    }
+    out
+}
+
+thread_local! {
+    /// The paths of the [`CpuDevice`](super::CpuDevice) whose threads these are, where it
+    /// chose its own ([`CpuDevice::with_level`](super::CpuDevice::with_level)).
+    static THREAD_ISA: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes this thread compute with `isa` (`None`: the process's choice, [`isa`]).
+pub(super) fn set_thread_isa(isa: Option<Isa>) {
+    THREAD_ISA.with(|t| t.set(isa));
+}
+
+/// The instruction sets in use: the process's, decided on first use (what the CPU has,
+/// unless `NANODDP_CPU_ISA` chooses fewer), or on the threads of a
+/// [`CpuDevice::with_level`](super::CpuDevice::with_level) that device's. A value of the
+/// variable it does not know, or a level the CPU lacks, is reported on stderr once and
+/// ignored (a library must not panic on its environment; the command line refuses it
+/// through [`requested`]).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        requested().unwrap_or_else(|why| {
-            eprintln!("nanoddp: ignoring {why}");
-            cpu()
+    THREAD_ISA.with(|t| t.get()).unwrap_or_else(|| {
+        *ISA.get_or_init(|| {
+            requested().unwrap_or_else(|why| {
+                eprintln!("nanoddp: ignoring {why}");
+                cpu()
+            })
         })
     })
 }

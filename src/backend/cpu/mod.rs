@@ -116,12 +116,66 @@ fn write_f32<'a, T: Precision>(
 
 /// The host as a device.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CpuDevice;
+pub struct CpuDevice {
+    /// Its own level and threads, where it was given a level
+    /// ([`CpuDevice::with_level`]); else the process's, on rayon's global pool.
+    own: Option<&'static OwnLevel>,
+}
+
+/// A [`CpuDevice`]'s own level, and the threads that compute with it.
+#[derive(Debug)]
+struct OwnLevel {
+    isa: isa::Isa,
+    pool: rayon::ThreadPool,
+}
 
 impl CpuDevice {
-    /// The CPU backend (it uses rayon's global thread pool).
+    /// The CPU backend with the process's paths ([`isa::isa`]), on rayon's global thread
+    /// pool.
     pub fn new() -> Self {
-        CpuDevice
+        CpuDevice { own: None }
+    }
+
+    /// The CPU backend computing with the level `name` (a value of `NANODDP_CPU_ISA`:
+    /// `portable`, `avx2`, ...), whatever the process uses, on threads of its own (as many
+    /// as rayon's global pool has): so one process can run every engine its CPU has (the
+    /// tests do). Refused, as the variable would be, for a level this CPU lacks or a name
+    /// it does not know. Each level's threads start on its first device and are kept for
+    /// the process (a handful of levels at most), so devices stay `Copy`.
+    pub fn with_level(name: &str) -> Result<Self, isa::IsaError> {
+        static LEVELS: std::sync::Mutex<Vec<&'static OwnLevel>> = std::sync::Mutex::new(Vec::new());
+        let isa = isa::level(name)?;
+        let mut levels = LEVELS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(own) = levels.iter().find(|own| own.isa == isa) {
+            return Ok(CpuDevice { own: Some(own) });
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .thread_name(|i| format!("nanoddp-cpu-{i}"))
+            .start_handler(move |_| isa::set_thread_isa(Some(isa)))
+            .build()
+            .map_err(|e| isa::IsaError::Threads {
+                reason: e.to_string(),
+            })?;
+        let own: &'static OwnLevel = Box::leak(Box::new(OwnLevel { isa, pool }));
+        levels.push(own);
+        Ok(CpuDevice { own: Some(own) })
+    }
+
+    /// The instruction sets this device computes with.
+    pub fn isa(&self) -> isa::Isa {
+        self.own.as_ref().map_or_else(isa::isa, |own| own.isa)
+    }
+
+    /// Runs an operation: on this device's own threads where it has a level of its own
+    /// (every loop inside then runs there too, computing with that level), else here.
+    fn run<R: Send>(&self, op: impl FnOnce() -> R + Send) -> R {
+        match &self.own {
+            Some(own) => own.pool.install(op),
+            None => op(),
+        }
     }
 }
 
@@ -187,349 +241,401 @@ const FLAT_CHUNK: usize = 1 << 14;
 
 impl BackendImpl for CpuDevice {
     fn fill(&self, op: Checked<Fill<'_, CpuDevice>>) -> OpResult {
-        let op = op.into_inner();
-        op.out
-            .0
-            .par_chunks_mut(FLAT_CHUNK)
-            .for_each(|c| c.fill(op.value));
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            op.out
+                .0
+                .par_chunks_mut(FLAT_CHUNK)
+                .for_each(|c| c.fill(op.value));
+            Ok(())
+        })
     }
 
     fn scale(&self, op: Checked<Scale<'_, CpuDevice>>) -> OpResult {
-        let op = op.into_inner();
-        op.x.0
-            .par_chunks_mut(FLAT_CHUNK)
-            .for_each(|c| c.iter_mut().for_each(|v| *v *= op.alpha));
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            op.x.0
+                .par_chunks_mut(FLAT_CHUNK)
+                .for_each(|c| c.iter_mut().for_each(|v| *v *= op.alpha));
+            Ok(())
+        })
     }
 
     fn axpy(&self, op: Checked<Axpy<'_, CpuDevice>>) -> OpResult {
-        let Axpy { alpha, x, y } = op.into_inner();
-        y.0.par_chunks_mut(FLAT_CHUNK)
-            .zip(x.0.par_chunks(FLAT_CHUNK))
-            .for_each(|(y, x)| {
-                y.iter_mut()
-                    .zip(x)
-                    .for_each(|(y, x)| *y = alpha.mul_add(*x, *y))
-            });
-        Ok(())
+        self.run(|| {
+            let Axpy { alpha, x, y } = op.into_inner();
+            y.0.par_chunks_mut(FLAT_CHUNK)
+                .zip(x.0.par_chunks(FLAT_CHUNK))
+                .for_each(|(y, x)| {
+                    y.iter_mut()
+                        .zip(x)
+                        .for_each(|(y, x)| *y = alpha.mul_add(*x, *y))
+                });
+            Ok(())
+        })
     }
 
     fn add(&self, op: Checked<Add<'_, CpuDevice>>) -> OpResult {
-        let Add { a, b, out } = op.into_inner();
-        out.0
-            .par_chunks_mut(FLAT_CHUNK)
-            .zip(a.0.par_chunks(FLAT_CHUNK).zip(b.0.par_chunks(FLAT_CHUNK)))
-            .for_each(|(o, (a, b))| {
-                o.iter_mut()
-                    .zip(a.iter().zip(b))
-                    .for_each(|(o, (a, b))| *o = a + b)
-            });
-        Ok(())
+        self.run(|| {
+            let Add { a, b, out } = op.into_inner();
+            out.0
+                .par_chunks_mut(FLAT_CHUNK)
+                .zip(a.0.par_chunks(FLAT_CHUNK).zip(b.0.par_chunks(FLAT_CHUNK)))
+                .for_each(|(o, (a, b))| {
+                    o.iter_mut()
+                        .zip(a.iter().zip(b))
+                        .for_each(|(o, (a, b))| *o = a + b)
+                });
+            Ok(())
+        })
     }
 
     fn cast_from_f32<T: Precision>(&self, op: Checked<Cast<'_, CpuDevice, f32, T>>) -> OpResult {
-        let op = op.into_inner();
-        op.out
-            .0
-            .par_chunks_mut(FLAT_CHUNK)
-            .zip(op.x.0.par_chunks(FLAT_CHUNK))
-            .for_each(|(o, x)| T::narrow_slice(x, o));
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            op.out
+                .0
+                .par_chunks_mut(FLAT_CHUNK)
+                .zip(op.x.0.par_chunks(FLAT_CHUNK))
+                .for_each(|(o, x)| T::narrow_slice(x, o));
+            Ok(())
+        })
     }
 
     fn cast_to_f32<T: Precision>(&self, op: Checked<Cast<'_, CpuDevice, T, f32>>) -> OpResult {
-        let op = op.into_inner();
-        op.out
-            .0
-            .par_chunks_mut(FLAT_CHUNK)
-            .zip(op.x.0.par_chunks(FLAT_CHUNK))
-            .for_each(|(o, x)| T::widen_slice(x, o));
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            op.out
+                .0
+                .par_chunks_mut(FLAT_CHUNK)
+                .zip(op.x.0.par_chunks(FLAT_CHUNK))
+                .for_each(|(o, x)| T::widen_slice(x, o));
+            Ok(())
+        })
     }
 
     fn relu_backward<T: Precision>(&self, op: Checked<ReluBackward<'_, CpuDevice, T>>) -> OpResult {
-        let ReluBackward { y, dy, dx } = op.into_inner();
-        dx.0.par_chunks_mut(FLAT_CHUNK)
-            .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
-            .for_each(|(dx, (y, dy))| {
-                // Widen y a block at a time (one F16C pass instead of a call per element).
-                let mut wide = [0.0f32; 1024];
-                for ((dx, y), dy) in dx.chunks_mut(1024).zip(y.chunks(1024)).zip(dy.chunks(1024)) {
-                    let wide = &mut wide[..y.len()];
-                    T::widen_slice(y, wide);
-                    for ((dx, y), dy) in dx.iter_mut().zip(wide.iter()).zip(dy) {
-                        *dx = if *y > 0.0 { *dy } else { T::from_f32(0.0) };
+        self.run(|| {
+            let ReluBackward { y, dy, dx } = op.into_inner();
+            dx.0.par_chunks_mut(FLAT_CHUNK)
+                .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
+                .for_each(|(dx, (y, dy))| {
+                    // Widen y a block at a time (one F16C pass instead of a call per element).
+                    let mut wide = [0.0f32; 1024];
+                    for ((dx, y), dy) in
+                        dx.chunks_mut(1024).zip(y.chunks(1024)).zip(dy.chunks(1024))
+                    {
+                        let wide = &mut wide[..y.len()];
+                        T::widen_slice(y, wide);
+                        for ((dx, y), dy) in dx.iter_mut().zip(wide.iter()).zip(dy) {
+                            *dx = if *y > 0.0 { *dy } else { T::from_f32(0.0) };
+                        }
                     }
-                }
-            });
-        Ok(())
+                });
+            Ok(())
+        })
     }
 
     fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, CpuDevice, A, O>>) -> OpResult {
-        let op = op.into_inner();
-        let bias = op.bias.map(|b| b.as_slice());
-        let (shape, ep) = (op.shape, op.epilogue);
-        let (a, b) = (&op.a.0, &op.b.0);
-        // bf16 on AVX512-BF16 multiplies the bf16 values themselves; other half operands
-        // are widened once (F16C), then the f32 product runs on them.
-        let product = |c32: &mut [f32]| match bf16_bits(a).zip(bf16_bits(b)) {
-            Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c32, ep),
-            None => {
-                let scratch = |n| vec![0.0f32; if A::DTYPE.is_half() { n } else { 0 }];
-                let (mut wide_a, mut wide_b) = (scratch(a.len()), scratch(b.len()));
-                let (a32, b32) = (widened(a, &mut wide_a), widened(b, &mut wide_b));
-                gemm::gemm_f32(shape, a32, b32, bias, c32, ep);
+        self.run(|| {
+            let op = op.into_inner();
+            let bias = op.bias.map(|b| b.as_slice());
+            let (shape, ep) = (op.shape, op.epilogue);
+            let (a, b) = (&op.a.0, &op.b.0);
+            // bf16 on AVX512-BF16 multiplies the bf16 values themselves; other half operands
+            // are widened once (F16C), then the f32 product runs on them.
+            let product = |c32: &mut [f32]| match bf16_bits(a).zip(bf16_bits(b)) {
+                Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c32, ep),
+                None => {
+                    let scratch = |n| vec![0.0f32; if A::DTYPE.is_half() { n } else { 0 }];
+                    let (mut wide_a, mut wide_b) = (scratch(a.len()), scratch(b.len()));
+                    let (a32, b32) = (widened(a, &mut wide_a), widened(b, &mut wide_b));
+                    gemm::gemm_f32(shape, a32, b32, bias, c32, ep);
+                }
+            };
+            match O::as_f32_mut(&mut op.c.0) {
+                Some(c32) => product(c32),
+                None => {
+                    // C is read when beta != 0: widened, computed on, rounded back.
+                    let mut c32 = vec![0.0f32; op.c.0.len()];
+                    O::widen_slice(&op.c.0, &mut c32);
+                    product(&mut c32);
+                    O::narrow_slice(&c32, &mut op.c.0);
+                }
             }
-        };
-        match O::as_f32_mut(&mut op.c.0) {
-            Some(c32) => product(c32),
-            None => {
-                // C is read when beta != 0: widened, computed on, rounded back.
-                let mut c32 = vec![0.0f32; op.c.0.len()];
-                O::widen_slice(&op.c.0, &mut c32);
-                product(&mut c32);
-                O::narrow_slice(&c32, &mut op.c.0);
-            }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn conv2d_forward<T: Precision>(
         &self,
         op: Checked<Conv2dForward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        conv::forward(
-            op.shape,
-            &op.x.0,
-            &op.w.0,
-            op.bias.map(|b| b.as_slice()),
-            &mut op.y.0,
-            op.relu,
-            None,
-        );
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            conv::forward(
+                op.shape,
+                &op.x.0,
+                &op.w.0,
+                op.bias.map(|b| b.as_slice()),
+                &mut op.y.0,
+                op.relu,
+                None,
+            );
+            Ok(())
+        })
     }
 
     fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolForward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        conv::forward(
-            op.conv,
-            &op.x.0,
-            &op.w.0,
-            op.bias.map(|b| b.as_slice()),
-            &mut op.y.0,
-            true,
-            Some((op.pool, &mut op.pooled.0)),
-        );
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            conv::forward(
+                op.conv,
+                &op.x.0,
+                &op.w.0,
+                op.bias.map(|b| b.as_slice()),
+                &mut op.y.0,
+                true,
+                Some((op.pool, &mut op.pooled.0)),
+            );
+            Ok(())
+        })
     }
 
     fn avg_pool_relu_backward<T: Precision>(
         &self,
         op: Checked<AvgPoolReluBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        pool::avg_relu_backward(op.pool, &op.d_pooled.0, &op.y.0, &mut op.dx.0);
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            pool::avg_relu_backward(op.pool, &op.d_pooled.0, &op.y.0, &mut op.dx.0);
+            Ok(())
+        })
     }
 
     fn conv2d_backward<T: Precision>(
         &self,
         op: Checked<Conv2dBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        conv::backward_filter(
-            op.shape,
-            &op.x.0,
-            conv::OutputGrad::Tensor(&op.dy.0),
-            &mut op.dw.0,
-            Some(&mut op.db.0),
-            Some((&op.w.0, &mut op.dx.0)),
-        );
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            conv::backward_filter(
+                op.shape,
+                &op.x.0,
+                conv::OutputGrad::Tensor(&op.dy.0),
+                &mut op.dw.0,
+                Some(&mut op.db.0),
+                Some((&op.w.0, &mut op.dx.0)),
+            );
+            Ok(())
+        })
     }
 
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        let dy = conv::OutputGrad::Pooled {
-            pool: op.pool,
-            d_pooled: &op.d_pooled.0,
-            y: &op.y.0,
-        };
-        let input = op
-            .input
-            .map(|(w, dx)| (w.0.as_slice(), dx.0.as_mut_slice()));
-        conv::backward_filter(
-            op.conv,
-            &op.x.0,
-            dy,
-            &mut op.dw.0,
-            Some(&mut op.db.0),
-            input,
-        );
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            let dy = conv::OutputGrad::Pooled {
+                pool: op.pool,
+                d_pooled: &op.d_pooled.0,
+                y: &op.y.0,
+            };
+            let input = op
+                .input
+                .map(|(w, dx)| (w.0.as_slice(), dx.0.as_mut_slice()));
+            conv::backward_filter(
+                op.conv,
+                &op.x.0,
+                dy,
+                &mut op.dw.0,
+                Some(&mut op.db.0),
+                input,
+            );
+            Ok(())
+        })
     }
 
     fn conv2d_backward_input<T: Precision>(
         &self,
         op: Checked<Conv2dBackwardInput<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        conv::backward_input(op.shape, &op.dy.0, &op.w.0, &mut op.dx.0);
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            conv::backward_input(op.shape, &op.dy.0, &op.w.0, &mut op.dx.0);
+            Ok(())
+        })
     }
 
     fn conv2d_backward_filter<T: Precision>(
         &self,
         op: Checked<Conv2dBackwardFilter<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        conv::backward_filter(
-            op.shape,
-            &op.x.0,
-            conv::OutputGrad::Tensor(&op.dy.0),
-            &mut op.dw.0,
-            op.db.map(|db| db.as_mut_slice()),
-            None,
-        );
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            conv::backward_filter(
+                op.shape,
+                &op.x.0,
+                conv::OutputGrad::Tensor(&op.dy.0),
+                &mut op.dw.0,
+                op.db.map(|db| db.as_mut_slice()),
+                None,
+            );
+            Ok(())
+        })
     }
 
     fn conv2d_backward_bias<T: Precision>(
         &self,
         op: Checked<Conv2dBackwardBias<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        conv::backward_bias(op.shape, &op.dy.0, &mut op.db.0);
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            conv::backward_bias(op.shape, &op.dy.0, &mut op.db.0);
+            Ok(())
+        })
     }
 
     fn max_pool_forward<T: Precision>(
         &self,
         op: Checked<MaxPoolForward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        pool::max_forward(op.shape, &op.x.0, &mut op.y.0, &mut op.argmax.0);
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            pool::max_forward(op.shape, &op.x.0, &mut op.y.0, &mut op.argmax.0);
+            Ok(())
+        })
     }
 
     fn max_pool_backward<T: Precision>(
         &self,
         op: Checked<MaxPoolBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        pool::max_backward(op.shape, &op.dy.0, &op.argmax.0, &mut op.dx.0);
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            pool::max_backward(op.shape, &op.dy.0, &op.argmax.0, &mut op.dx.0);
+            Ok(())
+        })
     }
 
     fn avg_pool_forward<T: Precision>(
         &self,
         op: Checked<AvgPoolForward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        pool::avg_forward(op.shape, &op.x.0, &mut op.y.0);
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            pool::avg_forward(op.shape, &op.x.0, &mut op.y.0);
+            Ok(())
+        })
     }
 
     fn avg_pool_backward<T: Precision>(
         &self,
         op: Checked<AvgPoolBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        pool::avg_backward(op.shape, &op.dy.0, &mut op.dx.0);
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            pool::avg_backward(op.shape, &op.dy.0, &mut op.dx.0);
+            Ok(())
+        })
     }
 
     fn softmax_cross_entropy<T: Precision>(
         &self,
         op: Checked<SoftmaxCrossEntropy<'_, CpuDevice, T>>,
     ) -> OpResult {
-        let op = op.into_inner();
-        let right = loss::softmax_cross_entropy(
-            op.classes,
-            &op.logits.0,
-            &op.labels.0,
-            &mut op.loss.0,
-            op.grad.map(|g| g.as_mut_slice()),
-            op.at.map_or(op.grad_scale, |at| at.grad_scale.0[0]),
-        );
-        op.correct.0[0] += right;
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            let right = loss::softmax_cross_entropy(
+                op.classes,
+                &op.logits.0,
+                &op.labels.0,
+                &mut op.loss.0,
+                op.grad.map(|g| g.as_mut_slice()),
+                op.at.map_or(op.grad_scale, |at| at.grad_scale.0[0]),
+            );
+            op.correct.0[0] += right;
+            Ok(())
+        })
     }
 
     fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, CpuDevice, G>>) -> OpResult {
-        let op = op.into_inner();
-        if optim::any_nonfinite(&op.grad.0) {
-            op.found.0[0] = 1;
-        }
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            if optim::any_nonfinite(&op.grad.0) {
+                op.found.0[0] = 1;
+            }
+            Ok(())
+        })
     }
 
     fn sgd_step<T: Precision>(&self, op: Checked<Sgd<'_, CpuDevice, T>>) -> OpResult {
-        let op = op.into_inner();
-        if let Some(f) = op.found {
-            if f.0[0] != 0 {
-                return Ok(());
+        self.run(|| {
+            let op = op.into_inner();
+            if let Some(f) = op.found {
+                if f.0[0] != 0 {
+                    return Ok(());
+                }
             }
-        }
-        let step = with_device_scalars(op.step, op.at);
-        optim::sgd_step(
-            &mut op.w.0,
-            &op.grad.0,
-            op.velocity.map(|v| v.as_mut_slice()),
-            op.w_copy.map(|h| h.as_mut_slice()),
-            step,
-        );
-        Ok(())
+            let step = with_device_scalars(op.step, op.at);
+            optim::sgd_step(
+                &mut op.w.0,
+                &op.grad.0,
+                op.velocity.map(|v| v.as_mut_slice()),
+                op.w_copy.map(|h| h.as_mut_slice()),
+                step,
+            );
+            Ok(())
+        })
     }
 
     fn sgd_step_many<T: Precision>(&self, op: Checked<SgdMany<'_, CpuDevice, T>>) -> OpResult {
-        let op = op.into_inner();
-        if op.found.is_some_and(|f| f.0[0] != 0) {
-            return Ok(());
-        }
-        let step = with_device_scalars(op.step, op.at);
-        for t in op.tensors {
-            optim::sgd_step(
-                &mut t.w.0,
-                &t.grad.0,
-                t.velocity.map(|v| v.as_mut_slice()),
-                t.w_copy.map(|h| h.as_mut_slice()),
-                step,
-            );
-        }
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            if op.found.is_some_and(|f| f.0[0] != 0) {
+                return Ok(());
+            }
+            let step = with_device_scalars(op.step, op.at);
+            for t in op.tensors {
+                optim::sgd_step(
+                    &mut t.w.0,
+                    &t.grad.0,
+                    t.velocity.map(|v| v.as_mut_slice()),
+                    t.w_copy.map(|h| h.as_mut_slice()),
+                    step,
+                );
+            }
+            Ok(())
+        })
     }
 
     fn grad_check_many(&self, op: Checked<GradCheckMany<'_, CpuDevice>>) -> OpResult {
-        let op = op.into_inner();
-        if op.grads.iter().any(|g| optim::any_nonfinite(&g.0)) {
-            op.found.0[0] = 1;
-        }
-        Ok(())
+        self.run(|| {
+            let op = op.into_inner();
+            if op.grads.iter().any(|g| optim::any_nonfinite(&g.0)) {
+                op.found.0[0] = 1;
+            }
+            Ok(())
+        })
     }
 
     fn gather_batch<T: Precision>(&self, op: Checked<GatherBatch<'_, CpuDevice, T>>) -> OpResult {
-        step::gather_batch(op)
+        self.run(|| step::gather_batch(op))
     }
 
     fn step_begin(&self, op: Checked<StepBegin<'_, CpuDevice>>) -> OpResult {
-        step::step_begin(op)
+        self.run(|| step::step_begin(op))
     }
 
     fn shard_stats(&self, op: Checked<ShardStats<'_, CpuDevice>>) -> OpResult {
-        step::shard_stats(op)
+        self.run(|| step::shard_stats(op))
     }
 
     fn step_end(&self, op: Checked<StepEnd<'_, CpuDevice>>) -> OpResult {
-        step::step_end(op)
+        self.run(|| step::step_end(op))
     }
 }
