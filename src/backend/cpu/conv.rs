@@ -51,10 +51,9 @@ const WINDOW_TAPS: usize = 64;
 /// Taps summed in registers before they join a forward output's running total (see
 /// [`LaneWindows::block`]): conv2's 500 taps in eight blocks. A sum of K terms in one chain
 /// carries each rounding error through all later additions (error growing like K); in
-/// blocks, like block + K / block. The forward's error decides which
-/// ReLU inputs near zero float32 sends the other way than float64: with blocks of 128 the
-/// training steps measured by tools/torch_crosscheck.py took the other branch 3 times in 36,
-/// with 64 once (PyTorch float32 once), for 1.5% more of the product's time.
+/// blocks, like block + K / block. The forward's error decides which ReLU inputs near zero
+/// float32 sends the other way than float64 (tools/torch_crosscheck.py counts them; 64 is
+/// where that count met PyTorch float32's: docs/cpu-backend.md).
 const FORWARD_BLOCK: usize = 64;
 
 /// Images per partial sum of the filter gradient (groups of [`GROUP`] accumulated in order);
@@ -637,8 +636,8 @@ enum FilterT {
 impl FilterT {
     fn new<T: Precision>(s: &Conv2dShape, w: &[T]) -> Self {
         let k = s.in_c * s.k_h * s.k_w;
-        // Packing dy is one pass per group, paid back over the taps: conv2's 500 (input
-        // gradient 6.4 -> 4.6 ms per batch of 256), not conv1's 9 (0.73 -> 2.1 ms).
+        // Packing dy is one pass per group, paid back over many taps (conv2's 500), not
+        // over conv1's 9.
         let bits = pair_bits(w).filter(|_| k >= WINDOW_TAPS);
         if let Some(bits) = bits.filter(|_| isa().amx) {
             let (o_n, mut packed) = (s.out_c, PairRowsA::default());

@@ -3,8 +3,8 @@
 //! process's engine).
 //!
 //! Mixed precision on the CPU converts every activation it touches: through the `half`
-//! crate's F16C path that is a function call per 8 elements, 14% of an fp16 training step.
-//! Here the loop is compiled for AVX-512 and the conversions are inline, 16 lanes per
+//! crate's F16C path that is a function call per 8 elements. Here the loop is compiled for
+//! AVX-512 and the conversions are inline, 16 lanes per
 //! instruction; the rounding is the same (to nearest even, as `f16::from_f32`), so results
 //! are unchanged bit for bit. The AVX2 engine's CPUs do the same 8 at a time with F16C; tails
 //! and the portable engine go through `half`.

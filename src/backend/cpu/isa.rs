@@ -33,11 +33,9 @@ pub struct Isa {
     /// The bf16 products (the convolutions' from 64 taps on: forward, input and filter
     /// gradients; the linear layers') take `vdpbf16ps`, two products per f32 lane and
     /// instruction; else bf16 is widened and takes the f32 tiles. Set on AVX512-BF16 CPUs
-    /// from AMD (Zen 4: the bf16 step ran 1.3x the fp32 one) but not on Intel's, whose
-    /// `vdpbf16ps` gives fewer products per cycle than two f32 FMAs: on a Sapphire Rapids
-    /// the bf16 training step ran at 8,315 images/s through it and 12,076 widened (chapter
-    /// recipe, 2 threads). A fixed rule, not a timing taken at start-up, so the same machine
-    /// always computes the same bits.
+    /// from AMD but not on Intel's, whose `vdpbf16ps` gives fewer products per cycle than
+    /// two f32 FMAs (docs/cpu-backend.md has the measurements). A fixed rule, not a timing
+    /// taken at start-up, so the same machine always computes the same bits.
     pub bf16_products: bool,
     /// AMX-BF16 tiles (`tdpbf16ps`, with AVX-512 and AVX512-BF16 for packing their
     /// operands), enabled for this process: the bf16 convolutions' products from 64 taps,
@@ -69,7 +67,7 @@ impl Isa {
             let amx = avx512_bf16
                 && leaf7.edx >> 22 & 1 == 1
                 && leaf7.edx >> 24 & 1 == 1
-                && super::window_gemm_amx::enable();
+                && request_amx();
             Isa {
                 avx512,
                 avx2: has!("avx2") && has!("fma") && has!("f16c"),
@@ -342,11 +340,29 @@ fn is_intel() -> bool {
     (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
 }
 
-/// The lanes below `n` of a 16-lane AVX-512 vector, as a write or load mask (n ≤ 16).
-#[cfg(target_arch = "x86_64")]
-pub(super) fn lanes(n: usize) -> std::arch::x86_64::__mmask16 {
-    debug_assert!(n <= 16);
-    ((1u32 << n) - 1) as std::arch::x86_64::__mmask16
+/// Asks Linux for the right to use AMX's tile data in this process (`arch_prctl(
+/// ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): true where it was granted. Without it the
+/// first tile instruction kills the process. Called once, by [`Isa::detect`], and only
+/// where CPUID reports AMX-TILE and AMX-BF16.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_amx() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes this process's permitted
+    // extended state; it reads and writes no memory of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+/// AMX is enabled only on Linux (the permission request above).
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn request_amx() -> bool {
+    false
 }
 
 #[cfg(test)]

@@ -512,6 +512,16 @@ mod tests {
         (taps, pixels)
     }
 
+    /// The input element that tap t (in the filter's order) of output pixel p reads from
+    /// image `x_m` (C x H x W from its start), None in the padding.
+    fn tap_input(s: &Conv2dShape, x_m: &[f32], t: usize, p: usize) -> Option<f32> {
+        let (c, i, j) = (t / (s.k_h * s.k_w), t / s.k_w % s.k_h, t % s.k_w);
+        let py = (p / s.out_w()) * s.stride + i;
+        let px = (p % s.out_w()) * s.stride + j;
+        let (h, v) = (py.checked_sub(s.pad)?, px.checked_sub(s.pad)?);
+        (h < s.in_h && v < s.in_w).then(|| x_m[(c * s.in_h + h) * s.in_w + v])
+    }
+
     fn shape(
         in_c: usize,
         (h, w): (usize, usize),
@@ -570,24 +580,14 @@ mod tests {
                 for o in 0..s.out_c {
                     lane_plane(&out, E::LANES, (o, m), &mut plane);
                     for (p, &got) in plane.iter().enumerate() {
-                        let (py, px) = ((p / s.out_w()) * s.stride, (p % s.out_w()) * s.stride);
                         let (mut want, mut mag) = (0.0f64, 0.0f64);
-                        for c in 0..s.in_c {
-                            for i in 0..s.k_h {
-                                for j in 0..s.k_w {
-                                    let (h, v) =
-                                        ((py + i).checked_sub(s.pad), (px + j).checked_sub(s.pad));
-                                    let Some((h, v)) =
-                                        h.zip(v).filter(|&(h, v)| h < s.in_h && v < s.in_w)
-                                    else {
-                                        continue;
-                                    };
-                                    let t = f64::from(w[o * k + (c * s.k_h + i) * s.k_w + j])
-                                        * f64::from(x[m * image + (c * s.in_h + h) * s.in_w + v]);
-                                    want += t;
-                                    mag += t.abs();
-                                }
-                            }
+                        for t in 0..k {
+                            let Some(xv) = tap_input(&s, &x[m * image..], t, p) else {
+                                continue;
+                            };
+                            let t = f64::from(w[o * k + t]) * f64::from(xv);
+                            want += t;
+                            mag += t.abs();
                         }
                         let err = (f64::from(got) - want).abs();
                         assert!(
@@ -705,43 +705,27 @@ mod tests {
             let mut dw = vec![f32::NAN; s.out_c * k];
             fold_lanes::<E>(&totals[..s.out_c * k * E::LANES], &mut dw);
             for o in 0..s.out_c {
-                for c in 0..s.in_c {
-                    for i in 0..s.k_h {
-                        for j in 0..s.k_w {
-                            let (mut want, mut mag) = (0.0f64, 0.0f64);
-                            for (x, dy) in xs.iter().zip(&dys) {
-                                for m in 0..imgs {
-                                    for p in 0..pq {
-                                        let (py, px) = (
-                                            (p / s.out_w()) * s.stride + i,
-                                            (p % s.out_w()) * s.stride + j,
-                                        );
-                                        let (Some(h), Some(v)) =
-                                            (py.checked_sub(s.pad), px.checked_sub(s.pad))
-                                        else {
-                                            continue;
-                                        };
-                                        if h >= s.in_h || v >= s.in_w {
-                                            continue;
-                                        }
-                                        let t = f64::from(dy[(o * pq + p) * E::LANES + m])
-                                            * f64::from(
-                                                x[m * image + (c * s.in_h + h) * s.in_w + v],
-                                            );
-                                        want += t;
-                                        mag += t.abs();
-                                    }
-                                }
+                for t in 0..k {
+                    let (mut want, mut mag) = (0.0f64, 0.0f64);
+                    for (x, dy) in xs.iter().zip(&dys) {
+                        for m in 0..imgs {
+                            for p in 0..pq {
+                                let Some(xv) = tap_input(&s, &x[m * image..], t, p) else {
+                                    continue;
+                                };
+                                let t = f64::from(dy[(o * pq + p) * E::LANES + m]) * f64::from(xv);
+                                want += t;
+                                mag += t.abs();
                             }
-                            let got = dw[o * k + (c * s.k_h + i) * s.k_w + j];
-                            let err = (f64::from(got) - want).abs();
-                            assert!(
-                                err <= 1e-6 + 2e-6 * mag,
-                                "{}: {s:?}: dw[{o}][{c}][{i}][{j}] {got} vs {want}",
-                                E::KIND.name()
-                            );
                         }
                     }
+                    let got = dw[o * k + t];
+                    let err = (f64::from(got) - want).abs();
+                    assert!(
+                        err <= 1e-6 + 2e-6 * mag,
+                        "{}: {s:?}: dw[{o}][tap {t}] {got} vs {want}",
+                        E::KIND.name()
+                    );
                 }
             }
         }

@@ -185,8 +185,7 @@ const NT_COLS: usize = 5;
 /// sums each: per 16 steps of k, 9 loads feed 20 FMAs; each accumulator is reduced to its
 /// element of C at the end. Loop order keeps five rows of B in L1 while A streams from L2.
 /// The tile is compiled with AVX-512VL so the register allocator may use all 32 vector
-/// registers (without it, LLVM spilled an accumulator to the stack on every step: 106 vs
-/// 152 GFLOP/s on one core for conv2's 50 x 500 x 648).
+/// registers (without it, LLVM spills an accumulator to the stack on every step).
 ///
 /// # Panics
 /// If A, B or C is too short for the shape.
@@ -445,7 +444,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Tile, MR, NT_COLS, NT_ROWS};
-    use crate::backend::cpu::isa::lanes;
+    use crate::backend::cpu::engine::avx512::lanes;
 
     /// [`super::dot_tile`]: 20 accumulators over k in steps of 16, the tail masked.
     ///

@@ -276,7 +276,7 @@ mod avx512_bf16 {
     use std::arch::x86_64::*;
 
     use super::MR;
-    use crate::backend::cpu::isa::lanes;
+    use crate::backend::cpu::engine::avx512::lanes;
 
     /// `row[j]` = the bf16 pair (`lo[j]`, `hi[j]`), rounded to nearest even; zero past
     /// `lo.len()`, and a zero high half without `hi`.

@@ -267,8 +267,8 @@ pub(super) fn avg_relu_backward_plane(s: &Pool2dShape, g: &[f32], act: &[f32], d
 
 /// LeNet's pools (2x2 windows, stride 2) in AVX-512 registers. The loops above cannot be
 /// vectorized by the compiler for LeNet's planes (13 and 4 outputs per row: fewer than a
-/// vector, and the inputs interleaved by pairs), and ran one element at a time, the
-/// additions waiting on each other: 16% of a training step. Here a row's pairs are split
+/// vector, and the inputs interleaved by pairs), and run one element at a time, the
+/// additions waiting on each other (docs/cpu-backend.md has the cost). Here a row's pairs are split
 /// into even and odd lanes by one permute, and the gradient is spread to pairs by another.
 /// The arithmetic is the loops', in their order, so both give the same bits (tested).
 #[cfg(target_arch = "x86_64")]
@@ -276,7 +276,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::Pool2dShape;
-    use crate::backend::cpu::isa::lanes;
+    use crate::backend::cpu::engine::avx512::lanes;
 
     /// [`super::avg_plane`] for 2x2 windows of stride 2: each output row from its two input
     /// rows, 16 outputs per step, `((r0[2q] + r0[2q+1]) + r1[2q]) + r1[2q+1]` times 1/4.

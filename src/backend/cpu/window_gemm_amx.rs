@@ -19,11 +19,9 @@
 //! `pairs x 32` words, which then serves every panel of A.
 //!
 //! Work: each of conv2's three products is 1.04 GFLOP per batch of 256 (50 x 500 x 81 per
-//! image), 1.5x that with the padding (50 rows in 64, singles as half-empty pairs). Measured
-//! on a 2-core Sapphire Rapids (`nanoddp bench kernels --precision bf16`): forward 2.30 ms,
-//! input gradient 3.15 ms, filter gradient 2.29 ms, about twice the f32 tiles' speed; the
-//! tile loads wait on the products before them (no spare tiles to alternate), far from
-//! AMX's nominal rate.
+//! image), 1.5x that with the padding (50 rows in 64, singles as half-empty pairs). About
+//! twice the f32 tiles' speed (docs/cpu-backend.md has the figures); the tile loads wait on
+//! the products before them (no spare tiles to alternate), far from AMX's nominal rate.
 //!
 //! Sums: a tile's lanes add their pairs in order, each product of two bf16 values exact in
 //! f32 and each addition rounded to nearest even with subnormals flushed (AMX's fixed
@@ -183,38 +181,13 @@ pub(super) fn gemm_amx(a: &PairRowsA, b: &PairRows, c: &mut [f32], ldc: usize, a
     unreachable!("AMX is x86-64 only: {accumulate} {copy:?}");
 }
 
-/// Asks Linux for the right to use AMX's tile data in this process (`arch_prctl(
-/// ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): true where it was granted. Without it the
-/// first tile instruction kills the process. Called once, by `isa`'s detection, and only
-/// where CPUID reports AMX-TILE and AMX-BF16.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(super) fn enable() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with these arguments only changes this process's permitted
-    // extended state; it reads and writes no memory of ours.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
-}
-
-/// AMX is enabled only on Linux (the permission request above).
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-pub(super) fn enable() -> bool {
-    false
-}
-
 #[cfg(target_arch = "x86_64")]
 mod amx {
     use std::arch::asm;
     use std::arch::x86_64::*;
 
     use super::{PairRowsA, PairWindows, BLOCK, STEP};
-    use crate::backend::cpu::isa::lanes;
+    use crate::backend::cpu::engine::avx512::lanes;
 
     /// The tile configuration (palette 1): all eight tiles 16 rows of 64 bytes.
     #[repr(C, align(64))]

@@ -250,7 +250,7 @@ mod avx512_bf16 {
     use std::arch::x86_64::*;
 
     use super::{Pair, CHUNK};
-    use crate::backend::cpu::isa::lanes;
+    use crate::backend::cpu::engine::avx512::lanes;
 
     /// `out[i][16·v ..]` = `acc[i][v]`, or `+=` when `accumulate`: a tile's registers into
     /// its running total.

@@ -74,3 +74,9 @@ impl Engine for Avx512 {
         unsafe { _mm512_add_ps(a, b) }
     }
 }
+
+/// The lanes below `n` of a 16-lane AVX-512 vector, as a write or load mask (n ≤ 16).
+pub(in crate::backend::cpu) fn lanes(n: usize) -> __mmask16 {
+    debug_assert!(n <= 16);
+    ((1u32 << n) - 1) as __mmask16
+}
