@@ -69,6 +69,90 @@ pub(super) trait Engine: Send + Sync + 'static {
     unsafe fn add(a: Self::Vector, b: Self::Vector) -> Self::Vector;
 }
 
+/// Implements [`Engine`] for `$name`, an x86 instruction set whose vector type `$vector`
+/// holds `$lanes` f32 and whose intrinsics are `$prefix` + `setzero_ps`, `loadu_ps`,
+/// `storeu_ps`, `set1_ps`, `fmadd_ps` and `add_ps`; `$features` enable it (the same as
+/// [`multiversion!`]'s for that engine), `$has` is the [`super::isa::Isa`] flag that says
+/// the CPU has them.
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_engine {
+    ($name:ident: $kind:ident, $features:literal, $has:ident, $vector:ty, $lanes:literal lanes,
+     tile $r:literal x $v:literal, $zero:ident, $load:ident, $store:ident, $splat:ident,
+     $fmadd:ident, $add:ident) => {
+        use std::arch::x86_64::*;
+
+        use super::Engine;
+        use crate::backend::cpu::isa::EngineKind;
+
+        /// Runs `f` with the engine's instruction set enabled for the code inlined into it.
+        ///
+        /// # Safety
+        /// The CPU has the instruction set.
+        #[target_feature(enable = $features)]
+        unsafe fn run_enabled<T>(f: impl FnOnce() -> T) -> T {
+            f()
+        }
+
+        impl Engine for $name {
+            const KIND: EngineKind = EngineKind::$kind;
+            const LANES: usize = $lanes;
+            const R: usize = $r;
+            const V: usize = $v;
+            #[cfg(test)]
+            const FUSED: bool = true;
+            type Vector = $vector;
+
+            fn available() -> bool {
+                crate::backend::cpu::isa::cpu().$has
+            }
+
+            #[inline(always)]
+            unsafe fn run<T>(f: impl FnOnce() -> T) -> T {
+                // SAFETY: the caller's: the CPU has the instruction set.
+                unsafe { run_enabled(f) }
+            }
+
+            #[inline(always)]
+            unsafe fn zero() -> $vector {
+                // SAFETY: inside `run`.
+                unsafe { $zero() }
+            }
+
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> $vector {
+                // SAFETY: the caller's: p is valid for a vector, inside `run`.
+                unsafe { $load(p) }
+            }
+
+            #[inline(always)]
+            unsafe fn store(p: *mut f32, v: $vector) {
+                // SAFETY: the caller's: p is valid for a vector, inside `run`.
+                unsafe { $store(p, v) }
+            }
+
+            #[inline(always)]
+            unsafe fn splat(v: f32) -> $vector {
+                // SAFETY: inside `run`.
+                unsafe { $splat(v) }
+            }
+
+            #[inline(always)]
+            unsafe fn fmadd(a: $vector, b: $vector, c: $vector) -> $vector {
+                // SAFETY: inside `run` (which enables the fused multiply-add).
+                unsafe { $fmadd(a, b, c) }
+            }
+
+            #[inline(always)]
+            unsafe fn add(a: $vector, b: $vector) -> $vector {
+                // SAFETY: inside `run`.
+                unsafe { $add(a, b) }
+            }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+use x86_engine;
+
 /// Runs `$body` with the type `$E` naming the engine the process computes with
 /// ([`isa`]`().engine()`).
 macro_rules! with_engine {
