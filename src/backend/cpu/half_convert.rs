@@ -147,39 +147,61 @@ mod f16c {
 
     use half::f16;
 
-    /// Converts the whole 8-element chunks; returns how many elements that was.
+    /// Converts every element, 8 at a time (a ragged tail through a copy, so a small
+    /// plane costs no call into `half`); returns how many elements that was (all).
     ///
     /// # Safety
     /// AVX and F16C, and `dst.len() == src.len()`.
     #[target_feature(enable = "avx,f16c")]
     pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) -> usize {
-        let whole = src.len() / 8 * 8;
-        for i in (0..whole).step_by(8) {
-            // SAFETY: elements i..i+8 exist in both slices (i + 8 <= whole).
+        let (src, tail) = src.split_at(src.len() / 8 * 8);
+        let (dst, dst_tail) = dst.split_at_mut(src.len());
+        let convert = |src: &[f16], dst: &mut [f32]| {
+            // SAFETY: both hold 8 elements (the callers below).
             unsafe {
-                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
-                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+                let h = _mm_loadu_si128(src.as_ptr().cast());
+                _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_cvtph_ps(h));
             }
+        };
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            convert(s, d);
         }
-        whole
+        if !tail.is_empty() {
+            let (mut s, mut d) = ([f16::ZERO; 8], [0.0f32; 8]);
+            s[..tail.len()].copy_from_slice(tail);
+            convert(&s, &mut d);
+            dst_tail.copy_from_slice(&d[..tail.len()]);
+        }
+        src.len() + tail.len()
     }
 
-    /// Converts the whole 8-element chunks; returns how many elements that was.
+    /// Converts every element, 8 at a time (a ragged tail through a copy); returns how
+    /// many elements that was (all).
     ///
     /// # Safety
     /// AVX and F16C, and `dst.len() == src.len()`.
     #[target_feature(enable = "avx,f16c")]
     pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) -> usize {
-        let whole = src.len() / 8 * 8;
-        for i in (0..whole).step_by(8) {
-            // SAFETY: elements i..i+8 exist in both slices (i + 8 <= whole).
+        let (src, tail) = src.split_at(src.len() / 8 * 8);
+        let (dst, dst_tail) = dst.split_at_mut(src.len());
+        let convert = |src: &[f32], dst: &mut [f16]| {
+            // SAFETY: both hold 8 elements (the callers below).
             unsafe {
-                let v = _mm256_loadu_ps(src.as_ptr().add(i));
+                let v = _mm256_loadu_ps(src.as_ptr());
                 let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-                _mm_storeu_si128(dst.as_mut_ptr().add(i).cast(), h);
+                _mm_storeu_si128(dst.as_mut_ptr().cast(), h);
             }
+        };
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            convert(s, d);
         }
-        whole
+        if !tail.is_empty() {
+            let (mut s, mut d) = ([0.0f32; 8], [f16::ZERO; 8]);
+            s[..tail.len()].copy_from_slice(tail);
+            convert(&s, &mut d);
+            dst_tail.copy_from_slice(&d[..tail.len()]);
+        }
+        src.len() + tail.len()
     }
 }
 

@@ -13,6 +13,9 @@ pub(super) fn gather_batch<T: Precision>(op: Checked<GatherBatch<'_, CpuDevice, 
     let op = op.into_inner();
     let (image, count) = (op.image(), op.labels.0.len());
     let first = op.batch.0[0] as usize * op.shard;
+    // Each image scaled in f32, then narrowed as one slice (vector conversions, not one call
+    // per pixel).
+    let mut scaled = vec![0.0f32; image];
     for (i, (x, y)) in op.x.0.chunks_mut(image).zip(&mut op.y.0).enumerate() {
         let k = op
             .order
@@ -22,9 +25,10 @@ pub(super) fn gather_batch<T: Precision>(op: Checked<GatherBatch<'_, CpuDevice, 
             .min(count);
         if k < count {
             let pixels = &op.pixels.0[k * image..(k + 1) * image];
-            for (v, &p) in x.iter_mut().zip(pixels) {
-                *v = T::from_f32(p as f32 / 255.0);
+            for (v, &p) in scaled.iter_mut().zip(pixels) {
+                *v = p as f32 / 255.0;
             }
+            T::narrow_slice(&scaled, x);
             *y = op.labels.0[k];
         } else {
             x.fill(T::from_f32(0.0));
