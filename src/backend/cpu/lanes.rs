@@ -453,31 +453,14 @@ pub(super) fn fold_lanes<E: Engine>(vectors: &[f32], sums: &mut [f32]) {
         "{} values per sum",
         E::LANES
     );
-    // SAFETY: the engine is available (asserted).
+    // SAFETY: the engine is available (asserted); vector i lies at LANES·i, inside
+    // `vectors` for i < sums.len() (asserted).
     unsafe {
-        E::run(|| match E::LANES {
-            16 => fold::<16>(vectors, sums),
-            8 => fold::<8>(vectors, sums),
-            4 => fold::<4>(vectors, sums),
-            lanes => unreachable!("no fold for {lanes} lanes"),
-        })
-    }
-}
-
-/// [`fold_lanes`] for `L` lanes: constant bounds, so each level is a few vector adds.
-#[inline(always)]
-fn fold<const L: usize>(vectors: &[f32], sums: &mut [f32]) {
-    for (sum, v) in sums.iter_mut().zip(vectors.chunks_exact(L)) {
-        let mut level = [0.0f32; L];
-        level.copy_from_slice(v);
-        let mut width = L / 2;
-        while width > 0 {
-            for l in 0..width {
-                level[l] += level[l + width];
+        E::run(|| {
+            for (i, sum) in sums.iter_mut().enumerate() {
+                *sum = E::sum(E::load(vectors.as_ptr().add(i * E::LANES)));
             }
-            width /= 2;
-        }
-        *sum = level[0];
+        })
     }
 }
 

@@ -67,18 +67,21 @@ pub(super) trait Engine: Send + Sync + 'static {
     unsafe fn fmadd(a: Self::Vector, b: Self::Vector, c: Self::Vector) -> Self::Vector;
     /// `a + b` per lane.
     unsafe fn add(a: Self::Vector, b: Self::Vector) -> Self::Vector;
+    /// The sum of `v`'s lanes, always added as the same tree: lane l with lane l + LANES/2,
+    /// then those sums with the ones a quarter apart, and so on.
+    unsafe fn sum(v: Self::Vector) -> f32;
 }
 
 /// Implements [`Engine`] for `$name`, an x86 instruction set whose vector type `$vector`
-/// holds `$lanes` f32 and whose intrinsics are `$prefix` + `setzero_ps`, `loadu_ps`,
-/// `storeu_ps`, `set1_ps`, `fmadd_ps` and `add_ps`; `$features` enable it (the same as
+/// holds `$lanes` f32, given its intrinsics for `setzero_ps`, `loadu_ps`, `storeu_ps`,
+/// `set1_ps`, `fmadd_ps` and `add_ps` and its lane sum; `$features` enable it (the same as
 /// [`multiversion!`]'s for that engine), `$has` is the [`super::isa::Isa`] flag that says
 /// the CPU has them.
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_engine {
     ($name:ident: $kind:ident, $features:literal, $has:ident, $vector:ty, $lanes:literal lanes,
      tile $r:literal x $v:literal, $zero:ident, $load:ident, $store:ident, $splat:ident,
-     $fmadd:ident, $add:ident) => {
+     $fmadd:ident, $add:ident, $sum:ident) => {
         use std::arch::x86_64::*;
 
         use super::Engine;
@@ -146,6 +149,12 @@ macro_rules! x86_engine {
             unsafe fn add(a: $vector, b: $vector) -> $vector {
                 // SAFETY: inside `run`.
                 unsafe { $add(a, b) }
+            }
+
+            #[inline(always)]
+            unsafe fn sum(v: $vector) -> f32 {
+                // SAFETY: inside `run`.
+                unsafe { $sum(v) }
             }
         }
     };

@@ -57,4 +57,9 @@ impl Engine for Portable {
     unsafe fn add(a: [f32; 4], b: [f32; 4]) -> [f32; 4] {
         std::array::from_fn(|i| a[i] + b[i])
     }
+
+    #[inline(always)]
+    unsafe fn sum(v: [f32; 4]) -> f32 {
+        (v[0] + v[2]) + (v[1] + v[3])
+    }
 }
