@@ -1,33 +1,32 @@
-//! The convolutions' GEMM: A packed into panels, B and C used in place, and an AVX-512
-//! register tile.
+//! The convolutions' GEMM: A packed into panels, B and C used in place, and a register tile
+//! on the process's engine.
 //!
 //! `C (M x N) = A (M x K) · B (K x N)`, or `C += A·B`. A is packed once into panels of
 //! [`MR`] = 10 rows, k-major (`[panel][k][row]`), zero-padded to whole panels. B's and C's
 //! rows are read and written where they lie, at any stride, so the im2col buffers need no
 //! second copy.
 //!
-//! The register tile is 10 rows x 32 columns, 20 zmm accumulators. Each step of k loads two
-//! vectors of B and broadcasts ten values of A (from L1: a panel of 10 x 500 is 20 KB) into
-//! 20 FMAs, so the two FMA pipes rather than the loads set the pace: 640 FLOPs per 12 loads.
-//! The columns are walked in blocks of 32 with the panels inside, so each block of B is
-//! fetched from memory once and reused by every panel from cache.
+//! The register tile ([`Engine::GEMM_ROWS`] rows x [`Engine::GEMM_VECTORS`] vectors) on
+//! AVX-512 is 10 rows x 32 columns, 20 zmm accumulators: each step of k loads two vectors of
+//! B and broadcasts ten values of A (from L1: a panel of 10 x 500 is 20 KB) into 20 FMAs, so
+//! the two FMA pipes rather than the loads set the pace. AVX2's 16 registers take 5 rows x
+//! 16 columns (half a panel at a time). The columns are walked in blocks of the tile's width
+//! with the panels inside, so each block of B is fetched from memory once and reused by
+//! every panel from cache.
 //!
 //! Why 10 rows: it divides every output-channel count in LeNet (20, 50) and conv2's
 //! input-gradient rows (500), so no FMA is spent on padding; a 16-row tile (as general
-//! GEMM libraries use) computes 64 rows for conv2's 50. Ragged column edges are masked, and
-//! a tile of at most 16 columns uses one vector per row.
+//! GEMM libraries use) computes 64 rows for conv2's 50. A ragged last block of columns goes
+//! through a zero-padded copy, so the tile loads and stores whole vectors.
 //!
-//! Without AVX-512 the same tile runs as portable Rust that the compiler vectorizes for the
-//! process's engine (AVX2, or the baseline), with separate multiplies and adds instead of
-//! fused ones: the two paths differ in the last bits, and each is deterministic (the sum
-//! over k always runs in order).
+//! Each engine's tile sums over k in order from zero, with its multiply-add (fused except
+//! on the portable engine), so each is deterministic; they differ in the last bits.
 
+use super::engine::{with_engine, Engine};
 use super::isa::isa;
 
-/// Rows per packed panel of A (and per register tile).
+/// Rows per packed panel of A.
 pub(super) const MR: usize = 10;
-/// Columns per register tile: two 16-lane vectors.
-const NR: usize = 32;
 
 /// A (M x K) packed into panels of [`MR`] rows, `[panel][k][row]`, the last panel padded
 /// with zero rows. The buffer is kept between calls; [`PackedA::pack`] resizes it.
@@ -90,13 +89,14 @@ pub(super) fn gemm(
     ldc: usize,
     accumulate: bool,
 ) {
-    gemm_on(isa().avx512, a, b, ldb, cols, c, ldc, accumulate);
+    with_engine!(E => gemm_on::<E>(a, b, ldb, cols, c, ldc, accumulate));
 }
 
-/// [`gemm`] on the AVX-512 tile (when `avx512` and the CPU has it) or the portable one.
-#[allow(clippy::too_many_arguments)]
-fn gemm_on(
-    avx512: bool,
+/// [`gemm`] on engine E's tile.
+///
+/// # Panics
+/// As [`gemm`], or if the CPU lacks the engine.
+fn gemm_on<E: Engine>(
     a: &PackedA,
     b: &[f32],
     ldb: usize,
@@ -123,53 +123,129 @@ fn gemm_on(
         cols <= ldb && b.len() >= (k - 1) * ldb + cols,
         "B too short"
     );
-    let avx512 = avx512 && isa().avx512;
-    for j0 in (0..cols).step_by(NR) {
-        let width = NR.min(cols - j0);
+    assert!(E::available(), "{} is not available", E::KIND.name());
+    let nr = E::GEMM_VECTORS * E::LANES;
+    // A ragged last block: B's columns copied into whole vectors (zero past them), C's
+    // through a scratch panel.
+    let (mut padded_b, mut padded_c) = (Vec::new(), vec![0.0f32; MR * nr]);
+    for j0 in (0..cols).step_by(nr) {
+        let width = nr.min(cols - j0);
+        if width < nr {
+            padded_b.resize(k * nr, 0.0);
+            for (dst, src) in padded_b.chunks_exact_mut(nr).zip(b[j0..].chunks(ldb)) {
+                dst[..width].copy_from_slice(&src[..width]);
+            }
+        }
         for (p, panel) in a.data.chunks_exact(k * MR).enumerate() {
             let rows = MR.min(m - p * MR);
-            let tile = Tile {
-                depth: k,
-                a: panel,
-                b: &b[j0..],
-                ldb,
-                c: &mut c[p * MR * ldc + j0..],
-                ldc,
+            let c = &mut c[p * MR * ldc + j0..];
+            if width == nr {
+                panel_tiles::<E>(panel, (&b[j0..], ldb), (c, ldc), rows, accumulate);
+                continue;
+            }
+            if accumulate {
+                for (dst, src) in padded_c.chunks_exact_mut(nr).zip(c.chunks(ldc)).take(rows) {
+                    dst[..width].copy_from_slice(&src[..width]);
+                }
+            }
+            panel_tiles::<E>(
+                panel,
+                (&padded_b, nr),
+                (&mut padded_c, nr),
                 rows,
-                cols: width,
                 accumulate,
-            };
-            run_tile(tile, avx512);
+            );
+            for (src, dst) in padded_c.chunks_exact(nr).zip(c.chunks_mut(ldc)).take(rows) {
+                dst[..width].copy_from_slice(&src[..width]);
+            }
         }
     }
 }
 
-/// One register tile's operands: `rows x cols` of C (at most MR x NR) from `depth` steps.
-struct Tile<'a> {
-    depth: usize,
-    /// The panel, `depth x MR`.
-    a: &'a [f32],
-    /// B from the tile's first column.
-    b: &'a [f32],
-    ldb: usize,
-    /// C from the tile's first element.
-    c: &'a mut [f32],
-    ldc: usize,
+/// One panel of A (`k x MR`, [`PackedA`]'s layout) times a block of B (k rows of whole
+/// vectors) into its `rows` rows of C, `E::GEMM_ROWS` rows at a time.
+///
+/// # Panics
+/// If B or C is too short for the block, or the CPU lacks the engine.
+fn panel_tiles<E: Engine>(
+    panel: &[f32],
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
     rows: usize,
-    cols: usize,
     accumulate: bool,
+) {
+    let (k, nr) = (panel.len() / MR, E::GEMM_VECTORS * E::LANES);
+    assert!(E::available(), "{} is not available", E::KIND.name());
+    assert!((1..=MR).contains(&rows) && k >= 1);
+    assert!(b.len() >= (k - 1) * ldb + nr && c.len() >= (rows - 1) * ldc + nr);
+    let (a, b, c) = (panel.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    // SAFETY: the engine is available (asserted); each tile reads rows row0.. of the panel
+    // (k x MR), B's k rows of nr columns and C's rows below `rows` (asserted), nr columns.
+    unsafe {
+        E::run(|| {
+            for row0 in (0..rows).step_by(E::GEMM_ROWS) {
+                let (a, c) = (a.add(row0), c.add(row0 * ldc));
+                let at = (a, (b, ldb), k, (c, ldc), rows - row0, accumulate);
+                match (E::GEMM_ROWS, E::GEMM_VECTORS) {
+                    (10, 2) => tile::<E, 10, 2>(at),
+                    (5, 2) => tile::<E, 5, 2>(at),
+                    (r, v) => unreachable!("no {r} x {v} GEMM tile"),
+                }
+            }
+        })
+    }
 }
 
-impl Tile<'_> {
-    /// Whether every element the tile touches lies inside its slices.
-    fn in_bounds(&self) -> bool {
-        self.rows >= 1
-            && self.rows <= MR
-            && self.cols >= 1
-            && self.cols <= NR
-            && self.a.len() >= self.depth * MR
-            && self.b.len() >= (self.depth - 1) * self.ldb + self.cols
-            && self.c.len() >= (self.rows - 1) * self.ldc + self.cols
+/// A tile's operands: A from its first row (k-major, rows MR apart), B (k rows and their
+/// stride), the steps of k, C from its first row (and its stride), the rows of C to write,
+/// and whether to add to C.
+type TileAt = (
+    *const f32,
+    (*const f32, usize),
+    usize,
+    (*mut f32, usize),
+    usize,
+    bool,
+);
+
+/// One register tile: `ROWS` rows by `NV` vectors of columns, summed over k in order from
+/// zero, then stored into C's first `rows` rows (or added to them).
+///
+/// # Safety
+/// Inside `E::run`; the bounds [`panel_tiles`] asserts.
+#[inline(always)]
+unsafe fn tile<E: Engine, const ROWS: usize, const NV: usize>(
+    (a, (b, ldb), depth, (c, ldc), rows, accumulate): TileAt,
+) {
+    // SAFETY: the caller's bounds: the panel holds depth rows of MR values from a's panel,
+    // B's rows NV·LANES values, C's first `rows` rows NV·LANES values.
+    unsafe {
+        let mut acc = [[E::zero(); NV]; ROWS];
+        for k in 0..depth {
+            let bk = b.add(k * ldb);
+            let mut bv = [E::zero(); NV];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                *bv = E::load(bk.add(v * E::LANES));
+            }
+            let ak = a.add(k * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = E::splat(*ak.add(i));
+                for (r, bv) in row.iter_mut().zip(bv) {
+                    *r = E::fmadd(av, bv, *r);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate().take(rows) {
+            for (v, r) in row.iter().enumerate() {
+                let ci = c.add(i * ldc + v * E::LANES);
+                let sum = if accumulate {
+                    E::add(*r, E::load(ci))
+                } else {
+                    *r
+                };
+                E::store(ci, sum);
+            }
+        }
     }
 }
 
@@ -398,52 +474,11 @@ pub(super) fn add_windows(
     }
 }
 
-fn run_tile(tile: Tile, avx512: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // SAFETY: the caller found AVX-512F on this CPU (`isa().avx512`).
-        return unsafe { avx512::tile(tile) };
-    }
-    let _ = avx512;
-    portable_tile(tile);
-}
-
-super::engine::multiversion!(
-    /// [`portable_tile_body`] vectorized for the process's engine.
-    fn portable_tile(t: Tile) = portable_tile_body
-);
-
-/// The tile in portable Rust: B's row copied into a fixed-size array so the inner loops have
-/// constant bounds and vectorize.
-#[inline(always)]
-fn portable_tile_body(t: Tile) {
-    assert!(t.in_bounds());
-    let mut acc = [[0.0f32; NR]; MR];
-    let mut bv = [0.0f32; NR];
-    for k in 0..t.depth {
-        bv[..t.cols].copy_from_slice(&t.b[k * t.ldb..k * t.ldb + t.cols]);
-        let ak = &t.a[k * MR..(k + 1) * MR];
-        for (row, av) in acc.iter_mut().zip(ak) {
-            for (r, b) in row.iter_mut().zip(&bv) {
-                *r += av * b;
-            }
-        }
-    }
-    for (i, row) in acc.iter().enumerate().take(t.rows) {
-        let c = &mut t.c[i * t.ldc..i * t.ldc + t.cols];
-        if t.accumulate {
-            c.iter_mut().zip(row).for_each(|(c, v)| *c += v);
-        } else {
-            c.copy_from_slice(&row[..t.cols]);
-        }
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Tile, MR, NT_COLS, NT_ROWS};
+    use super::{NT_COLS, NT_ROWS};
     use crate::backend::cpu::engine::avx512::lanes;
 
     /// [`super::dot_tile`]: 20 accumulators over k in steps of 16, the tail masked.
@@ -587,84 +622,23 @@ mod avx512 {
             }
         }
     }
-
-    /// The AVX-512 tile: one or two vectors per row depending on the width.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F (and VL, which `isa().avx512` includes).
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile(t: Tile) {
-        assert!(t.in_bounds());
-        if t.cols <= 16 {
-            // SAFETY: bounds asserted above; AVX-512F is enabled here.
-            unsafe { tile_vectors::<1>(t) }
-        } else {
-            // SAFETY: as above.
-            unsafe { tile_vectors::<2>(t) }
-        }
-    }
-
-    /// `V` vectors of 16 columns per row; lanes at or past `t.cols` are masked off in every
-    /// load and store (a masked-off lane is never accessed).
-    ///
-    /// # Safety
-    /// `t.in_bounds()` and AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn tile_vectors<const V: usize>(t: Tile) {
-        let mut mask = [0 as __mmask16; V];
-        for (v, m) in mask.iter_mut().enumerate() {
-            *m = lanes(t.cols.saturating_sub(v * 16).min(16));
-        }
-        let mut acc = [[_mm512_setzero_ps(); V]; MR];
-        let (a, b) = (t.a.as_ptr(), t.b.as_ptr());
-        for k in 0..t.depth {
-            // SAFETY: row k of B holds t.cols elements from b + k·ldb (in_bounds); lanes past
-            // them are masked; the panel holds depth x MR elements.
-            unsafe {
-                let bk = b.add(k * t.ldb);
-                let mut bv = [_mm512_setzero_ps(); V];
-                for v in 0..V {
-                    bv[v] = _mm512_maskz_loadu_ps(mask[v], bk.wrapping_add(v * 16));
-                }
-                let ak = a.add(k * MR);
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let av = _mm512_set1_ps(*ak.add(i));
-                    for v in 0..V {
-                        row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
-                    }
-                }
-            }
-        }
-        let c = t.c.as_mut_ptr();
-        for (i, row) in acc.iter().enumerate().take(t.rows) {
-            for v in 0..V {
-                // SAFETY: row i of C holds t.cols elements from c + i·ldc (in_bounds); the
-                // mask keeps every access below them.
-                unsafe {
-                    let ci = c.add(i * t.ldc).wrapping_add(v * 16);
-                    let mut r = row[v];
-                    if t.accumulate {
-                        r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask[v], ci));
-                    }
-                    _mm512_mask_storeu_ps(ci, mask[v], r);
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::product_check::{check_on_paths, seeded, uniform};
+    use super::super::engine::on_each_engine;
+    use super::super::product_check::{check_on_paths, check_product, seeded, uniform};
     use super::*;
 
-    /// Both tile paths (the AVX-512 one where the CPU has it) against a float64 product, on
-    /// sizes around the tile edges, A packed from row- and column-major storage, strided B
-    /// and C, overwrite and accumulate, with C's padding columns poisoned to catch stray
-    /// writes.
+    /// Every engine's tile against a float64 product, on sizes around the tile edges, A
+    /// packed from row- and column-major storage, strided B and C, overwrite and accumulate,
+    /// with C's padding columns poisoned to catch stray writes.
     #[test]
     fn gemm_matches_float64_on_ragged_shapes() {
+        on_each_engine!(gemm_matches_float64_on);
+    }
+
+    fn gemm_matches_float64_on<E: Engine>() {
         let mut rng = seeded(7);
         for &(m, k, n) in &[
             (1, 1, 1),
@@ -691,9 +665,9 @@ mod tests {
                 } else {
                     packed.pack(&a, m, k, lda, 1);
                 }
-                let what = format!("{m}x{k}x{n} A transposed {transposed}");
-                check_on_paths(&c0, (m, n, ldc), k, term, &what, |avx, c, accumulate| {
-                    gemm_on(avx, &packed, &b, ldb, n, c, ldc, accumulate)
+                let what = format!("{} {m}x{k}x{n} A transposed {transposed}", E::KIND.name());
+                check_product(&c0, (m, n, ldc), k, &term, &what, |c, accumulate| {
+                    gemm_on::<E>(&packed, &b, ldb, n, c, ldc, accumulate)
                 });
             }
         }

@@ -85,12 +85,27 @@ pub(super) fn check_on_paths(
     mut run: impl FnMut(bool, &mut [f32], bool),
 ) {
     for &avx in tile_paths() {
-        for accumulate in [false, true] {
-            let mut c = poisoned(c0, n, ldc);
-            run(avx, &mut c, accumulate);
-            let what = format!("{what} avx512 {avx}");
-            assert_product(&c, c0, (m, n, ldc), depth, accumulate, &term, &what);
-        }
+        let what = format!("{what} avx512 {avx}");
+        check_product(c0, (m, n, ldc), depth, &term, &what, |c, acc| {
+            run(avx, c, acc)
+        });
+    }
+}
+
+/// [`assert_product`] on what `run(c, accumulate)` writes over a poisoned copy of `c0`,
+/// overwriting and accumulating.
+pub(super) fn check_product(
+    c0: &[f32],
+    (m, n, ldc): (usize, usize, usize),
+    depth: usize,
+    term: &impl Fn(usize, usize, usize) -> f64,
+    what: &str,
+    mut run: impl FnMut(&mut [f32], bool),
+) {
+    for accumulate in [false, true] {
+        let mut c = poisoned(c0, n, ldc);
+        run(&mut c, accumulate);
+        assert_product(&c, c0, (m, n, ldc), depth, accumulate, term, what);
     }
 }
 

@@ -39,6 +39,10 @@ pub(super) trait Engine: Send + Sync + 'static {
     /// Register tile columns, at most: pixels (forward, input gradient) or taps (filter
     /// gradient). Ragged edges take a narrower tile.
     const V: usize;
+    /// GEMM tile rows (`microkernel`'s, over panels of 10 rows: 10 or 5).
+    const GEMM_ROWS: usize;
+    /// GEMM tile columns, in vectors.
+    const GEMM_VECTORS: usize;
     /// Whether [`Engine::fmadd`] rounds once (a fused multiply-add) or twice (what the
     /// tests' bit-exact reference needs to know).
     #[cfg(test)]
@@ -80,7 +84,7 @@ pub(super) trait Engine: Send + Sync + 'static {
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_engine {
     ($name:ident: $kind:ident, $features:literal, $has:ident, $vector:ty, $lanes:literal lanes,
-     tile $r:literal x $v:literal, $zero:ident, $load:ident, $store:ident, $splat:ident,
+     tile $r:literal x $v:literal, gemm $gr:literal x $gv:literal, $zero:ident, $load:ident, $store:ident, $splat:ident,
      $fmadd:ident, $add:ident, $sum:ident) => {
         use std::arch::x86_64::*;
 
@@ -101,6 +105,8 @@ macro_rules! x86_engine {
             const LANES: usize = $lanes;
             const R: usize = $r;
             const V: usize = $v;
+            const GEMM_ROWS: usize = $gr;
+            const GEMM_VECTORS: usize = $gv;
             #[cfg(test)]
             const FUSED: bool = true;
             type Vector = $vector;

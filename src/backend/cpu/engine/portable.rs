@@ -13,6 +13,8 @@ impl Engine for Portable {
     const LANES: usize = 4;
     const R: usize = 4;
     const V: usize = 3;
+    const GEMM_ROWS: usize = 5;
+    const GEMM_VECTORS: usize = 2;
     #[cfg(test)]
     const FUSED: bool = false;
     type Vector = [f32; 4];
