@@ -249,19 +249,14 @@ unsafe fn tile<E: Engine, const ROWS: usize, const NV: usize>(
     }
 }
 
-/// Rows of A per `gemm_nt` tile.
-const NT_ROWS: usize = 4;
-/// Rows of B per `gemm_nt` tile.
-const NT_COLS: usize = 5;
-
 /// `C = A·Bᵀ` (or `C += A·Bᵀ`) where A is M rows and B is N rows, both of K contiguous
 /// elements (rows at strides `lda`, `ldb`): the filter gradient's product, whose reduction
 /// runs along the pixels that both operands store contiguously, so neither needs
-/// transposing. The tile is 4 rows of A x 5 rows of B, 20 zmm accumulators of 16 partial
-/// sums each: per 16 steps of k, 9 loads feed 20 FMAs; each accumulator is reduced to its
-/// element of C at the end. Loop order keeps five rows of B in L1 while A streams from L2.
-/// The tile is compiled with AVX-512VL so the register allocator may use all 32 vector
-/// registers (without it, LLVM spills an accumulator to the stack on every step).
+/// transposing. The tile is [`Engine::DOT_ROWS`] rows of A x [`Engine::DOT_COLS`] rows of
+/// B, one vector of partial sums each (element i of a product joins lane i % LANES): on
+/// AVX-512 4 x 5, 20 zmm accumulators, per 16 steps of k 9 loads feeding 20 FMAs; each
+/// accumulator is folded to its element of C at the end ([`Engine::sum`]). Loop order keeps
+/// the tile's rows of B in L1 while A streams from L2.
 ///
 /// # Panics
 /// If A, B or C is too short for the shape.
@@ -278,13 +273,12 @@ pub(super) fn gemm_nt(
     ldc: usize,
     accumulate: bool,
 ) {
-    gemm_nt_on(isa().avx512, a, lda, m, b, ldb, n, k, c, ldc, accumulate);
+    with_engine!(E => gemm_nt_on::<E>(a, lda, m, b, ldb, n, k, c, ldc, accumulate));
 }
 
-/// [`gemm_nt`] on AVX-512 (when `avx512` and the CPU has it) or in portable Rust.
+/// [`gemm_nt`] on engine E's tile.
 #[allow(clippy::too_many_arguments)]
-fn gemm_nt_on(
-    avx512: bool,
+fn gemm_nt_on<E: Engine>(
     a: &[f32],
     lda: usize,
     m: usize,
@@ -304,18 +298,45 @@ fn gemm_nt_on(
         assert!(k <= lda && a.len() >= (m - 1) * lda + k, "A too short");
         assert!(k <= ldb && b.len() >= (n - 1) * ldb + k, "B too short");
     }
-    let avx512 = avx512 && isa().avx512;
-    // Two tiles of B rows per pass over A: the four rows of A each tile pair loads from L2
-    // serve both tiles from L1 (ten rows of B and four of A fit in L1 for K up to ~1,000).
-    for jb in (0..n).step_by(2 * NT_COLS) {
-        for i0 in (0..m).step_by(NT_ROWS) {
-            for j0 in (jb..n.min(jb + 2 * NT_COLS)).step_by(NT_COLS) {
+    assert!(E::available(), "{} is not available", E::KIND.name());
+    // SAFETY: the engine is available (asserted); the bounds are asserted above.
+    unsafe {
+        E::run(|| match (E::DOT_ROWS, E::DOT_COLS) {
+            (4, 5) => nt_tiles::<E, 4, 5>((a, lda, m), (b, ldb, n), k, (c, ldc), accumulate),
+            (2, 5) => nt_tiles::<E, 2, 5>((a, lda, m), (b, ldb, n), k, (c, ldc), accumulate),
+            (r, s) => unreachable!("no {r} x {s} dot tile"),
+        })
+    }
+}
+
+/// [`gemm_nt_on`]'s loops with `R x S` tiles.
+///
+/// # Safety
+/// Inside `E::run`; A, B and C hold the rows [`gemm_nt_on`] asserts.
+#[inline(always)]
+unsafe fn nt_tiles<E: Engine, const R: usize, const S: usize>(
+    (a, lda, m): (&[f32], usize, usize),
+    (b, ldb, n): (&[f32], usize, usize),
+    k: usize,
+    (c, ldc): (&mut [f32], usize),
+    accumulate: bool,
+) {
+    // Two tiles of B rows per pass over A: the rows of A each tile pair loads from L2 serve
+    // both tiles from L1.
+    for jb in (0..n).step_by(2 * S) {
+        for i0 in (0..m).step_by(R) {
+            for j0 in (jb..n.min(jb + 2 * S)).step_by(S) {
                 // Rows past the edge repeat the last row; their sums are dropped.
-                let a_rows: [&[f32]; NT_ROWS] =
-                    std::array::from_fn(|r| &a[(i0 + r).min(m - 1) * lda..][..k]);
-                let b_rows: [&[f32]; NT_COLS] =
-                    std::array::from_fn(|s| &b[(j0 + s).min(n - 1) * ldb..][..k]);
-                let sums = dot_tile(avx512, &a_rows, &b_rows);
+                let mut a_rows = [a.as_ptr(); R];
+                for (r, p) in a_rows.iter_mut().enumerate() {
+                    *p = a[(i0 + r).min(m - 1) * lda..][..k].as_ptr();
+                }
+                let mut b_rows = [b.as_ptr(); S];
+                for (s, p) in b_rows.iter_mut().enumerate() {
+                    *p = b[(j0 + s).min(n - 1) * ldb..][..k].as_ptr();
+                }
+                // SAFETY: every row pointer starts k elements inside its slice.
+                let sums = unsafe { dot_tile::<E, R, S>(a_rows, b_rows, k) };
                 for (r, row) in sums.iter().enumerate().take(m - i0) {
                     let c_row = &mut c[(i0 + r) * ldc + j0..];
                     for (s, v) in row.iter().enumerate().take(n - j0) {
@@ -327,51 +348,74 @@ fn gemm_nt_on(
     }
 }
 
-/// The 4 x 5 dot products of `gemm_nt`'s tile.
-fn dot_tile(
-    avx512: bool,
-    a: &[&[f32]; NT_ROWS],
-    b: &[&[f32]; NT_COLS],
-) -> [[f32; NT_COLS]; NT_ROWS] {
-    #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // SAFETY: the caller found AVX-512F on this CPU.
-        return unsafe { avx512::dot_tile(a, b) };
-    }
-    let _ = avx512;
-    portable_dot_tile(a, b)
-}
-
-super::engine::multiversion!(
-    /// [`dot_tile`] in portable Rust, vectorized for the process's engine.
-    fn portable_dot_tile(a: &[&[f32]; NT_ROWS], b: &[&[f32]; NT_COLS]) -> [[f32; NT_COLS]; NT_ROWS] = dot_tile_body
-);
-
-/// [`dot_tile`] in portable Rust: sixteen partial sums per product, as the AVX-512 path
-/// keeps them.
+/// The `R x S` dot products of k elements of `gemm_nt`'s tile: each product's partial sums
+/// in one vector (element i in lane i % LANES, multiply-added in order), the ragged tail
+/// through zero-padded copies, then each vector folded by [`Engine::sum`].
+///
+/// # Safety
+/// Inside `E::run`; every pointer is valid for k elements.
 #[inline(always)]
-fn dot_tile_body(a: &[&[f32]; NT_ROWS], b: &[&[f32]; NT_COLS]) -> [[f32; NT_COLS]; NT_ROWS] {
-    let mut sums = [[0.0f32; NT_COLS]; NT_ROWS];
-    for (r, a) in a.iter().enumerate() {
-        for (s, b) in b.iter().enumerate() {
-            // Whole chunks with constant bounds (they vectorize), then the ragged tail into
-            // the first lanes: element i always joins lane i % 16.
-            let mut lanes = [0.0f32; 16];
-            let n = a.len().min(b.len());
-            let (ac, bc) = (a[..n].chunks_exact(16), b[..n].chunks_exact(16));
-            let (at, bt) = (ac.remainder(), bc.remainder());
-            for (a, b) in ac.zip(bc) {
-                for l in 0..16 {
-                    lanes[l] += a[l] * b[l];
-                }
+unsafe fn dot_tile<E: Engine, const R: usize, const S: usize>(
+    a: [*const f32; R],
+    b: [*const f32; S],
+    k: usize,
+) -> [[f32; S]; R] {
+    let whole = k / E::LANES * E::LANES;
+    let mut acc = [[E::zero(); S]; R];
+    // SAFETY: the caller's: every row holds k ≥ whole elements; the tail's copies hold a
+    // whole vector each.
+    unsafe {
+        for start in (0..whole).step_by(E::LANES) {
+            dot_step::<E, R, S>(&mut acc, a.map(|p| p.add(start)), b.map(|p| p.add(start)));
+        }
+        if whole < k {
+            let (mut ta, mut tb) = ([[0.0f32; 16]; R], [[0.0f32; 16]; S]);
+            for (t, p) in ta.iter_mut().zip(a) {
+                std::ptr::copy_nonoverlapping(p.add(whole), t.as_mut_ptr(), k - whole);
             }
-            for ((l, a), b) in lanes.iter_mut().zip(at).zip(bt) {
-                *l += a * b;
+            for (t, p) in tb.iter_mut().zip(b) {
+                std::ptr::copy_nonoverlapping(p.add(whole), t.as_mut_ptr(), k - whole);
             }
-            sums[r][s] = lanes.iter().sum();
+            dot_step::<E, R, S>(
+                &mut acc,
+                ta.each_ref().map(|t| t.as_ptr()),
+                tb.each_ref().map(|t| t.as_ptr()),
+            );
+        }
+    }
+    let mut sums = [[0.0f32; S]; R];
+    for (sums, acc) in sums.iter_mut().zip(&acc) {
+        for (sum, acc) in sums.iter_mut().zip(acc) {
+            // SAFETY: inside `E::run`.
+            *sum = unsafe { E::sum(*acc) };
         }
     }
     sums
+}
+
+/// One step of [`dot_tile`]: a vector from each row, every product multiply-added.
+///
+/// # Safety
+/// Inside `E::run`; every pointer is valid for a vector.
+#[inline(always)]
+unsafe fn dot_step<E: Engine, const R: usize, const S: usize>(
+    acc: &mut [[E::Vector; S]; R],
+    a: [*const f32; R],
+    b: [*const f32; S],
+) {
+    // SAFETY: the caller's.
+    unsafe {
+        let mut av = [E::zero(); R];
+        for (v, p) in av.iter_mut().zip(a) {
+            *v = E::load(p);
+        }
+        for (s, p) in b.iter().enumerate() {
+            let bv = E::load(*p);
+            for (row, av) in acc.iter_mut().zip(av) {
+                row[s] = E::fmadd(av, bv, row[s]);
+            }
+        }
+    }
 }
 
 /// im2col's inner step for a stride-1, unpadded convolution: for one input channel and
@@ -478,52 +522,7 @@ pub(super) fn add_windows(
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{NT_COLS, NT_ROWS};
     use crate::backend::cpu::engine::avx512::lanes;
-
-    /// [`super::dot_tile`]: 20 accumulators over k in steps of 16, the tail masked.
-    ///
-    /// # Safety
-    /// AVX-512F and VL, and all nine rows of equal length.
-    #[target_feature(enable = "avx512f,avx512vl")]
-    pub(super) unsafe fn dot_tile(
-        a: &[&[f32]; NT_ROWS],
-        b: &[&[f32]; NT_COLS],
-    ) -> [[f32; NT_COLS]; NT_ROWS] {
-        let k = a[0].len();
-        let mut acc = [[_mm512_setzero_ps(); NT_COLS]; NT_ROWS];
-        let (ap, bp): ([*const f32; NT_ROWS], [*const f32; NT_COLS]) = (
-            std::array::from_fn(|r| a[r].as_ptr()),
-            std::array::from_fn(|s| b[s].as_ptr()),
-        );
-        for start in (0..k).step_by(16) {
-            let mask = lanes((k - start).min(16));
-            // SAFETY: every row holds k elements; the mask keeps lanes below k. (Plain loops,
-            // not closures: a closure would not inherit this function's target feature.)
-            unsafe {
-                let mut av = [_mm512_setzero_ps(); NT_ROWS];
-                for (v, p) in av.iter_mut().zip(ap) {
-                    *v = _mm512_maskz_loadu_ps(mask, p.add(start));
-                }
-                let mut bv = [_mm512_setzero_ps(); NT_COLS];
-                for (v, p) in bv.iter_mut().zip(bp) {
-                    *v = _mm512_maskz_loadu_ps(mask, p.add(start));
-                }
-                for (row, av) in acc.iter_mut().zip(av) {
-                    for (acc, bv) in row.iter_mut().zip(bv) {
-                        *acc = _mm512_fmadd_ps(av, bv, *acc);
-                    }
-                }
-            }
-        }
-        let mut sums = [[0.0f32; NT_COLS]; NT_ROWS];
-        for (sums, acc) in sums.iter_mut().zip(&acc) {
-            for (sum, acc) in sums.iter_mut().zip(acc) {
-                *sum = _mm512_reduce_add_ps(*acc);
-            }
-        }
-        sums
-    }
 
     /// [`super::gather_windows`] in 16-lane moves: a store may run past its output row
     /// into the next one of the same tap row (written right after); only stores that would
@@ -627,7 +626,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::super::engine::on_each_engine;
-    use super::super::product_check::{check_on_paths, check_product, seeded, uniform};
+    use super::super::product_check::{check_product, seeded, uniform};
     use super::*;
 
     /// Every engine's tile against a float64 product, on sizes around the tile edges, A
@@ -767,6 +766,10 @@ mod tests {
     /// below, at and past a vector, overwrite and accumulate, padding poisoned.
     #[test]
     fn gemm_nt_matches_float64_on_ragged_shapes() {
+        on_each_engine!(gemm_nt_matches_float64_on);
+    }
+
+    fn gemm_nt_matches_float64_on<E: Engine>() {
         let mut rng = seeded(8);
         for &(m, n, k) in &[
             (1, 1, 1),
@@ -783,9 +786,9 @@ mod tests {
             let c0 = uniform(&mut rng, m * ldc);
             let term =
                 |i: usize, j: usize, kk: usize| a[i * lda + kk] as f64 * b[j * ldb + kk] as f64;
-            let what = format!("{m}x{n}x{k}");
-            check_on_paths(&c0, (m, n, ldc), k, term, &what, |avx, c, accumulate| {
-                gemm_nt_on(avx, &a, lda, m, &b, ldb, n, k, c, ldc, accumulate)
+            let what = format!("{} {m}x{n}x{k}", E::KIND.name());
+            check_product(&c0, (m, n, ldc), k, &term, &what, |c, accumulate| {
+                gemm_nt_on::<E>(&a, lda, m, &b, ldb, n, k, c, ldc, accumulate)
             });
         }
     }

@@ -1,19 +1,10 @@
-//! Test helpers shared by the GEMM tiles' unit tests: the paths to test, random operands,
-//! and a float64 check of a product.
+//! Test helpers shared by the GEMM tiles' unit tests: random operands and a float64 check of
+//! a product.
 
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
 use super::window_gemm_bf16::{pairs, PairImage, PairWindows};
-
-/// The tile paths this CPU can run: the portable one, and the AVX-512 one where present.
-pub(super) fn tile_paths() -> &'static [bool] {
-    if super::isa::isa().avx512 {
-        &[false, true]
-    } else {
-        &[false]
-    }
-}
 
 /// The tests' random numbers, reproducible from `seed`.
 pub(super) fn seeded(seed: u64) -> rand::rngs::StdRng {
@@ -71,24 +62,6 @@ pub(super) fn assert_product(
             pad.iter().all(|v| v.is_nan()),
             "{what}: wrote past column {n}"
         );
-    }
-}
-
-/// Runs `run(avx512, c, accumulate)` on every tile path, overwriting and accumulating into
-/// a copy of `c0` with its padding poisoned, and checks each result with [`assert_product`].
-pub(super) fn check_on_paths(
-    c0: &[f32],
-    (m, n, ldc): (usize, usize, usize),
-    depth: usize,
-    term: impl Fn(usize, usize, usize) -> f64,
-    what: &str,
-    mut run: impl FnMut(bool, &mut [f32], bool),
-) {
-    for &avx in tile_paths() {
-        let what = format!("{what} avx512 {avx}");
-        check_product(c0, (m, n, ldc), depth, &term, &what, |c, acc| {
-            run(avx, c, acc)
-        });
     }
 }
 

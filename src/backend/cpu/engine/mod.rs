@@ -43,6 +43,10 @@ pub(super) trait Engine: Send + Sync + 'static {
     const GEMM_ROWS: usize;
     /// GEMM tile columns, in vectors.
     const GEMM_VECTORS: usize;
+    /// Dot-product tile rows of A (`microkernel::gemm_nt`'s).
+    const DOT_ROWS: usize;
+    /// Dot-product tile rows of B.
+    const DOT_COLS: usize;
     /// Whether [`Engine::fmadd`] rounds once (a fused multiply-add) or twice (what the
     /// tests' bit-exact reference needs to know).
     #[cfg(test)]
@@ -84,7 +88,8 @@ pub(super) trait Engine: Send + Sync + 'static {
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_engine {
     ($name:ident: $kind:ident, $features:literal, $has:ident, $vector:ty, $lanes:literal lanes,
-     tile $r:literal x $v:literal, gemm $gr:literal x $gv:literal, $zero:ident, $load:ident, $store:ident, $splat:ident,
+     tile $r:literal x $v:literal, gemm $gr:literal x $gv:literal, dot $dr:literal x $dc:literal,
+     $zero:ident, $load:ident, $store:ident, $splat:ident,
      $fmadd:ident, $add:ident, $sum:ident) => {
         use std::arch::x86_64::*;
 
@@ -107,6 +112,8 @@ macro_rules! x86_engine {
             const V: usize = $v;
             const GEMM_ROWS: usize = $gr;
             const GEMM_VECTORS: usize = $gv;
+            const DOT_ROWS: usize = $dr;
+            const DOT_COLS: usize = $dc;
             #[cfg(test)]
             const FUSED: bool = true;
             type Vector = $vector;

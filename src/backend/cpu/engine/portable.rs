@@ -15,6 +15,8 @@ impl Engine for Portable {
     const V: usize = 3;
     const GEMM_ROWS: usize = 5;
     const GEMM_VECTORS: usize = 2;
+    const DOT_ROWS: usize = 2;
+    const DOT_COLS: usize = 5;
     #[cfg(test)]
     const FUSED: bool = false;
     type Vector = [f32; 4];
