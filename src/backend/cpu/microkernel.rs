@@ -23,7 +23,6 @@
 //! on the portable engine), so each is deterministic; they differ in the last bits.
 
 use super::engine::{with_engine, Engine};
-use super::isa::isa;
 
 /// Rows per packed panel of A.
 pub(super) const MR: usize = 10;
@@ -446,11 +445,6 @@ pub(super) fn gather_windows(
         rows.len() >= (p_n - 1) * in_w + k_w - 1 + q_n,
         "windows outside the plane"
     );
-    #[cfg(target_arch = "x86_64")]
-    if isa().avx512 {
-        // SAFETY: AVX-512F was detected; bounds asserted above.
-        return unsafe { avx512::gather_windows(dst, ld, rows, in_w, k_w, q_n, p_n) };
-    }
     for j in 0..k_w {
         for p in 0..p_n {
             dst[j * ld + p * q_n..j * ld + (p + 1) * q_n]
@@ -461,11 +455,8 @@ pub(super) fn gather_windows(
 
 /// col2im's inner step for a stride-1, unpadded convolution, one input channel:
 /// `plane[(p + i)·in_w + q + j] += src[(i·k_w + j)·ld + p·q_n + q]` for every kernel tap
-/// (i, j) < (k_h, k_w) and output pixel (p, q) < (p_n, q_n). Each image row is loaded once,
-/// gets all its taps (kernel rows i in order, then columns j: the order of the plain loops)
-/// as shifted loads in registers, and is stored once: a kernel row at a time would load and
-/// store each image row k_h times, and a tap at a time k_h·k_w times, every reload
-/// overlapping the store just before it at another offset.
+/// (i, j) < (k_h, k_w) and output pixel (p, q) < (p_n, q_n), each element's taps added in
+/// the order kernel rows i, then columns j (plain loops compiled for the process's engine).
 ///
 /// With `overwrite`, the rows `0..p_n + k_h - 1` start from zero instead of the plane's
 /// values: col2im then writes a whole plane without clearing it first (a pass over memory
@@ -494,13 +485,34 @@ pub(super) fn add_windows(
         src.len() >= (k_h * k_w - 1) * ld + p_n * q_n,
         "taps outside src"
     );
-    #[cfg(target_arch = "x86_64")]
-    if isa().avx512 {
-        // SAFETY: AVX-512F was detected; bounds asserted above.
-        return unsafe {
-            avx512::add_windows(plane, in_w, src, ld, (k_h, k_w), (p_n, q_n), overwrite)
-        };
-    }
+    let (taps, pixels) = ([k_h, k_w], [p_n, q_n]);
+    add_windows_loops(plane, in_w, src, ld, taps, pixels, overwrite);
+}
+
+super::engine::multiversion!(
+    /// [`add_windows`]'s loops, vectorized for the process's engine.
+    fn add_windows_loops(
+        plane: &mut [f32],
+        in_w: usize,
+        src: &[f32],
+        ld: usize,
+        taps: [usize; 2],
+        pixels: [usize; 2],
+        overwrite: bool,
+    ) = add_windows_body
+);
+
+/// [`add_windows`]'s loops (its bounds asserted).
+#[inline(always)]
+fn add_windows_body(
+    plane: &mut [f32],
+    in_w: usize,
+    src: &[f32],
+    ld: usize,
+    [k_h, k_w]: [usize; 2],
+    [p_n, q_n]: [usize; 2],
+    overwrite: bool,
+) {
     if overwrite {
         plane[..(p_n + k_h - 1) * in_w].fill(0.0);
     }
@@ -513,111 +525,6 @@ pub(super) fn add_windows(
                     .iter_mut()
                     .zip(&src[at..at + q_n])
                     .for_each(|(d, v)| *d += v);
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
-
-    use crate::backend::cpu::engine::avx512::lanes;
-
-    /// [`super::gather_windows`] in 16-lane moves: a store may run past its output row
-    /// into the next one of the same tap row (written right after); only stores that would
-    /// leave the tap row's p_n·q_n block, and loads that would leave `rows`, are masked
-    /// (masked stores are several times slower than plain ones on AMD's cores).
-    ///
-    /// # Safety
-    /// AVX-512F and the bounds [`super::gather_windows`] asserts.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn gather_windows(
-        dst: &mut [f32],
-        ld: usize,
-        rows: &[f32],
-        in_w: usize,
-        k_w: usize,
-        q_n: usize,
-        p_n: usize,
-    ) {
-        let (d, s) = (dst.as_mut_ptr(), rows.as_ptr());
-        let block = p_n * q_n;
-        for j in 0..k_w {
-            for p in 0..p_n {
-                for start in (0..q_n).step_by(16) {
-                    let mask = lanes((q_n - start).min(16));
-                    let (from, to) = (p * in_w + j + start, p * q_n + start);
-                    // SAFETY: unmasked accesses stay inside the plane rows and the tap row's
-                    // block (checked); masked lanes stay inside the window row and the
-                    // output row (caller's bounds).
-                    unsafe {
-                        let v = if from + 16 <= rows.len() {
-                            _mm512_loadu_ps(s.add(from))
-                        } else {
-                            _mm512_maskz_loadu_ps(mask, s.add(from))
-                        };
-                        let at = d.add(j * ld + to);
-                        if to + 16 <= block {
-                            _mm512_storeu_ps(at, v);
-                        } else {
-                            _mm512_mask_storeu_ps(at, mask, v);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// [`super::add_windows`]: each 16-column piece of an image row is loaded once, gets
-    /// its taps from every kernel row that reaches it as masked loads shifted by j lanes
-    /// (lanes whose column has no tap are masked off and never read), and is stored once.
-    ///
-    /// # Safety
-    /// AVX-512F and the bounds [`super::add_windows`] asserts.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn add_windows(
-        plane: &mut [f32],
-        in_w: usize,
-        src: &[f32],
-        ld: usize,
-        (k_h, k_w): (usize, usize),
-        (p_n, q_n): (usize, usize),
-        overwrite: bool,
-    ) {
-        let (d, s) = (plane.as_mut_ptr(), src.as_ptr());
-        for h in 0..p_n + k_h - 1 {
-            // Kernel rows i with an output row p = h - i < p_n.
-            let (i0, i1) = ((h + 1).saturating_sub(p_n), h.min(k_h - 1));
-            for w0 in (0..in_w).step_by(16) {
-                let width = lanes((in_w - w0).min(16));
-                // SAFETY: lane l touches column w0 + l < in_w of row h (inside the plane); a
-                // tap lane reads src row (i, j) at p·q_n + (w0 + l - j), inside
-                // [p·q_n, (p+1)·q_n) by its mask, so the shifted base pointer is only
-                // formed, never read outside the slice.
-                unsafe {
-                    let at = d.add(h * in_w + w0);
-                    let mut acc = if overwrite {
-                        _mm512_setzero_ps()
-                    } else {
-                        _mm512_maskz_loadu_ps(width, at)
-                    };
-                    for i in i0..=i1 {
-                        let p = h - i;
-                        for j in 0..k_w {
-                            // Lanes l with 0 <= w0 + l - j < q_n.
-                            let lo = j.saturating_sub(w0).min(16);
-                            let hi = (q_n + j).saturating_sub(w0).min(16);
-                            let mask = lanes(hi) & !lanes(lo) & width;
-                            let base = s
-                                .wrapping_add((i * k_w + j) * ld + p * q_n + w0)
-                                .wrapping_sub(j);
-                            acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mask, base));
-                        }
-                    }
-                    _mm512_mask_storeu_ps(at, width, acc);
-                }
             }
         }
     }
@@ -672,7 +579,7 @@ mod tests {
         }
     }
 
-    /// `gather_windows` (the AVX-512 path where the CPU has it) against plain indexing, with
+    /// `gather_windows` against plain indexing, with
     /// the gaps between tap rows poisoned: nothing outside the p_n·q_n blocks is written.
     #[test]
     fn gather_windows_matches_plain_indexing() {
@@ -702,7 +609,7 @@ mod tests {
         }
     }
 
-    /// `add_windows` (the AVX-512 path where the CPU has it) against plain loops in the
+    /// `add_windows` (compiled for the process's engine) against plain loops in the
     /// same order (bit for bit), for LeNet's col2im (13 columns: one vector) and odd shapes
     /// (28 columns: two vectors, one kernel row, one output row).
     #[test]
