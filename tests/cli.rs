@@ -1184,6 +1184,25 @@ fn a_cpu_isa_name_it_does_not_know_is_refused_naming_the_variable() {
     );
 }
 
+/// `nanoddp info` names, per operation, what runs it, for the level the process uses.
+#[test]
+fn info_prints_the_cpu_backends_plan_per_operation() {
+    let out = nanoddp()
+        .arg("info")
+        .env(ISA_ENV, "portable")
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for line in [
+        "convolutions from 64 taps (conv2), f32 and f16: images in the lanes, the portable engine (4 lanes)",
+        "convolutions under 64 taps (conv1): im2col, then the GEMM and dot-product tiles on the portable engine (4 lanes)",
+        "linear layers, bf16: widened to f32, matrixmultiply",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+}
+
 #[test]
 fn a_cpu_isa_level_is_honoured_where_the_cpu_has_it_and_refused_where_not() {
     let cpu = nanoddp::backend::cpu::isa::cpu();

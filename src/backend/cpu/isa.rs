@@ -144,11 +144,6 @@ impl Isa {
         } else {
             format!("widened to f32, the {engine}")
         };
-        let gemm_tile = if self.avx512 {
-            "im2col, then the 10 x 32 AVX-512 GEMM tile".to_string()
-        } else {
-            format!("im2col, then the GEMM tile in plain Rust for the {engine}")
-        };
         let linear_bf16 = if self.bf16_products {
             "AVX512-BF16 (vdpbf16ps), bf16 pairs"
         } else {
@@ -160,7 +155,10 @@ impl Isa {
                 format!("images in the lanes, the {engine}"),
             ),
             ("convolutions from 64 taps (conv2), bf16", bf16),
-            ("convolutions under 64 taps (conv1)", gemm_tile),
+            (
+                "convolutions under 64 taps (conv1)",
+                format!("im2col, then the GEMM and dot-product tiles on the {engine}"),
+            ),
             (
                 "linear layers, f32 and f16",
                 "matrixmultiply (its own choice of AVX-512, AVX2 or SSE)".to_string(),
@@ -168,7 +166,12 @@ impl Isa {
             ("linear layers, bf16", linear_bf16.to_string()),
             (
                 "pools, bias and ReLU, conversions, SGD step",
-                format!("plain loops compiled for the {engine}"),
+                if self.avx512 {
+                    "plain loops compiled for AVX-512; LeNet's 2x2 pools in AVX-512 registers"
+                        .to_string()
+                } else {
+                    format!("plain loops compiled for the {engine}")
+                },
             ),
         ]
     }
