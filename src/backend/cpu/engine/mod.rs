@@ -1,11 +1,12 @@
 //! The vector engines: one file per instruction set, each the same small [`Engine`] trait
-//! (its vector width, its register tile and a handful of vector operations), so the
-//! products over them (`lanes`) are written once.
+//! (its vector width, its register tiles' shapes and a handful of vector operations), so the
+//! products over them (`lanes`, and `microkernel`'s GEMM and dot-product tiles) are written
+//! once.
 //!
-//! - [`avx512`]: 16 lanes in 32 registers, a tile of 5 x 5 accumulators;
-//! - [`avx2`]: 8 lanes in 16 registers (AVX2 with FMA), a tile of 4 x 3;
+//! - [`avx512`]: 16 lanes in 32 registers, a lane tile of 5 x 5 accumulators;
+//! - [`avx2`]: 8 lanes in 16 registers (AVX2 with FMA), a lane tile of 3 x 3;
 //! - [`portable`]: 4 lanes as plain arrays the compiler vectorizes for whatever the target
-//!   has (SSE2 on baseline x86-64), a tile of 4 x 3, multiplies and adds not fused.
+//!   has (SSE2 on baseline x86-64), a lane tile of 3 x 3, multiplies and adds not fused.
 //!
 //! Which engine serves the process is decided once ([`super::isa::Isa::engine`]); the tests
 //! run every engine the CPU has in one process ([`on_each_engine`]). A product's summation
@@ -15,7 +16,7 @@
 //!
 //! Adding an engine: a file implementing [`Engine`] (with `run` enabling its instruction set
 //! for the code inlined into it), a variant of [`super::isa::EngineKind`] and its detection,
-//! and an arm in [`with_engine`].
+//! and arms in [`with_engine`], [`multiversion`] and `on_each_engine` (docs/cpu-backend.md).
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2;
@@ -252,7 +253,9 @@ macro_rules! multiversion {
                         return unsafe { avx512($($arg),*) }
                     }
                     // SAFETY: as above.
-                    $crate::backend::cpu::isa::EngineKind::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::backend::cpu::isa::EngineKind::Avx2 => {
+                        return unsafe { avx2($($arg),*) }
+                    }
                     $crate::backend::cpu::isa::EngineKind::Portable => {}
                 }
             }
