@@ -1,21 +1,33 @@
 #!/usr/bin/env python3
 """The README's speed table: nanoddp and PyTorch alternated in one sitting on this machine.
 
-Each cycle trains every configuration once for a few epochs of the chapter recipe on the
-full Fashion-MNIST (nanoddp at fp32, fp16 and bf16 on 1 and 4 devices; PyTorch eager,
-`--compile` and `--amp bf16` from ../shared/anchors/torch_lenet.py), in an order that
-alternates the two programs, so the machine's drift touches both alike. The figure of a
-run is its median images/s over the steady epochs (the first is warm-up); the table gives
-the median over cycles and the ratios nanoddp / PyTorch. It prints the CPU model, its
-half-precision features, and the instruction paths nanoddp computed with
-(`nanoddp info`), so a table says which machine and which paths it measured.
+What it measures: training throughput (images/s) of `nanoddp train --recipe chapter` at fp32,
+fp16 and bf16 on 1 and 4 devices, and of the same model and recipe in PyTorch on the CPU
+(tools/baselines/torch_lenet.py: eager, `--compile` and `--amp bf16`), on the full
+Fashion-MNIST. Each cycle trains every configuration once for a few epochs, in an order that
+alternates the two programs, so the machine's drift touches both alike. The figure of a run
+is its median images/s over the steady epochs (the first is warm-up, and compilation for
+`--compile`); the table gives the median over cycles and the ratios nanoddp / PyTorch. It
+prints the CPU model, its half-precision features, the PyTorch version and the instruction
+paths nanoddp computed with (`nanoddp info`), so a table says which machine and which paths
+it measured.
 
-    python3 tools/speed_table.py                     # 2 cycles of 3 epochs
+    bash tools/baselines/setup.sh                    # once: the venv with torch
+    cargo build --release                            # the binary
+    python3 tools/speed_table.py                     # 2 cycles of 3 epochs (13 minutes or more on 2 cores)
     python3 tools/speed_table.py --cycles 3 --epochs 4 --threads 2
+    python3 tools/speed_table.py --only "fp32, 1 device" "eager"     # a subset of the rows
+    python3 tools/speed_table.py --cycles 1 --epochs 2 --data tests/data/fashion-mnist-subset
+                                                     # a one-minute smoke test (figures meaningless)
 
-Needs `cargo build --release` (the binary) and the anchors' venv
-(`bash ../shared/anchors/setup.sh`; its Python is found the way setup.sh places it, or
-give --python).
+The AVX2 table of the README holds both programs to AVX2:
+`NANODDP_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python3 tools/speed_table.py`.
+
+Needs the release binary and the baselines' venv (tools/baselines/setup.sh; its Python is
+found where that script puts it, $NANODDP_BASELINES_VENV or
+${XDG_CACHE_HOME:-~/.cache}/nanoddp-baselines/venv, or give --python). This script itself
+needs only Python 3's standard library. Both programs find Fashion-MNIST the same way
+(--data, else $NANODDP_DATA, else /usr/share/datasets/fashion-mnist, else ./data/fashion-mnist).
 """
 
 import argparse
@@ -29,7 +41,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ANCHORS = ROOT.parent / "shared" / "anchors"
+BASELINES = ROOT / "tools" / "baselines"
+sys.path.insert(0, str(BASELINES))
+import baseline_python  # noqa: E402  (standard library only: where the venv is)
 
 # (label, extra arguments of `nanoddp train`)
 NANODDP_RUNS = [
@@ -82,11 +96,18 @@ def steady_median(per_epoch):
     return statistics.median(steady)
 
 
+def torch_version(python):
+    return subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
 def run_nanoddp(binary, args, extra, threads):
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "m.jsonl"
         cmd = [binary, "train", "--recipe", "chapter", "--epochs", str(args.epochs),
                "--metrics", str(metrics)] + extra
+        if args.data:
+            cmd += ["--data", args.data]
         env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         ips = [json.loads(l)["images_per_s"] for l in metrics.read_text().splitlines()
@@ -95,18 +116,14 @@ def run_nanoddp(binary, args, extra, threads):
 
 
 def run_torch(python, args, extra, threads):
-    cmd = [python, str(ANCHORS / "torch_lenet.py"), "--epochs", str(args.epochs),
+    cmd = [python, str(BASELINES / "torch_lenet.py"), "--epochs", str(args.epochs),
            "--threads", str(threads)] + extra
+    if args.data:
+        cmd += ["--data", args.data]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     result = next(l for l in out.splitlines() if l.startswith("RESULT "))
     per_epoch = [e["images_per_s"] for e in json.loads(result[len("RESULT "):])["per_epoch"]]
     return steady_median(per_epoch)
-
-
-def default_python():
-    cache = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
-    venv = os.environ.get("ANCHORS_VENV", str(Path(cache) / "nanoddp-anchors" / "venv"))
-    return str(Path(venv) / "bin" / "python")
 
 
 def main():
@@ -115,19 +132,23 @@ def main():
     ap.add_argument("--epochs", type=int, default=3, help="epochs per run; the first is not counted (default 3)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both programs (default: all cores)")
     ap.add_argument("--binary", default=str(ROOT / "target" / "release" / "nanoddp"))
-    ap.add_argument("--python", default=default_python(), help="the anchors' venv Python (with torch)")
-    ap.add_argument("--only", help="run only the configurations whose label contains this text")
+    ap.add_argument("--python", default=baseline_python.venv_python(),
+                    help="a Python with torch (default: the venv tools/baselines/setup.sh makes)")
+    ap.add_argument("--data", help="Fashion-MNIST folder for both programs (default: where nanoddp looks)")
+    ap.add_argument("--only", nargs="+", metavar="TEXT",
+                    help="run only the configurations whose label contains one of these texts")
     args = ap.parse_args()
     if args.epochs < 2:
         ap.error("--epochs must be at least 2: the first epoch is warm-up and not counted")
     if not Path(args.binary).exists():
         sys.exit(f"{args.binary} not found: run `cargo build --release` first")
     if not Path(args.python).exists():
-        sys.exit(f"{args.python} not found: run `bash ../shared/anchors/setup.sh`, or give --python")
+        sys.exit(f"{args.python} not found: run `{baseline_python.SETUP_LINE}`, or give --python")
 
     print(f"CPU: {cpu_model()} ({os.cpu_count()} threads; {args.threads} used)")
     print(f"CPU half-precision features: {cpu_half_features()}")
     print(f"nanoddp: {nanoddp_paths(args.binary)}")
+    print(f"PyTorch {torch_version(args.python)} ({args.python})")
     print(f"{args.cycles} cycles of {args.epochs} epochs, chapter recipe, batch 256; "
           "figures are medians of the steady epochs, then over cycles", flush=True)
 
@@ -141,7 +162,7 @@ def main():
         if t_runs:
             order.append(t_runs.pop(0))
     if args.only:
-        order = [o for o in order if args.only in o[1][0]]
+        order = [o for o in order if any(text in o[1][0] for text in args.only)]
     figures = {label: [] for _, (label, _) in order}
     for cycle in range(args.cycles):
         for kind, (label, extra) in order:

@@ -18,18 +18,34 @@ and for nanoddp (every --devices and --precision asked for), against PyTorch flo
    1e-7 can grow tenfold per step after one such branch; which seeds it happens on is luck, in
    PyTorch float32 as in nanoddp (about half of the seeds, in each): count them over many.
 
-    python tools/torch_crosscheck.py [--steps 12] [--lr 0.1] [--batch 256] [--seeds 0 1 2 3 4 5 6 7]
+    bash tools/baselines/setup.sh           # once: the venv with torch, numpy, safetensors
+    cargo build --release                   # the binary
+    python3 tools/torch_crosscheck.py [--steps 12] [--lr 0.1] [--batch 256] [--seeds 0 1 2 3 4 5 6 7]
         [--gradient-seeds 1] [--devices 1 4] [--precision fp32 fp16] [--nanoddp target/release/nanoddp]
+        [--data DIR]
+    python3 tools/torch_crosscheck.py --steps 3 --seeds 0 --devices 1 --precision fp32   # a quick look
 
 Exit status 0 when nanoddp fp32 (every device count) meets the project's bar, 1 otherwise:
 per tensor, its median gradient error at most 3x PyTorch float32's; on the first seed, its
 trajectory deviation below 1e-5 and at most 3x PyTorch float32's. fp16 is reported, not judged.
-Needs torch, numpy and safetensors (../shared/anchors/setup.sh installs them in a venv).
+Needs torch, numpy and safetensors: run with plain python3, it re-runs itself with the Python
+of the venv tools/baselines/setup.sh makes (tools/baselines/baseline_python.py says where).
+Fashion-MNIST is found where nanoddp looks (--data, $NANODDP_DATA, /usr/share/datasets/fashion-mnist,
+./data/fashion-mnist).
 """
 import argparse, gzip, json, os, struct, subprocess, sys, tempfile
-import numpy as np
-import torch
-from safetensors.torch import load_file, save_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools", "baselines"))
+import baseline_python  # noqa: E402
+
+baseline_python.reexec_unless_importable("torch", "numpy", "safetensors")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+import fashion_mnist  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=12)
@@ -40,9 +56,15 @@ p.add_argument("--gradient-seeds", type=int, default=1, help="how many of --seed
 p.add_argument("--devices", type=int, nargs="+", default=[1, 4])
 p.add_argument("--precision", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"])
 p.add_argument("--threads", type=int, default=2)
-p.add_argument("--nanoddp", default="target/release/nanoddp")
-p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+p.add_argument("--nanoddp", default=os.path.join(ROOT, "target", "release", "nanoddp"))
+p.add_argument("--data", help="Fashion-MNIST folder (default: where nanoddp looks)")
 a = p.parse_args()
+try:
+    a.data = fashion_mnist.locate(a.data)
+except fashion_mnist.DataNotFound as e:
+    sys.exit(f"error: {e}")
+if not os.path.exists(a.nanoddp):
+    sys.exit(f"{a.nanoddp} not found: run `cargo build --release` first, or give --nanoddp")
 torch.set_num_threads(a.threads)
 FLIP = 2e-5  # a gradient this far off float64's took a different ReLU branch somewhere
 
@@ -73,20 +95,14 @@ def he_init(seed):
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
-def idx_read(path):
-    raw = gzip.open(path).read()
-    dims = struct.unpack(">" + "I" * raw[3], raw[4:4 + 4 * raw[3]])
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * raw[3]).reshape(dims)
-
-
 def idx_write(path, arr):
     header = struct.pack(">BBBB", 0, 0, 8, arr.ndim) + struct.pack(">" + "I" * arr.ndim, *arr.shape)
     with gzip.open(path, "wb", compresslevel=1) as f:
         f.write(header + np.ascontiguousarray(arr).tobytes())
 
 
-train_pixels = idx_read(os.path.join(a.data, "train-images-idx3-ubyte.gz"))
-train_labels = idx_read(os.path.join(a.data, "train-labels-idx1-ubyte.gz"))
+dataset = fashion_mnist.load(a.data)
+train_pixels, train_labels = dataset["train_images"], dataset["train_labels"]
 if a.steps * a.batch > len(train_labels):
     sys.exit(f"{a.steps} steps of {a.batch} need {a.steps * a.batch} images; the set has {len(train_labels)}")
 pixels = torch.tensor(train_pixels)[:, None]
