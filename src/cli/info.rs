@@ -168,8 +168,8 @@ fn cpu(out: &mut impl Write) -> io::Result<()> {
     let isa = nanoddp::backend::cpu::isa::isa();
     writeln!(
         out,
-        "  CPU backend computes with: {} ({} chooses: portable, avx2, avx512, avx512bf16 or native)",
-        isa.describe(),
+        "  CPU backend computes with: the {} ({} chooses: portable, avx2, avx512, avx512bf16 or native)",
+        isa.engine().name(),
         nanoddp::backend::cpu::isa::ISA_ENV
     )?;
     for (operation, runs) in isa.plan() {

@@ -11,13 +11,11 @@
 //! sums images in fixed chunks and then the chunks as a binary tree (`summation`), so the
 //! result does not depend on the thread count and its rounding error grows like log(batch).
 //!
-//! bf16 operands on a CPU with AMX take the same three products on AMX tiles
-//! ([`window_gemm_amx`], [`gemm_amx`]), with the same pairs as `vdpbf16ps` below.
-//! bf16 operands on an AMD CPU with AVX512-BF16 take all three products through `vdpbf16ps`
-//! (two bf16 products per f32 lane and instruction): the forward and filter-gradient window
-//! products through [`window_gemm_bf16`], by pairs of adjacent taps or pixels of the images,
-//! and the input gradient's through [`gemm_bf16`], by pairs of output channels. Elsewhere
-//! bf16 is widened and takes the f32 tiles.
+//! bf16 operands on a CPU with AMX, or an AMD CPU with AVX512-BF16, take all three products
+//! on a pair engine ([`super::pairs`]): the forward and filter-gradient window products
+//! ([`PairOperand`]) by pairs of adjacent taps or pixels of the images, the input gradient's
+//! ([`gemm_amx`], [`gemm_bf16`]) by pairs of output channels. Elsewhere bf16 is widened and
+//! takes the f32 engines.
 
 use rayon::prelude::*;
 
@@ -31,12 +29,13 @@ use super::lanes::{
     fold_lanes, into_lanes, lane_filter_product, lane_input_grad, lane_plane, lane_product,
     LaneFilter, LaneImages, LaneWindows,
 };
-use super::microkernel::{add_windows, gather_windows, gemm, gemm_nt, PackedA};
-use super::microkernel_bf16::{gemm_bf16, PairPanels, PairRows};
+use super::microkernel::{add_windows, gemm, gemm_nt, PackedA};
+use super::pairs::{
+    gemm_amx, gemm_bf16, pairs, word, PairImage, PairOperand, PairPanels, PairRows, PairRowsA,
+    PairWindows,
+};
 use super::pool::{avg_plane, avg_relu_backward_plane};
 use super::summation::{pairwise_sum, Cascade};
-use super::window_gemm_amx::{gemm_amx, window_gemm_amx, PairRowsA};
-use super::window_gemm_bf16::{pairs, window_gemm_bf16, PackedPairs, Pair, PairImage, PairWindows};
 use super::{pair_bits, widened, write_f32};
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
@@ -117,7 +116,7 @@ impl Offsets {
 }
 
 /// Writes the im2col matrix of images `first..first + imgs` of x into `col` (K rows of
-/// imgs·PQ), `image` holding one image in f32.
+/// imgs·PQ), `image` holding one image in f32 (padded where the convolution pads).
 fn im2col_group<T: Precision>(
     s: &Conv2dShape,
     x: &[T],
@@ -130,8 +129,11 @@ fn im2col_group<T: Precision>(
     col.resize(s.in_c * s.k_h * s.k_w * npq, 0.0);
     image.resize(image_in, 0.0);
     for m in 0..imgs {
-        let n = first + m;
-        let x_n = widened(&x[n * image_in..(n + 1) * image_in], image);
+        let x_n = &x[(first + m) * image_in..][..image_in];
+        let x_n = match s.pad {
+            0 => widened(x_n, image),
+            _ => padded_group(s, x_n, image, |src, dst| T::widen_slice(src, dst)),
+        };
         im2col(s, x_n, col, npq, m * pq);
     }
 }
@@ -176,93 +178,61 @@ fn padded_group<'a, S, D: Copy + Default>(
 }
 
 /// Writes image `x`'s taps into `col` ((C·KH·KW) rows of stride `ld`), starting at column
-/// `off`: row (c, i, j), column p·Q + q holds x[c][p·stride + i - pad][q·stride + j - pad]
-/// (zero in the padding).
+/// `off`: row (c, i, j), column p·Q + q holds x[c][p·stride + i][q·stride + j], x given with
+/// its padding (planes of [`padded_dims`]). A row of taps at stride 1 is a copy.
 fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
-    let (p_n, q_n) = (s.out_h(), s.out_w());
-    let mut row = 0;
-    for c in 0..s.in_c {
-        let plane = &x[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
-        for i in 0..s.k_h {
-            if s.stride == 1 && s.pad == 0 {
-                // Every tap is inside the image: each output row is a contiguous run.
-                gather_windows(
-                    &mut col[row * ld + off..],
-                    ld,
-                    &plane[i * s.in_w..],
-                    s.in_w,
-                    s.k_w,
-                    q_n,
-                    p_n,
-                );
-                row += s.k_w;
-                continue;
-            }
-            for j in 0..s.k_w {
-                let dst = &mut col[row * ld + off..row * ld + off + p_n * q_n];
-                {
-                    for p in 0..p_n {
-                        let ih = (p * s.stride + i) as isize - s.pad as isize;
-                        for q in 0..q_n {
-                            let iw = (q * s.stride + j) as isize - s.pad as isize;
-                            dst[p * q_n + q] = if ih >= 0
-                                && iw >= 0
-                                && (ih as usize) < s.in_h
-                                && (iw as usize) < s.in_w
-                            {
-                                plane[ih as usize * s.in_w + iw as usize]
-                            } else {
-                                0.0
-                            };
-                        }
-                    }
-                }
-                row += 1;
+    let (p_n, q_n, wp) = (s.out_h(), s.out_w(), padded_dims(s).1);
+    if p_n * q_n == 0 {
+        return;
+    }
+    for (row, tap) in tap_offsets(s).into_iter().enumerate() {
+        let taps = col[row * ld + off..][..p_n * q_n].chunks_exact_mut(q_n);
+        for (p, dst) in taps.enumerate() {
+            let src = &x[tap + p * s.stride * wp..];
+            if s.stride == 1 {
+                dst.copy_from_slice(&src[..q_n]);
+            } else {
+                dst.iter_mut()
+                    .zip(src.iter().step_by(s.stride))
+                    .for_each(|(d, v)| *d = *v);
             }
         }
     }
 }
 
 /// Writes the image gradient `acc` (C x H x W) from the taps in `dcol` (rows of stride `ld`,
-/// this image's columns from `off`): each element the sum of the taps that read it (zero
-/// where none does), the transpose of [`im2col`].
+/// this image's columns from `off`): each element the sum of the taps that read it, in the
+/// order kernel rows, then columns (zero where none does), the transpose of [`im2col`]. A
+/// padded convolution sums into a padded copy (allocated here: LeNet's convolutions do not
+/// pad), then drops the padding.
 fn col2im(s: &Conv2dShape, dcol: &[f32], ld: usize, off: usize, acc: &mut [f32]) {
     let (p_n, q_n) = (s.out_h(), s.out_w());
-    // Stride 1, no padding: each plane's rows are all written by `add_windows` (the last
-    // window ends at the last row), so nothing is cleared first.
-    let windows_cover =
-        s.stride == 1 && s.pad == 0 && p_n > 0 && q_n > 0 && p_n + s.k_h - 1 == s.in_h;
-    if !windows_cover {
-        acc.fill(0.0);
-    }
-    let mut row = 0;
-    for c in 0..s.in_c {
-        let plane = &mut acc[c * s.in_h * s.in_w..(c + 1) * s.in_h * s.in_w];
-        if s.stride == 1 && s.pad == 0 {
-            // The channel's taps summed into each image row at once.
-            let src = &dcol[row * ld + off..];
-            let taps = (s.k_h, s.k_w);
-            add_windows(plane, s.in_w, src, ld, taps, (p_n, q_n), windows_cover);
-            row += s.k_h * s.k_w;
-            continue;
+    let (hp, wp) = padded_dims(s);
+    let mut padded = Vec::new();
+    let planes = match s.pad {
+        0 => &mut *acc,
+        _ => {
+            padded.resize(s.in_c * hp * wp, 0.0);
+            &mut padded[..]
         }
-        for i in 0..s.k_h {
-            for j in 0..s.k_w {
-                let src = &dcol[row * ld + off..row * ld + off + p_n * q_n];
-                for p in 0..p_n {
-                    let ih = (p * s.stride + i) as isize - s.pad as isize;
-                    if ih < 0 || ih as usize >= s.in_h {
-                        continue;
-                    }
-                    for q in 0..q_n {
-                        let iw = (q * s.stride + j) as isize - s.pad as isize;
-                        if iw >= 0 && (iw as usize) < s.in_w {
-                            plane[ih as usize * s.in_w + iw as usize] += src[p * q_n + q];
-                        }
-                    }
-                }
-                row += 1;
-            }
+    };
+    // At stride 1 each plane's rows are all written by `add_windows` (the last window ends
+    // at the last row), so nothing is cleared first.
+    let cover = s.stride == 1 && p_n > 0 && q_n > 0 && p_n + s.k_h - 1 == hp;
+    if !cover {
+        planes.fill(0.0);
+    }
+    if p_n * q_n > 0 {
+        for (c, plane) in planes.chunks_exact_mut(hp * wp).enumerate() {
+            let src = &dcol[c * s.k_h * s.k_w * ld + off..];
+            let shape = ((s.k_h, s.k_w), (p_n, q_n), s.stride);
+            add_windows(plane, wp, src, ld, shape, cover);
+        }
+    }
+    if s.pad > 0 {
+        for (row, dst) in acc.chunks_exact_mut(s.in_w.max(1)).enumerate() {
+            let (c, h) = (row / s.in_h, row % s.in_h);
+            dst.copy_from_slice(&padded[(c * hp + h + s.pad) * wp + s.pad..][..s.in_w]);
         }
     }
 }
@@ -585,41 +555,6 @@ fn backward_input_lanes<E: Engine, T: Precision>(s: &Conv2dShape, dy: &[T], w: &
         );
 }
 
-/// A bf16 operand packed by pairs for the engine this CPU multiplies pairs on: AMX tiles
-/// ([`window_gemm_amx`]) or `vdpbf16ps` ([`window_gemm_bf16`]). The filter of the forward, dy
-/// of the filter gradient; the other operand is the images' pairs ([`PairWindows`]).
-enum PairOperand {
-    Vdpbf16ps(PackedPairs),
-    Amx(PairRowsA),
-}
-
-impl PairOperand {
-    /// An empty operand for the engine in use (AMX where [`isa`] enabled it).
-    fn for_this_cpu() -> Self {
-        if isa().amx {
-            PairOperand::Amx(PairRowsA::default())
-        } else {
-            PairOperand::Vdpbf16ps(PackedPairs::default())
-        }
-    }
-
-    /// Packs `rows` rows of `src` (row o at `o·ld`, bf16 bit patterns) by `pairs`.
-    fn pack(&mut self, src: &[u16], rows: usize, ld: usize, pairs: &[Pair]) {
-        match self {
-            PairOperand::Vdpbf16ps(w) => w.pack_transposed(src, rows, ld, pairs),
-            PairOperand::Amx(a) => a.pack(src, rows, ld, pairs),
-        }
-    }
-
-    /// `C[o][r] = Σ_p operand[o][p] · x[r][p]` (or `+=`), C's rows at stride `ldc`.
-    fn product(&self, x: &PairWindows, c: &mut [f32], ldc: usize, accumulate: bool) {
-        match self {
-            PairOperand::Vdpbf16ps(w) => window_gemm_bf16(x, w, c, ldc, accumulate),
-            PairOperand::Amx(a) => window_gemm_amx(x, a, c, ldc, accumulate),
-        }
-    }
-}
-
 /// The filter transposed, as the input gradient's product `dcol = wᵀ · dy` takes it.
 enum FilterT {
     /// Packed for the f32 GEMM tile.
@@ -647,7 +582,7 @@ impl FilterT {
                 } else {
                     0
                 };
-                u32::from(bits[2 * p * k + tap]) | u32::from(hi) << 16
+                word(bits[2 * p * k + tap], hi)
             });
             return FilterT::Amx(packed);
         }

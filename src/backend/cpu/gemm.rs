@@ -1,6 +1,6 @@
 //! The linear layers' GEMM, with the transposes expressed as strides and the epilogue
 //! applied after: f32 through `matrixmultiply` (packed panels, SIMD micro-kernels), bf16 on
-//! a CPU with AVX512-BF16 through [`gemm_bf16`](super::microkernel_bf16::gemm_bf16)
+//! a CPU with AVX512-BF16 through [`gemm_bf16`](super::pairs::gemm_bf16)
 //! (`vdpbf16ps` on the bf16 values themselves). Both split C's rows over rayon's threads and
 //! sum long products in blocks ([`K_BLOCK`]).
 
@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use crate::backend::shapes::{Epilogue, GemmShape};
 
-use super::microkernel_bf16::{self, PairPanels, PairRows};
+use super::pairs::{self, PairPanels, PairRows};
 use super::summation::Cascade;
 
 /// Products longer than this many terms are summed in blocks of this length (each block a
@@ -63,7 +63,7 @@ pub(super) fn gemm_f32(
 /// of op(A) and op(B) by pairs of k, a block of [`K_BLOCK`] at a time.
 ///
 /// # Panics
-/// If the CPU lacks AVX512-BF16 ([`microkernel_bf16::available`]).
+/// If the CPU lacks AVX512-BF16.
 pub(super) fn gemm_bf16(
     shape: &GemmShape,
     a: &[u16],
@@ -98,10 +98,10 @@ pub(super) fn gemm_bf16(
         pa.pack_bits(&a[at..], m, len, (rsa, csa));
         let pb = &packed_b[k0 / blocks];
         if ep.alpha == 1.0 && (beta == 0.0 || beta == 1.0) {
-            return microkernel_bf16::gemm_bf16(&pa, pb, c_panel, n, beta == 1.0);
+            return pairs::gemm_bf16(&pa, pb, c_panel, n, beta == 1.0);
         }
         let mut product = vec![0.0f32; c_panel.len()];
-        microkernel_bf16::gemm_bf16(&pa, pb, &mut product, n, false);
+        pairs::gemm_bf16(&pa, pb, &mut product, n, false);
         for (c, p) in c_panel.iter_mut().zip(&product) {
             // β = 0 ignores C's old contents, NaN included (BLAS semantics).
             *c = if beta == 0.0 {

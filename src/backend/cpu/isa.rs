@@ -39,7 +39,7 @@ pub struct Isa {
     pub bf16_products: bool,
     /// AMX-BF16 tiles (`tdpbf16ps`, with AVX-512 and AVX512-BF16 for packing their
     /// operands), enabled for this process: the bf16 convolutions' products from 64 taps,
-    /// forward, input and filter gradients (`window_gemm_amx`; Sapphire Rapids and later
+    /// forward, input and filter gradients (`engine::amx`; Sapphire Rapids and later
     /// Xeons). Where set, `bf16_products` is not: the linear layers widen bf16.
     pub amx: bool,
 }
@@ -90,22 +90,6 @@ impl Isa {
             EngineKind::Avx2
         } else {
             EngineKind::Portable
-        }
-    }
-
-    /// The paths in use, as `nanoddp info` names them.
-    pub fn describe(&self) -> &'static str {
-        match (self.avx512, self.avx2) {
-            (true, _) if self.amx => {
-                "AVX-512 (F, VL, BW, DQ), AMX-BF16 tiles for bf16 convolutions (bf16 linear layers widened to f32)"
-            }
-            (true, _) if self.bf16_products => "AVX-512 (F, VL, BW, DQ), AVX512-BF16 for bf16",
-            (true, _) if self.avx512_bf16 => {
-                "AVX-512 (F, VL, BW, DQ), bf16 widened to f32 (AVX512-BF16 is slower on this CPU)"
-            }
-            (true, _) => "AVX-512 (F, VL, BW, DQ)",
-            (false, true) => "AVX2 and FMA",
-            (false, false) => "portable",
         }
     }
 }

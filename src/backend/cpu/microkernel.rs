@@ -417,76 +417,42 @@ unsafe fn dot_step<E: Engine, const R: usize, const S: usize>(
     }
 }
 
-/// im2col's inner step for a stride-1, unpadded convolution: for one input channel and
-/// kernel row i, the k_w rows of taps `dst[j·ld + p·q_n + q] = rows[p·in_w + q + j]` for
-/// every kernel column j, output row p < p_n and column q < q_n, where `rows` starts at image
-/// row i; the transpose of [`add_windows`]. One call per kernel row instead of one per tap
-/// keeps the loop overhead off the copies, which move only q_n floats each.
+/// col2im's inner step, one input channel: `plane[(p·stride + i)·in_w + q·stride + j] +=
+/// src[(i·k_w + j)·ld + p·q_n + q]` for every kernel tap (i, j) < (k_h, k_w) and output
+/// pixel (p, q) < (p_n, q_n), each element's taps added in the order kernel rows i, then
+/// columns j (plain loops compiled for the process's engine; at stride 1 each tap row is one
+/// vector add).
+///
+/// With `overwrite`, the rows `0..(p_n - 1)·stride + k_h` start from zero instead of the
+/// plane's values: col2im then writes a whole plane without clearing it first (a pass over
+/// memory that is not in cache yet).
 ///
 /// # Panics
-/// If a tap row lies outside `dst` (or overlaps the next, `ld < p_n·q_n`) or a window
-/// outside `rows`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gather_windows(
-    dst: &mut [f32],
-    ld: usize,
-    rows: &[f32],
-    in_w: usize,
-    k_w: usize,
-    q_n: usize,
-    p_n: usize,
-) {
-    if k_w == 0 || q_n == 0 || p_n == 0 {
-        return;
-    }
-    assert!(ld >= p_n * q_n, "tap rows overlap");
-    assert!(dst.len() >= (k_w - 1) * ld + p_n * q_n, "taps outside dst");
-    assert!(
-        rows.len() >= (p_n - 1) * in_w + k_w - 1 + q_n,
-        "windows outside the plane"
-    );
-    for j in 0..k_w {
-        for p in 0..p_n {
-            dst[j * ld + p * q_n..j * ld + (p + 1) * q_n]
-                .copy_from_slice(&rows[p * in_w + j..p * in_w + j + q_n]);
-        }
-    }
-}
-
-/// col2im's inner step for a stride-1, unpadded convolution, one input channel:
-/// `plane[(p + i)·in_w + q + j] += src[(i·k_w + j)·ld + p·q_n + q]` for every kernel tap
-/// (i, j) < (k_h, k_w) and output pixel (p, q) < (p_n, q_n), each element's taps added in
-/// the order kernel rows i, then columns j (plain loops compiled for the process's engine).
-///
-/// With `overwrite`, the rows `0..p_n + k_h - 1` start from zero instead of the plane's
-/// values: col2im then writes a whole plane without clearing it first (a pass over memory
-/// that is not in cache yet).
-///
-/// # Panics
-/// If `in_w < q_n + k_w - 1` or a row lies outside its slice.
+/// If `stride` is 0, the taps do not fit the image row, or a row lies outside its slice.
 pub(super) fn add_windows(
     plane: &mut [f32],
     in_w: usize,
     src: &[f32],
     ld: usize,
-    (k_h, k_w): (usize, usize),
-    (p_n, q_n): (usize, usize),
+    ((k_h, k_w), (p_n, q_n), stride): ((usize, usize), (usize, usize), usize),
     overwrite: bool,
 ) {
     if k_h == 0 || k_w == 0 || q_n == 0 || p_n == 0 {
         return;
     }
-    assert!(in_w + 1 >= q_n + k_w, "the taps do not fit the image row");
+    assert!(stride > 0, "stride 0");
     assert!(
-        plane.len() >= (p_n + k_h - 1) * in_w,
-        "rows outside the plane"
+        in_w > (q_n - 1) * stride + k_w - 1,
+        "the taps do not fit the image row"
     );
+    let rows = (p_n - 1) * stride + k_h;
+    assert!(plane.len() >= rows * in_w, "rows outside the plane");
     assert!(
         src.len() >= (k_h * k_w - 1) * ld + p_n * q_n,
         "taps outside src"
     );
-    let (taps, pixels) = ([k_h, k_w], [p_n, q_n]);
-    add_windows_loops(plane, in_w, src, ld, taps, pixels, overwrite);
+    let shape = [k_h, k_w, p_n, q_n, stride];
+    add_windows_loops(plane, in_w, src, ld, shape, overwrite);
 }
 
 super::engine::multiversion!(
@@ -496,8 +462,7 @@ super::engine::multiversion!(
         in_w: usize,
         src: &[f32],
         ld: usize,
-        taps: [usize; 2],
-        pixels: [usize; 2],
+        shape: [usize; 5],
         overwrite: bool,
     ) = add_windows_body
 );
@@ -509,22 +474,24 @@ fn add_windows_body(
     in_w: usize,
     src: &[f32],
     ld: usize,
-    [k_h, k_w]: [usize; 2],
-    [p_n, q_n]: [usize; 2],
+    [k_h, k_w, p_n, q_n, stride]: [usize; 5],
     overwrite: bool,
 ) {
     if overwrite {
-        plane[..(p_n + k_h - 1) * in_w].fill(0.0);
+        plane[..((p_n - 1) * stride + k_h) * in_w].fill(0.0);
     }
     for i in 0..k_h {
         for p in 0..p_n {
-            let row = &mut plane[(p + i) * in_w..(p + i + 1) * in_w];
+            let row = &mut plane[(p * stride + i) * in_w..(p * stride + i + 1) * in_w];
             for j in 0..k_w {
-                let at = (i * k_w + j) * ld + p * q_n;
-                row[j..j + q_n]
-                    .iter_mut()
-                    .zip(&src[at..at + q_n])
-                    .for_each(|(d, v)| *d += v);
+                let taps = &src[(i * k_w + j) * ld + p * q_n..][..q_n];
+                if stride == 1 {
+                    let dst = &mut row[j..j + q_n];
+                    dst.iter_mut().zip(taps).for_each(|(d, v)| *d += v);
+                } else {
+                    let dst = row[j..].iter_mut().step_by(stride);
+                    dst.zip(taps).for_each(|(d, v)| *d += v);
+                }
             }
         }
     }
@@ -579,56 +546,29 @@ mod tests {
         }
     }
 
-    /// `gather_windows` against plain indexing, with
-    /// the gaps between tap rows poisoned: nothing outside the p_n·q_n blocks is written.
-    #[test]
-    fn gather_windows_matches_plain_indexing() {
-        for &(k_w, q_n, p_n) in &[
-            (5, 9, 9),
-            (3, 26, 26),
-            (1, 1, 1),
-            (4, 14, 3),
-            (7, 17, 2),
-            (2, 15, 4),
-        ] {
-            let in_w = q_n + k_w - 1;
-            let ld = p_n * q_n + 3;
-            let rows: Vec<f32> = (0..p_n * in_w).map(|i| i as f32).collect();
-            let mut got = vec![f32::NAN; k_w * ld];
-            gather_windows(&mut got, ld, &rows, in_w, k_w, q_n, p_n);
-            for j in 0..k_w {
-                for p in 0..p_n {
-                    for q in 0..q_n {
-                        assert_eq!(got[j * ld + p * q_n + q], rows[p * in_w + q + j]);
-                    }
-                }
-                assert!(got[j * ld + p_n * q_n..(j + 1) * ld]
-                    .iter()
-                    .all(|v| v.is_nan()));
-            }
-        }
-    }
-
     /// `add_windows` (compiled for the process's engine) against plain loops in the
     /// same order (bit for bit), for LeNet's col2im (13 columns: one vector) and odd shapes
-    /// (28 columns: two vectors, one kernel row, one output row).
+    /// (28 columns: two vectors, one kernel row, one output row), at strides 1, 2 and 3
+    /// (taps that skip and taps that overlap).
     #[test]
     fn add_windows_matches_plain_loops() {
-        for &(k_h, k_w, q_n, p_n) in &[
-            (5, 5, 9, 9),
-            (3, 3, 26, 26),
-            (1, 1, 1, 1),
-            (2, 4, 14, 3),
-            (1, 7, 17, 2),
-            (3, 2, 15, 4),
-            (4, 3, 5, 1),
+        for &(k_h, k_w, q_n, p_n, stride) in &[
+            (5, 5, 9, 9, 1),
+            (3, 3, 26, 26, 1),
+            (1, 1, 1, 1, 1),
+            (2, 4, 14, 3, 1),
+            (1, 7, 17, 2, 1),
+            (3, 2, 15, 4, 2),
+            (4, 3, 5, 1, 1),
+            (3, 3, 6, 5, 2),
+            (1, 2, 4, 3, 3),
         ] {
-            let in_w = q_n + k_w - 1;
+            let in_w = (q_n - 1) * stride + k_w + 1;
             let ld = p_n * q_n + 3;
             let src: Vec<f32> = (0..k_h * k_w * ld)
                 .map(|i| (i % 97) as f32 * 0.37)
                 .collect();
-            let rows = p_n + k_h - 1;
+            let rows = (p_n - 1) * stride + k_h;
             let start: Vec<f32> = (0..rows * in_w + 5).map(|i| (i % 13) as f32).collect();
             // The plain loops, adding onto `plane`.
             let add = |mut plane: Vec<f32>| {
@@ -636,7 +576,7 @@ mod tests {
                     for p in 0..p_n {
                         for j in 0..k_w {
                             for q in 0..q_n {
-                                plane[(p + i) * in_w + q + j] +=
+                                plane[(p * stride + i) * in_w + q * stride + j] +=
                                     src[(i * k_w + j) * ld + p * q_n + q];
                             }
                         }
@@ -644,15 +584,13 @@ mod tests {
                 }
                 plane
             };
+            let shape = ((k_h, k_w), (p_n, q_n), stride);
+            let what = format!("{k_h}x{k_w} taps, {p_n}x{q_n} pixels, stride {stride}");
             let want = add(start.clone());
             let mut got = start.clone();
-            add_windows(&mut got, in_w, &src, ld, (k_h, k_w), (p_n, q_n), false);
+            add_windows(&mut got, in_w, &src, ld, shape, false);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits(&got),
-                bits(&want),
-                "{k_h}x{k_w} taps, {p_n}x{q_n} pixels"
-            );
+            assert_eq!(bits(&got), bits(&want), "{what}");
             // Overwriting: the same sums from zero on the rows the windows cover (whatever
             // they held: NaN here), the elements past them untouched.
             let mut cleared = start.clone();
@@ -660,12 +598,8 @@ mod tests {
             let want = add(cleared);
             let mut got = start.clone();
             got[..rows * in_w].fill(f32::NAN);
-            add_windows(&mut got, in_w, &src, ld, (k_h, k_w), (p_n, q_n), true);
-            assert_eq!(
-                bits(&got),
-                bits(&want),
-                "{k_h}x{k_w} taps, {p_n}x{q_n} pixels, overwriting"
-            );
+            add_windows(&mut got, in_w, &src, ld, shape, true);
+            assert_eq!(bits(&got), bits(&want), "{what}, overwriting");
         }
     }
 

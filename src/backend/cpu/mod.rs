@@ -13,10 +13,10 @@
 //!   (the training step's small operations), `summation` (the fixed trees);
 //! - `lanes`: the convolution products with a group of images in a vector's lanes, written
 //!   once over the engine trait;
-//! - `engine`: the vector engines, one file each (AVX-512, AVX2+FMA, portable), and
-//!   `multiversion!` for the plain loops;
-//! - bf16 pair products: `window_gemm_bf16` and `microkernel_bf16` (`vdpbf16ps`),
-//!   `window_gemm_amx` (AMX tiles);
+//! - `engine`: the engines, one file each: the f32 vector engines (AVX-512, AVX2+FMA,
+//!   portable) behind one trait, `multiversion!` for the plain loops, and the bf16 pair
+//!   engines (`vdpbf16ps`: AVX512-BF16; `amx`: AMX tiles);
+//! - `pairs`: the bf16 pair products' operands, packed, and their drivers;
 //! - `microkernel`: the im2col GEMM tile (conv1's 9 taps) and its helpers;
 //! - `half_convert`: f16 and bf16 to and from f32;
 //! - [`isa`]: what the CPU has and which engine each operation uses (the plan, decided once
@@ -34,15 +34,13 @@ pub mod isa;
 mod lanes;
 mod loss;
 mod microkernel;
-mod microkernel_bf16;
 mod optim;
+mod pairs;
 mod pool;
 #[cfg(test)]
 mod product_check;
 mod step;
 mod summation;
-mod window_gemm_amx;
-mod window_gemm_bf16;
 
 use rayon::prelude::*;
 
@@ -51,8 +49,8 @@ use super::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked, Conv2dBackward,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
     Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherBatch, Gemm, GradCheck,
-    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, ShardStats,
-    SoftmaxCrossEntropy, StepBegin, StepEnd,
+    GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany, SgdTensor,
+    ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use super::precision::Precision;
 use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
@@ -69,9 +67,8 @@ fn with_device_scalars(mut step: SgdStep, at: Option<&StepScalars<CpuDevice>>) -
 }
 
 /// T's values as bf16 bit patterns, when T is bf16 and this CPU takes the bf16 products
-/// through AVX512-BF16 ([`isa::Isa::bf16_products`]): the operands of the `vdpbf16ps`
-/// products (`window_gemm_bf16`, `microkernel_bf16`). None sends bf16 through the f32 tiles
-/// (widened).
+/// through AVX512-BF16 ([`isa::Isa::bf16_products`]): the linear layers' operands of
+/// [`pairs::gemm_bf16`]. None sends bf16 through the f32 tiles (widened).
 fn bf16_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
     (T::DTYPE == DType::BF16 && isa::isa().bf16_products).then(|| bytemuck::cast_slice(v))
 }
@@ -239,45 +236,53 @@ impl Memory for CpuDevice {
 /// Elements per rayon task for flat loops: big enough that scheduling is noise.
 const FLAT_CHUNK: usize = 1 << 14;
 
+impl CpuDevice {
+    /// Runs an operation's body on its checked arguments ([`CpuDevice::run`]'s threads).
+    fn exec<A: Send>(&self, op: Checked<A>, body: impl FnOnce(A) + Send) -> OpResult {
+        self.run(|| body(op.into_inner()));
+        Ok(())
+    }
+}
+
+/// One SGD step on the tensor `t`.
+fn sgd_tensor<T: Precision>(t: SgdTensor<'_, CpuDevice, T>, step: SgdStep) {
+    let (w, grad) = (&mut t.w.0, &t.grad.0);
+    let velocity = t.velocity.map(|v| v.as_mut_slice());
+    optim::sgd_step(w, grad, velocity, t.w_copy.map(|h| h.as_mut_slice()), step);
+}
+
 impl BackendImpl for CpuDevice {
     fn fill(&self, op: Checked<Fill<'_, CpuDevice>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
+        self.exec(op, |op| {
+            let value = op.value;
             op.out
                 .0
                 .par_chunks_mut(FLAT_CHUNK)
-                .for_each(|c| c.fill(op.value));
-            Ok(())
+                .for_each(|c| c.fill(value))
         })
     }
 
     fn scale(&self, op: Checked<Scale<'_, CpuDevice>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            op.x.0
-                .par_chunks_mut(FLAT_CHUNK)
-                .for_each(|c| c.iter_mut().for_each(|v| *v *= op.alpha));
-            Ok(())
+        self.exec(op, |Scale { x, alpha }| {
+            x.0.par_chunks_mut(FLAT_CHUNK)
+                .for_each(|c| c.iter_mut().for_each(|v| *v *= alpha))
         })
     }
 
     fn axpy(&self, op: Checked<Axpy<'_, CpuDevice>>) -> OpResult {
-        self.run(|| {
-            let Axpy { alpha, x, y } = op.into_inner();
+        self.exec(op, |Axpy { alpha, x, y }| {
             y.0.par_chunks_mut(FLAT_CHUNK)
                 .zip(x.0.par_chunks(FLAT_CHUNK))
                 .for_each(|(y, x)| {
                     y.iter_mut()
                         .zip(x)
                         .for_each(|(y, x)| *y = alpha.mul_add(*x, *y))
-                });
-            Ok(())
+                })
         })
     }
 
     fn add(&self, op: Checked<Add<'_, CpuDevice>>) -> OpResult {
-        self.run(|| {
-            let Add { a, b, out } = op.into_inner();
+        self.exec(op, |Add { a, b, out }| {
             out.0
                 .par_chunks_mut(FLAT_CHUNK)
                 .zip(a.0.par_chunks(FLAT_CHUNK).zip(b.0.par_chunks(FLAT_CHUNK)))
@@ -285,38 +290,30 @@ impl BackendImpl for CpuDevice {
                     o.iter_mut()
                         .zip(a.iter().zip(b))
                         .for_each(|(o, (a, b))| *o = a + b)
-                });
-            Ok(())
+                })
         })
     }
 
     fn cast_from_f32<T: Precision>(&self, op: Checked<Cast<'_, CpuDevice, f32, T>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            op.out
-                .0
+        self.exec(op, |Cast { x, out }| {
+            out.0
                 .par_chunks_mut(FLAT_CHUNK)
-                .zip(op.x.0.par_chunks(FLAT_CHUNK))
-                .for_each(|(o, x)| T::narrow_slice(x, o));
-            Ok(())
+                .zip(x.0.par_chunks(FLAT_CHUNK))
+                .for_each(|(o, x)| T::narrow_slice(x, o))
         })
     }
 
     fn cast_to_f32<T: Precision>(&self, op: Checked<Cast<'_, CpuDevice, T, f32>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            op.out
-                .0
+        self.exec(op, |Cast { x, out }| {
+            out.0
                 .par_chunks_mut(FLAT_CHUNK)
-                .zip(op.x.0.par_chunks(FLAT_CHUNK))
-                .for_each(|(o, x)| T::widen_slice(x, o));
-            Ok(())
+                .zip(x.0.par_chunks(FLAT_CHUNK))
+                .for_each(|(o, x)| T::widen_slice(x, o))
         })
     }
 
     fn relu_backward<T: Precision>(&self, op: Checked<ReluBackward<'_, CpuDevice, T>>) -> OpResult {
-        self.run(|| {
-            let ReluBackward { y, dy, dx } = op.into_inner();
+        self.exec(op, |ReluBackward { y, dy, dx }| {
             dx.0.par_chunks_mut(FLAT_CHUNK)
                 .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
                 .for_each(|(dx, (y, dy))| {
@@ -331,14 +328,12 @@ impl BackendImpl for CpuDevice {
                             *dx = if *y > 0.0 { *dy } else { T::from_f32(0.0) };
                         }
                     }
-                });
-            Ok(())
+                })
         })
     }
 
     fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, CpuDevice, A, O>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
+        self.exec(op, |op| {
             let bias = op.bias.map(|b| b.as_slice());
             let (shape, ep) = (op.shape, op.epilogue);
             let (a, b) = (&op.a.0, &op.b.0);
@@ -363,7 +358,6 @@ impl BackendImpl for CpuDevice {
                     O::narrow_slice(&c32, &mut op.c.0);
                 }
             }
-            Ok(())
         })
     }
 
@@ -371,18 +365,9 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<Conv2dForward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            conv::forward(
-                op.shape,
-                &op.x.0,
-                &op.w.0,
-                op.bias.map(|b| b.as_slice()),
-                &mut op.y.0,
-                op.relu,
-                None,
-            );
-            Ok(())
+        self.exec(op, |op| {
+            let bias = op.bias.map(|b| b.as_slice());
+            conv::forward(op.shape, &op.x.0, &op.w.0, bias, &mut op.y.0, op.relu, None)
         })
     }
 
@@ -390,18 +375,20 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<Conv2dReluAvgPoolForward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
+        self.exec(op, |op| {
+            let (bias, pool) = (
+                op.bias.map(|b| b.as_slice()),
+                (op.pool, &mut op.pooled.0[..]),
+            );
             conv::forward(
                 op.conv,
                 &op.x.0,
                 &op.w.0,
-                op.bias.map(|b| b.as_slice()),
+                bias,
                 &mut op.y.0,
                 true,
-                Some((op.pool, &mut op.pooled.0)),
-            );
-            Ok(())
+                Some(pool),
+            )
         })
     }
 
@@ -409,10 +396,8 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<AvgPoolReluBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            pool::avg_relu_backward(op.pool, &op.d_pooled.0, &op.y.0, &mut op.dx.0);
-            Ok(())
+        self.exec(op, |op| {
+            pool::avg_relu_backward(op.pool, &op.d_pooled.0, &op.y.0, &mut op.dx.0)
         })
     }
 
@@ -420,17 +405,17 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<Conv2dBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
+        self.exec(op, |op| {
+            let dy = conv::OutputGrad::Tensor(&op.dy.0);
+            let input = Some((&op.w.0[..], &mut op.dx.0[..]));
             conv::backward_filter(
                 op.shape,
                 &op.x.0,
-                conv::OutputGrad::Tensor(&op.dy.0),
+                dy,
                 &mut op.dw.0,
                 Some(&mut op.db.0),
-                Some((&op.w.0, &mut op.dx.0)),
-            );
-            Ok(())
+                input,
+            )
         })
     }
 
@@ -438,16 +423,13 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
+        self.exec(op, |op| {
             let dy = conv::OutputGrad::Pooled {
                 pool: op.pool,
                 d_pooled: &op.d_pooled.0,
                 y: &op.y.0,
             };
-            let input = op
-                .input
-                .map(|(w, dx)| (w.0.as_slice(), dx.0.as_mut_slice()));
+            let input = op.input.map(|(w, dx)| (&w.0[..], &mut dx.0[..]));
             conv::backward_filter(
                 op.conv,
                 &op.x.0,
@@ -455,8 +437,7 @@ impl BackendImpl for CpuDevice {
                 &mut op.dw.0,
                 Some(&mut op.db.0),
                 input,
-            );
-            Ok(())
+            )
         })
     }
 
@@ -464,10 +445,8 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<Conv2dBackwardInput<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            conv::backward_input(op.shape, &op.dy.0, &op.w.0, &mut op.dx.0);
-            Ok(())
+        self.exec(op, |op| {
+            conv::backward_input(op.shape, &op.dy.0, &op.w.0, &mut op.dx.0)
         })
     }
 
@@ -475,17 +454,12 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<Conv2dBackwardFilter<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            conv::backward_filter(
-                op.shape,
-                &op.x.0,
+        self.exec(op, |op| {
+            let (dy, db) = (
                 conv::OutputGrad::Tensor(&op.dy.0),
-                &mut op.dw.0,
-                op.db.map(|db| db.as_mut_slice()),
-                None,
+                op.db.map(|db| &mut db.0[..]),
             );
-            Ok(())
+            conv::backward_filter(op.shape, &op.x.0, dy, &mut op.dw.0, db, None)
         })
     }
 
@@ -493,10 +467,8 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<Conv2dBackwardBias<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            conv::backward_bias(op.shape, &op.dy.0, &mut op.db.0);
-            Ok(())
+        self.exec(op, |op| {
+            conv::backward_bias(op.shape, &op.dy.0, &mut op.db.0)
         })
     }
 
@@ -504,10 +476,8 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<MaxPoolForward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            pool::max_forward(op.shape, &op.x.0, &mut op.y.0, &mut op.argmax.0);
-            Ok(())
+        self.exec(op, |op| {
+            pool::max_forward(op.shape, &op.x.0, &mut op.y.0, &mut op.argmax.0)
         })
     }
 
@@ -515,10 +485,8 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<MaxPoolBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            pool::max_backward(op.shape, &op.dy.0, &op.argmax.0, &mut op.dx.0);
-            Ok(())
+        self.exec(op, |op| {
+            pool::max_backward(op.shape, &op.dy.0, &op.argmax.0, &mut op.dx.0)
         })
     }
 
@@ -526,21 +494,15 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<AvgPoolForward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            pool::avg_forward(op.shape, &op.x.0, &mut op.y.0);
-            Ok(())
-        })
+        self.exec(op, |op| pool::avg_forward(op.shape, &op.x.0, &mut op.y.0))
     }
 
     fn avg_pool_backward<T: Precision>(
         &self,
         op: Checked<AvgPoolBackward<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            pool::avg_backward(op.shape, &op.dy.0, &mut op.dx.0);
-            Ok(())
+        self.exec(op, |op| {
+            pool::avg_backward(op.shape, &op.dy.0, &mut op.dx.0)
         })
     }
 
@@ -548,78 +510,55 @@ impl BackendImpl for CpuDevice {
         &self,
         op: Checked<SoftmaxCrossEntropy<'_, CpuDevice, T>>,
     ) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            let right = loss::softmax_cross_entropy(
+        self.exec(op, |op| {
+            op.correct.0[0] += loss::softmax_cross_entropy(
                 op.classes,
                 &op.logits.0,
                 &op.labels.0,
                 &mut op.loss.0,
                 op.grad.map(|g| g.as_mut_slice()),
                 op.at.map_or(op.grad_scale, |at| at.grad_scale.0[0]),
-            );
-            op.correct.0[0] += right;
-            Ok(())
+            )
         })
     }
 
     fn grad_check<G: Precision>(&self, op: Checked<GradCheck<'_, CpuDevice, G>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
+        self.exec(op, |op| {
             if optim::any_nonfinite(&op.grad.0) {
                 op.found.0[0] = 1;
             }
-            Ok(())
         })
     }
 
     fn sgd_step<T: Precision>(&self, op: Checked<Sgd<'_, CpuDevice, T>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            if let Some(f) = op.found {
-                if f.0[0] != 0 {
-                    return Ok(());
-                }
+        self.exec(op, |op| {
+            if op.found.is_none_or(|f| f.0[0] == 0) {
+                let (w, grad, velocity, w_copy) = (op.w, op.grad, op.velocity, op.w_copy);
+                let tensor = SgdTensor {
+                    w,
+                    grad,
+                    velocity,
+                    w_copy,
+                };
+                sgd_tensor(tensor, with_device_scalars(op.step, op.at));
             }
-            let step = with_device_scalars(op.step, op.at);
-            optim::sgd_step(
-                &mut op.w.0,
-                &op.grad.0,
-                op.velocity.map(|v| v.as_mut_slice()),
-                op.w_copy.map(|h| h.as_mut_slice()),
-                step,
-            );
-            Ok(())
         })
     }
 
     fn sgd_step_many<T: Precision>(&self, op: Checked<SgdMany<'_, CpuDevice, T>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
-            if op.found.is_some_and(|f| f.0[0] != 0) {
-                return Ok(());
+        self.exec(op, |op| {
+            if op.found.is_none_or(|f| f.0[0] == 0) {
+                let step = with_device_scalars(op.step, op.at);
+                op.tensors.into_iter().for_each(|t| sgd_tensor(t, step));
             }
-            let step = with_device_scalars(op.step, op.at);
-            for t in op.tensors {
-                optim::sgd_step(
-                    &mut t.w.0,
-                    &t.grad.0,
-                    t.velocity.map(|v| v.as_mut_slice()),
-                    t.w_copy.map(|h| h.as_mut_slice()),
-                    step,
-                );
-            }
-            Ok(())
         })
     }
 
     fn grad_check_many(&self, op: Checked<GradCheckMany<'_, CpuDevice>>) -> OpResult {
-        self.run(|| {
-            let op = op.into_inner();
+        self.exec(op, |op| {
             if op.grads.iter().any(|g| optim::any_nonfinite(&g.0)) {
                 op.found.0[0] = 1;
             }
-            Ok(())
         })
     }
 

@@ -4,7 +4,7 @@
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
-use super::window_gemm_bf16::{pairs, PairImage, PairWindows};
+use super::pairs::{pairs, PairImage, PairWindows};
 
 /// The tests' random numbers, reproducible from `seed`.
 pub(super) fn seeded(seed: u64) -> rand::rngs::StdRng {
@@ -96,7 +96,7 @@ pub(super) fn conv2_pixels(n: usize) -> Vec<usize> {
         .collect()
 }
 
-/// The bf16 pair products' check (`vdpbf16ps` and AMX): for each case (columns, rows,
+/// The bf16 window products' check (`vdpbf16ps` and AMX): for each case (columns, rows,
 /// steps), random bf16 images in which every element no step reads is inf (a single's
 /// partner must not leak in) and a random bf16 W (`columns` rows of `steps.len()` values, 3
 /// more apart); `product(windows, w, (columns, ld), c, ldc, accumulate)` packs W for its
@@ -106,7 +106,7 @@ pub(super) fn conv2_pixels(n: usize) -> Vec<usize> {
 pub(super) fn check_pair_product(
     seed: u64,
     cases: &[(usize, &[usize], &[usize])],
-    product: impl Fn(&PairWindows, &[u16], (usize, usize), &mut [f32], usize, bool),
+    mut product: impl FnMut(&PairWindows, &[u16], (usize, usize), &mut [f32], usize, bool),
 ) {
     let mut rng = seeded(seed);
     let bf = |v: f32| bf16::from_f32(v).to_bits();

@@ -6,7 +6,10 @@
 //! - [`avx512`]: 16 lanes in 32 registers, a lane tile of 5 x 5 accumulators;
 //! - [`avx2`]: 8 lanes in 16 registers (AVX2 with FMA), a lane tile of 3 x 3;
 //! - [`portable`]: 4 lanes as plain arrays the compiler vectorizes for whatever the target
-//!   has (SSE2 on baseline x86-64), a lane tile of 3 x 3, multiplies and adds not fused.
+//!   has (SSE2 on baseline x86-64), a lane tile of 3 x 3, multiplies and adds not fused;
+//! - [`vdpbf16ps`] (AVX512-BF16) and [`amx`] (AMX-BF16 tiles): the bf16 pair engines, whose
+//!   operands are two bf16 values per 32-bit word: their tiles serve `pairs.rs`' products,
+//!   outside the trait.
 //!
 //! Which engine serves the process is decided once ([`super::isa::Isa::engine`]); the tests
 //! run every engine the CPU has in one process ([`on_each_engine`]). A product's summation
@@ -19,10 +22,14 @@
 //! and arms in [`with_engine`], [`multiversion`] and `on_each_engine` (docs/cpu-backend.md).
 
 #[cfg(target_arch = "x86_64")]
+pub(super) mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(super) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
 pub(super) mod portable;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod vdpbf16ps;
 
 use super::isa::EngineKind;
 
