@@ -168,9 +168,10 @@ fn cpu(out: &mut impl Write) -> io::Result<()> {
     let isa = nanoddp::backend::cpu::isa::isa();
     writeln!(
         out,
-        "  CPU backend computes with: the {} ({} chooses: portable, avx2, avx512, avx512bf16 or native)",
+        "  CPU backend computes with: the {} ({} chooses: {} or native)",
         isa.engine().name(),
-        nanoddp::backend::cpu::isa::ISA_ENV
+        nanoddp::backend::cpu::isa::ISA_ENV,
+        nanoddp::backend::cpu::isa::LEVELS.join(", ")
     )?;
     for (operation, runs) in isa.plan() {
         writeln!(out, "    {operation}: {runs}")?;

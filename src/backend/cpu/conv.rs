@@ -31,7 +31,7 @@ use super::lanes::{
 };
 use super::microkernel::{add_windows, gemm, gemm_nt, PackedA};
 use super::pairs::{
-    gemm_amx, gemm_bf16, pairs, word, PairImage, PairOperand, PairPanels, PairRows, PairRowsA,
+    gemm_amx, gemm_bf16, pairs, PairImage, PairOperand, PairPanels, PairRows, PairRowsA,
     PairWindows,
 };
 use super::pool::{avg_plane, avg_relu_backward_plane};
@@ -575,15 +575,8 @@ impl FilterT {
         // over conv1's 9.
         let bits = pair_bits(w).filter(|_| k >= WINDOW_TAPS);
         if let Some(bits) = bits.filter(|_| isa().amx) {
-            let (o_n, mut packed) = (s.out_c, PairRowsA::default());
-            packed.pack_with(k, o_n.div_ceil(2), |tap, p| {
-                let hi = if 2 * p + 1 < o_n {
-                    bits[(2 * p + 1) * k + tap]
-                } else {
-                    0
-                };
-                word(bits[2 * p * k + tap], hi)
-            });
+            let mut packed = PairRowsA::default();
+            packed.pack(k, s.out_c, |tap, o| bits[o * k + tap]);
             return FilterT::Amx(packed);
         }
         if let Some(bits) = bits {
@@ -695,19 +688,16 @@ fn input_grad_group<T: Precision>(
     }
 }
 
-/// The input gradient's operands for [`backward_filter`]: the filter and `dx`.
-pub(super) type InputGrad<'a, T> = (&'a [T], &'a mut [T]);
-
-/// `dw` from x and dy; with `db`, also the bias gradient, and with `input`, also the input
-/// gradient, all from the same gathered rows of dy (each group of images gathers dy once
-/// and uses it while it is in cache).
+/// `dw` from x and dy; with `db`, also the bias gradient, and with `input` (the filter, dx),
+/// the input gradient, all from the same gathered rows of dy (each group of images gathers
+/// dy once and uses it while it is in cache).
 pub(super) fn backward_filter<T: Precision>(
     s: &Conv2dShape,
     x: &[T],
     dy: OutputGrad<T>,
     dw: &mut [f32],
     db: Option<&mut [f32]>,
-    input: Option<InputGrad<T>>,
+    input: Option<(&[T], &mut [T])>,
 ) {
     let k = s.in_c * s.k_h * s.k_w;
     let pq = s.out_h() * s.out_w();

@@ -6,8 +6,8 @@
 //! crate's F16C path that is a function call per 8 elements. Here the loop is compiled for
 //! AVX-512 and the conversions are inline, 16 lanes per
 //! instruction; the rounding is the same (to nearest even, as `f16::from_f32`), so results
-//! are unchanged bit for bit. The AVX2 engine's CPUs do the same 8 at a time with F16C; tails
-//! and the portable engine go through `half`.
+//! are unchanged bit for bit. The AVX2 engine's CPUs do the same 8 at a time with F16C; the
+//! portable engine goes through `half`.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -19,43 +19,62 @@ pub(crate) fn widen(src: &[f16], dst: &mut [f32]) {
     widen_on(isa().engine(), src, dst);
 }
 
-/// [`widen`] with the instructions of `engine` (the CPU must have them).
-fn widen_on(engine: EngineKind, src: &[f16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen: lengths differ");
-    let done = match engine {
-        // SAFETY: the engine's instructions are there (asserted); lengths are equal.
-        #[cfg(target_arch = "x86_64")]
-        EngineKind::Avx512 if cpu().avx512 => unsafe { avx512::widen(src, dst) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        EngineKind::Avx2 if cpu().avx2 => unsafe { f16c::widen(src, dst) },
-        EngineKind::Portable => 0,
-        #[allow(unreachable_patterns)]
-        _ => panic!("{engine:?} is not available on this CPU"),
-    };
-    src[done..].convert_to_f32_slice(&mut dst[done..]);
-}
-
 /// `dst[i] = f16(src[i])`, rounded to nearest even (equal lengths).
 pub(crate) fn narrow(src: &[f32], dst: &mut [f16]) {
     narrow_on(isa().engine(), src, dst);
 }
 
+/// Calls `avx512::$f(src, dst)` or `f16c::$f(src, dst)`, with the instructions of `$engine`
+/// (the CPU must have them), or `$portable(src, dst)` on the portable engine.
+macro_rules! convert_on {
+    ($engine:expr, $f:ident, $portable:expr, $src:expr, $dst:expr) => {{
+        let (engine, src, dst) = ($engine, $src, $dst);
+        assert_eq!(src.len(), dst.len(), "{}: lengths differ", stringify!($f));
+        match engine {
+            // SAFETY: the engine's instructions are there (asserted); lengths are equal.
+            #[cfg(target_arch = "x86_64")]
+            EngineKind::Avx512 if cpu().avx512 => unsafe { avx512::$f(src, dst) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            EngineKind::Avx2 if cpu().avx2 => unsafe { f16c::$f(src, dst) },
+            EngineKind::Portable => $portable(src, dst),
+            #[allow(unreachable_patterns)]
+            _ => panic!("{engine:?} is not available on this CPU"),
+        }
+    }};
+}
+
+/// [`widen`] with the instructions of `engine` (the CPU must have them).
+fn widen_on(engine: EngineKind, src: &[f16], dst: &mut [f32]) {
+    convert_on!(engine, widen, <[f16]>::convert_to_f32_slice, src, dst)
+}
+
 /// [`narrow`] with the instructions of `engine` (the CPU must have them).
 fn narrow_on(engine: EngineKind, src: &[f32], dst: &mut [f16]) {
-    assert_eq!(src.len(), dst.len(), "narrow: lengths differ");
-    let done = match engine {
-        // SAFETY: the engine's instructions are there (asserted); lengths are equal.
-        #[cfg(target_arch = "x86_64")]
-        EngineKind::Avx512 if cpu().avx512 => unsafe { avx512::narrow(src, dst) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        EngineKind::Avx2 if cpu().avx2 => unsafe { f16c::narrow(src, dst) },
-        EngineKind::Portable => 0,
-        #[allow(unreachable_patterns)]
-        _ => panic!("{engine:?} is not available on this CPU"),
-    };
-    dst[done..].convert_from_f32_slice(&src[done..]);
+    let portable = |src, dst: &mut [f16]| dst.convert_from_f32_slice(src);
+    convert_on!(engine, narrow, portable, src, dst)
+}
+
+/// Runs `block` on each 16 elements of `src` and `dst` (equal lengths), a ragged tail through
+/// zero-padded copies (so a small plane costs no call into `half`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn by_blocks<S: Copy + Default, D: Copy + Default>(
+    src: &[S],
+    dst: &mut [D],
+    block: impl Fn(&[S; 16], &mut [D; 16]),
+) {
+    let (mut s, mut d) = (src.chunks_exact(16), dst.chunks_exact_mut(16));
+    for (s, d) in (&mut s).zip(&mut d) {
+        block(s.try_into().expect("16"), d.try_into().expect("16"));
+    }
+    let (tail, d) = (s.remainder(), d.into_remainder());
+    if !tail.is_empty() {
+        let (mut sb, mut db) = ([S::default(); 16], [D::default(); 16]);
+        sb[..tail.len()].copy_from_slice(tail);
+        block(&sb, &mut db);
+        d.copy_from_slice(&db[..tail.len()]);
+    }
 }
 
 /// `f32 -> bf16` rounded to nearest even, NaN to the canonical quiet NaN `0x7fff`: exactly
@@ -98,45 +117,42 @@ fn narrow_bf16_body(src: &[f32], dst: &mut [bf16]) {
         .for_each(|(d, s)| *d = bf16_from_f32(*s))
 }
 
+/// AVX-512F: 16 lanes per conversion.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
     use half::f16;
 
-    /// Converts the whole 16-element chunks; returns how many elements that was.
+    /// [`super::widen`], 16 at a time.
     ///
     /// # Safety
     /// AVX-512F, and `dst.len() == src.len()`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) -> usize {
-        let whole = src.len() / 16 * 16;
-        for i in (0..whole).step_by(16) {
-            // SAFETY: elements i..i+16 exist in both slices (i + 16 <= whole).
+    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+        super::by_blocks(src, dst, |s, d| {
+            // SAFETY: 16 elements in each block; AVX-512F enabled here.
             unsafe {
-                let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
-                _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+                let h = _mm256_loadu_si256(s.as_ptr().cast());
+                _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(h));
             }
-        }
-        whole
+        })
     }
 
-    /// Converts the whole 16-element chunks; returns how many elements that was.
+    /// [`super::narrow`], 16 at a time.
     ///
     /// # Safety
     /// AVX-512F, and `dst.len() == src.len()`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) -> usize {
-        let whole = src.len() / 16 * 16;
-        for i in (0..whole).step_by(16) {
-            // SAFETY: elements i..i+16 exist in both slices (i + 16 <= whole).
+    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
+        super::by_blocks(src, dst, |s, d| {
+            // SAFETY: 16 elements in each block; AVX-512F enabled here.
             unsafe {
-                let v = _mm512_loadu_ps(src.as_ptr().add(i));
+                let v = _mm512_loadu_ps(s.as_ptr());
                 let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-                _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), h);
+                _mm256_storeu_si256(d.as_mut_ptr().cast(), h);
             }
-        }
-        whole
+        })
     }
 }
 
@@ -147,61 +163,39 @@ mod f16c {
 
     use half::f16;
 
-    /// Converts every element, 8 at a time (a ragged tail through a copy, so a small
-    /// plane costs no call into `half`); returns how many elements that was (all).
+    /// [`super::widen`], 8 at a time.
     ///
     /// # Safety
     /// AVX and F16C, and `dst.len() == src.len()`.
     #[target_feature(enable = "avx,f16c")]
-    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) -> usize {
-        let (src, tail) = src.split_at(src.len() / 8 * 8);
-        let (dst, dst_tail) = dst.split_at_mut(src.len());
-        let convert = |src: &[f16], dst: &mut [f32]| {
-            // SAFETY: both hold 8 elements (the callers below).
-            unsafe {
-                let h = _mm_loadu_si128(src.as_ptr().cast());
-                _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_cvtph_ps(h));
+    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+        super::by_blocks(src, dst, |s, d| {
+            for half in 0..2 {
+                // SAFETY: 16 elements in each block; AVX and F16C enabled here.
+                unsafe {
+                    let h = _mm_loadu_si128(s.as_ptr().add(8 * half).cast());
+                    _mm256_storeu_ps(d.as_mut_ptr().add(8 * half), _mm256_cvtph_ps(h));
+                }
             }
-        };
-        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
-            convert(s, d);
-        }
-        if !tail.is_empty() {
-            let (mut s, mut d) = ([f16::ZERO; 8], [0.0f32; 8]);
-            s[..tail.len()].copy_from_slice(tail);
-            convert(&s, &mut d);
-            dst_tail.copy_from_slice(&d[..tail.len()]);
-        }
-        src.len() + tail.len()
+        })
     }
 
-    /// Converts every element, 8 at a time (a ragged tail through a copy); returns how
-    /// many elements that was (all).
+    /// [`super::narrow`], 8 at a time.
     ///
     /// # Safety
     /// AVX and F16C, and `dst.len() == src.len()`.
     #[target_feature(enable = "avx,f16c")]
-    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) -> usize {
-        let (src, tail) = src.split_at(src.len() / 8 * 8);
-        let (dst, dst_tail) = dst.split_at_mut(src.len());
-        let convert = |src: &[f32], dst: &mut [f16]| {
-            // SAFETY: both hold 8 elements (the callers below).
-            unsafe {
-                let v = _mm256_loadu_ps(src.as_ptr());
-                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-                _mm_storeu_si128(dst.as_mut_ptr().cast(), h);
+    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
+        super::by_blocks(src, dst, |s, d| {
+            for half in 0..2 {
+                // SAFETY: 16 elements in each block; AVX and F16C enabled here.
+                unsafe {
+                    let v = _mm256_loadu_ps(s.as_ptr().add(8 * half));
+                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                    _mm_storeu_si128(d.as_mut_ptr().add(8 * half).cast(), h);
+                }
             }
-        };
-        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
-            convert(s, d);
-        }
-        if !tail.is_empty() {
-            let (mut s, mut d) = ([0.0f32; 8], [f16::ZERO; 8]);
-            s[..tail.len()].copy_from_slice(tail);
-            convert(&s, &mut d);
-            dst_tail.copy_from_slice(&d[..tail.len()]);
-        }
-        src.len() + tail.len()
+        })
     }
 }
 

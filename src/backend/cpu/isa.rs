@@ -191,20 +191,18 @@ pub enum IsaError {
     },
 }
 
+/// The levels `NANODDP_CPU_ISA` names, lowest first (besides `native`, the default: what
+/// the CPU has).
+pub const LEVELS: [&str; 4] = ["portable", "avx2", "avx512", "avx512bf16"];
+
 /// The values of `NANODDP_CPU_ISA` a CPU offering `cpu` accepts, as a phrase.
 fn allowed(cpu: &Isa) -> String {
-    let mut names = vec!["`portable`"];
-    if cpu.avx2 {
-        names.push("`avx2`");
-    }
-    if cpu.avx512 {
-        names.push("`avx512`");
-    }
-    if cpu.avx512_bf16 {
-        names.push("`avx512bf16`");
-    }
-    let last = "`native` (the default)";
-    format!("{} or {last}", names.join(", "))
+    let ok = |name: &&str| choose(Some(*name), || *cpu).is_ok();
+    let quoted = LEVELS.into_iter().filter(ok).map(|n| format!("`{n}`"));
+    format!(
+        "{} or `native` (the default)",
+        quoted.collect::<Vec<_>>().join(", ")
+    )
 }
 
 /// What `NANODDP_CPU_ISA` asks for, or why it cannot be honoured (the command line refuses
@@ -280,7 +278,7 @@ pub fn level(name: &str) -> Result<Isa, IsaError> {
 /// engines a test runs on.
 pub fn levels() -> Vec<(&'static str, Isa)> {
     let mut out: Vec<(&'static str, Isa)> = Vec::new();
-    for name in ["portable", "avx2", "avx512", "avx512bf16", "native"] {
+    for name in LEVELS.into_iter().chain(["native"]) {
         if let Ok(isa) = level(name) {
             if out.iter().all(|(_, seen)| *seen != isa) {
                 out.push((name, isa));

@@ -25,7 +25,7 @@
 
 use std::marker::PhantomData;
 
-use super::engine::Engine;
+use super::engine::{store_tile, Engine};
 use crate::backend::shapes::Conv2dShape;
 
 /// A group of up to `E::LANES` images laid out `[C][H + 2·pad][W + 2·pad][LANES]`: element
@@ -217,17 +217,9 @@ unsafe fn tile<E: Engine, const R: usize, const V: usize>(
             }
         }
         let dst = out.as_mut_ptr();
-        for (r, acc) in acc.iter().enumerate() {
-            for (v, a) in acc.iter().enumerate() {
-                let at = dst.add(((o0 + r) * n + p0 + v) * E::LANES);
-                let sum = if first == 0 {
-                    *a
-                } else {
-                    E::add(E::load(at), *a)
-                };
-                E::store(at, sum);
-            }
-        }
+        store_tile::<E, V>(&acc, first > 0, |r, v| {
+            dst.add(((o0 + r) * n + p0 + v) * E::LANES)
+        });
     }
 }
 
@@ -318,12 +310,7 @@ unsafe fn input_tile<E: Engine, const R: usize, const V: usize>(
             }
         }
         let dst = dx.as_mut_ptr();
-        for (r, acc) in acc.iter().enumerate() {
-            for (v, a) in acc.iter().enumerate() {
-                let at = dst.add(taps[t0 + r] + pixels[p0 + v]);
-                E::store(at, E::add(E::load(at), *a));
-            }
-        }
+        store_tile::<E, V>(&acc, true, |r, v| dst.add(taps[t0 + r] + pixels[p0 + v]));
     }
 }
 
@@ -425,17 +412,9 @@ unsafe fn filter_tile<E: Engine, const R: usize, const V: usize>(
             }
         }
         let dst = out.as_mut_ptr();
-        for (r, acc) in acc.iter().enumerate() {
-            for (v, a) in acc.iter().enumerate() {
-                let at = dst.add(((o0 + r) * k + t0 + v) * E::LANES);
-                let sum = if accumulate {
-                    E::add(E::load(at), *a)
-                } else {
-                    *a
-                };
-                E::store(at, sum);
-            }
-        }
+        store_tile::<E, V>(&acc, accumulate, |r, v| {
+            dst.add(((o0 + r) * k + t0 + v) * E::LANES)
+        });
     }
 }
 

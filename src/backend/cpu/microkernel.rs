@@ -22,7 +22,7 @@
 //! Each engine's tile sums over k in order from zero, with its multiply-add (fused except
 //! on the portable engine), so each is deterministic; they differ in the last bits.
 
-use super::engine::{with_engine, Engine};
+use super::engine::{store_tile, with_engine, Engine};
 
 /// Rows per packed panel of A.
 pub(super) const MR: usize = 10;
@@ -234,17 +234,9 @@ unsafe fn tile<E: Engine, const ROWS: usize, const NV: usize>(
                 }
             }
         }
-        for (i, row) in acc.iter().enumerate().take(rows) {
-            for (v, r) in row.iter().enumerate() {
-                let ci = c.add(i * ldc + v * E::LANES);
-                let sum = if accumulate {
-                    E::add(*r, E::load(ci))
-                } else {
-                    *r
-                };
-                E::store(ci, sum);
-            }
-        }
+        store_tile::<E, NV>(&acc[..rows.min(ROWS)], accumulate, |i, v| {
+            c.add(i * ldc + v * E::LANES)
+        });
     }
 }
 

@@ -93,6 +93,28 @@ fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut [f32]) -> &'a [f32] 
     }
 }
 
+/// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`
+/// (resized to fit).
+fn widened_into<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    scratch.resize(if T::DTYPE.is_half() { src.len() } else { 0 }, 0.0);
+    widened(src, scratch)
+}
+
+thread_local! {
+    /// f32 scratch kept per thread between operations: a fresh allocation of a megabyte
+    /// costs a page fault per 4 KB on every call.
+    static SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = std::cell::RefCell::default();
+}
+
+/// Runs `f` with this thread's [`SCRATCH`] buffers, or fresh ones where they are in use
+/// (an operation that rayon started on this thread while it waited inside another).
+fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut mine) => f(&mut mine),
+        Err(_) => f(&mut Default::default()),
+    })
+}
+
 /// Runs `f` on an f32 view of `dst`: `dst` itself when `T` is f32, else `scratch`, rounded
 /// into `dst` afterwards. Returns the f32 values written.
 fn write_f32<'a, T: Precision>(
@@ -339,25 +361,25 @@ impl BackendImpl for CpuDevice {
             let (a, b) = (&op.a.0, &op.b.0);
             // bf16 on AVX512-BF16 multiplies the bf16 values themselves; other half operands
             // are widened once (F16C), then the f32 product runs on them.
-            let product = |c32: &mut [f32]| match bf16_bits(a).zip(bf16_bits(b)) {
-                Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c32, ep),
-                None => {
-                    let scratch = |n| vec![0.0f32; if A::DTYPE.is_half() { n } else { 0 }];
-                    let (mut wide_a, mut wide_b) = (scratch(a.len()), scratch(b.len()));
-                    let (a32, b32) = (widened(a, &mut wide_a), widened(b, &mut wide_b));
-                    gemm::gemm_f32(shape, a32, b32, bias, c32, ep);
+            with_scratch(|[wide_a, wide_b, wide_c]| {
+                let mut product = |c32: &mut [f32]| match bf16_bits(a).zip(bf16_bits(b)) {
+                    Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c32, ep),
+                    None => {
+                        let (a32, b32) = (widened_into(a, wide_a), widened_into(b, wide_b));
+                        gemm::gemm_f32(shape, a32, b32, bias, c32, ep);
+                    }
+                };
+                match O::as_f32_mut(&mut op.c.0) {
+                    Some(c32) => product(c32),
+                    None => {
+                        // C is read when beta != 0: widened, computed on, rounded back.
+                        wide_c.resize(op.c.0.len(), 0.0);
+                        O::widen_slice(&op.c.0, wide_c);
+                        product(wide_c);
+                        O::narrow_slice(wide_c, &mut op.c.0);
+                    }
                 }
-            };
-            match O::as_f32_mut(&mut op.c.0) {
-                Some(c32) => product(c32),
-                None => {
-                    // C is read when beta != 0: widened, computed on, rounded back.
-                    let mut c32 = vec![0.0f32; op.c.0.len()];
-                    O::widen_slice(&op.c.0, &mut c32);
-                    product(&mut c32);
-                    O::narrow_slice(&c32, &mut op.c.0);
-                }
-            }
+            })
         })
     }
 

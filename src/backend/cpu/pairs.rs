@@ -40,6 +40,13 @@ pub(super) fn word(lo: u16, hi: u16) -> u32 {
     u32::from(lo) | u32::from(hi) << 16
 }
 
+/// Pair p of row i of a matrix `depth` long whose element (i, k) is `at(i, k)` (bf16 bits):
+/// `at(i, 2p)` low, `at(i, 2p + 1)` high (zero past the depth).
+fn pair_word(at: impl Fn(usize, usize) -> u16, depth: usize, (i, p): (usize, usize)) -> u32 {
+    let hi = (2 * p + 1 < depth).then(|| at(i, 2 * p + 1));
+    word(at(i, 2 * p), hi.unwrap_or(0))
+}
+
 /// How [`pairs`] groups the steps of k: `first` is the step's index and `offset` its offset;
 /// `paired` says that step `first + 1`, at `offset + 1`, comes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,6 +335,13 @@ pub(super) struct PairRowsA {
 }
 
 impl PairRowsA {
+    /// Packs the `rows x depth` matrix whose element (i, k) is `at(i, k)` (bf16 bits) by
+    /// pairs of consecutive k.
+    pub(super) fn pack(&mut self, rows: usize, depth: usize, at: impl Fn(usize, usize) -> u16) {
+        let word = |i, p| pair_word(&at, depth, (i, p));
+        self.pack_with(rows, depth.div_ceil(2), word);
+    }
+
     /// Packs `A[i][p] = word(i, p)` for `rows x pairs` words.
     pub(super) fn pack_with(
         &mut self,
@@ -377,12 +391,7 @@ impl PairPanels {
             for i in 0..MR.min(rows - panel * MR) {
                 let row = panel * MR + i;
                 for p in 0..pairs {
-                    let hi = if 2 * p + 1 < depth {
-                        at(row, 2 * p + 1)
-                    } else {
-                        0
-                    };
-                    packed[p * MR + i] = word(at(row, 2 * p), hi);
+                    packed[p * MR + i] = pair_word(&at, depth, (row, p));
                 }
             }
         }
@@ -429,12 +438,7 @@ impl PairRows {
         let (pairs, ld) = (self.pairs, self.ld);
         for p in 0..pairs {
             for (j, w) in self.data[p * ld..p * ld + cols].iter_mut().enumerate() {
-                let hi = if 2 * p + 1 < depth {
-                    at(2 * p + 1, j)
-                } else {
-                    0
-                };
-                *w = word(at(2 * p, j), hi);
+                *w = pair_word(|j, k| at(k, j), depth, (j, p));
             }
         }
     }
@@ -733,12 +737,7 @@ mod tests {
                     let at = |i: usize, kk: usize| a[i * k + kk];
                     if let PairOperand::Amx(_) = engine {
                         let mut pa = PairRowsA::default();
-                        pa.pack_with(m, k.div_ceil(2), |i, p| {
-                            word(
-                                at(i, 2 * p),
-                                if 2 * p + 1 < k { at(i, 2 * p + 1) } else { 0 },
-                            )
-                        });
+                        pa.pack(m, k, at);
                         gemm_amx(&pa, &pb, &mut c, ldc, accumulate);
                     } else {
                         let mut pa = PairPanels::default();

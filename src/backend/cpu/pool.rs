@@ -76,7 +76,7 @@ pub(super) fn max_backward<T: Precision>(s: &Pool2dShape, dy: &[T], argmax: &[i3
 fn avg_plane_body(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
     let (oh, ow) = (s.out_h(), s.out_w());
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
-    if s.k_h == 2 && s.k_w == 2 && s.stride == 2 {
+    if is_2x2(s) {
         // LeNet's pools: written out so the compiler vectorizes the pairs (the general loop
         // below adds in the same order, so both give the same bits).
         for (p, out_row) in out.chunks_exact_mut(ow).take(oh).enumerate() {
@@ -85,22 +85,6 @@ fn avg_plane_body(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
             for (q, o) in out_row.iter_mut().enumerate() {
                 *o = (((r0[2 * q] + r0[2 * q + 1]) + r1[2 * q]) + r1[2 * q + 1]) * inv;
             }
-        }
-        return;
-    }
-    if s.stride == s.k_h && s.stride == s.k_w {
-        for p in 0..oh {
-            let out_row = &mut out[p * ow..(p + 1) * ow];
-            out_row.fill(0.0);
-            for i in 0..s.k_h {
-                let row = &wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
-                for (o, w) in out_row.iter_mut().zip(row.chunks_exact(s.stride)) {
-                    for v in w {
-                        *o += v;
-                    }
-                }
-            }
-            out_row.iter_mut().for_each(|o| *o *= inv);
         }
         return;
     }
@@ -134,31 +118,19 @@ pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
 fn avg_backward_plane_body(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) {
     let (oh, ow) = (s.out_h(), s.out_w());
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
-    if s.stride == s.k_h && s.stride == s.k_w {
-        // Windows tile the plane: each input element is covered by at most one window, so
-        // the gather reduces to a copy (same bits; rows and columns past the last window
-        // get zero).
-        if s.in_h != oh * s.stride || s.in_w != ow * s.stride {
+    if is_2x2(s) {
+        // LeNet's pools: the windows tile the plane, so each input element takes at most
+        // one gradient (the same bits as the gather below; rows and columns past the last
+        // window get zero), written to its 2x2 window, vectorizable.
+        if s.in_h != 2 * oh || s.in_w != 2 * ow {
             wide.fill(0.0);
         }
-        if s.k_h == 2 && s.k_w == 2 {
-            // LeNet's pools: each gradient written to its 2x2 window, vectorizable.
-            for (p, g_row) in g.chunks_exact(ow).take(oh).enumerate() {
-                for i in 0..2 {
-                    let row = &mut wide[(2 * p + i) * s.in_w..][..2 * ow];
-                    for (q, v) in g_row.iter().enumerate() {
-                        row[2 * q] = v * inv;
-                        row[2 * q + 1] = v * inv;
-                    }
-                }
-            }
-            return;
-        }
-        for p in 0..oh {
-            for i in 0..s.k_h {
-                let row = &mut wide[(p * s.stride + i) * s.in_w..][..ow * s.stride];
-                for (q, d) in row.chunks_exact_mut(s.stride).enumerate() {
-                    d.fill(g[p * ow + q] * inv);
+        for (p, g_row) in g.chunks_exact(ow).take(oh).enumerate() {
+            for i in 0..2 {
+                let row = &mut wide[(2 * p + i) * s.in_w..][..2 * ow];
+                for (q, v) in g_row.iter().enumerate() {
+                    row[2 * q] = v * inv;
+                    row[2 * q + 1] = v * inv;
                 }
             }
         }

@@ -88,6 +88,26 @@ pub(super) trait Engine: Send + Sync + 'static {
     unsafe fn sum(v: Self::Vector) -> f32;
 }
 
+/// Writes a register tile's accumulators (its first rows: `acc` may be cut short) to memory:
+/// `acc[r][v]` to `at(r, v)`, or with `add` added to what is there (memory's value first).
+///
+/// # Safety
+/// Inside `E::run`; every `at(r, v)` valid for a vector.
+#[inline(always)]
+pub(super) unsafe fn store_tile<E: Engine, const V: usize>(
+    acc: &[[E::Vector; V]],
+    add: bool,
+    at: impl Fn(usize, usize) -> *mut f32,
+) {
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, a) in acc.iter().enumerate() {
+            let at = at(r, v);
+            // SAFETY: the caller's.
+            unsafe { E::store(at, if add { E::add(E::load(at), *a) } else { *a }) };
+        }
+    }
+}
+
 /// Implements [`Engine`] for `$name`, an x86 instruction set whose vector type `$vector`
 /// holds `$lanes` f32, given its intrinsics for `setzero_ps`, `loadu_ps`, `storeu_ps`,
 /// `set1_ps`, `fmadd_ps` and `add_ps` and its lane sum; `$features` enable it (the same as
