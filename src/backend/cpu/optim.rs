@@ -47,7 +47,7 @@ fn update_body<T: Precision>(
     w: &mut [f32],
     g: &[f32],
     mut v: Option<&mut [f32]>,
-    mut h: Option<&mut [T]>,
+    h: Option<&mut [T]>,
     s: SgdStep,
 ) {
     for i in 0..w.len() {
@@ -57,9 +57,11 @@ fn update_body<T: Precision>(
             v[i] = grad;
         }
         w[i] = (-s.lr).mul_add(grad, w[i]);
-        if let Some(h) = h.as_deref_mut() {
-            h[i] = T::from_f32(w[i]);
-        }
+    }
+    // The half copy in one pass of vector conversions (a conversion per element inside the
+    // loop above is a call into `half`'s software rounding).
+    if let Some(h) = h {
+        T::narrow_slice(w, h);
     }
 }
 
