@@ -100,8 +100,8 @@ constexpr std::size_t GPU_MEMORY = 80ull << 30;
 constexpr int SM_COUNT = 132;
 constexpr unsigned STATIC_SHARED_LIMIT = 48u << 10;      // without opt-in
 constexpr unsigned OPTIN_SHARED_LIMIT = 227u << 10;      // per block, with opt-in
-constexpr std::uintptr_t RANGE_BASE = 0x100000000000ull;  // GPU i: RANGE_BASE + i * RANGE_SIZE
-constexpr std::uintptr_t RANGE_SIZE = 1ull << 40;
+constexpr std::uintptr_t RANGE_BASE = 0x100000000000ull;  // GPU i: RANGE_BASE + i * range
+constexpr double RANGE_GIB = 1024;  // address space reserved per GPU (NANODDP_STANDIN_RANGE_GIB)
 constexpr std::size_t ALLOC_ALIGN = 256;                  // what cuMemAlloc guarantees
 constexpr std::uint64_t QUEUE_LIMIT = 1024;               // operations a stream holds before calls block
 
@@ -249,6 +249,7 @@ struct Config {
     bool launch_blocking = false;
     double kernel_timeout_s = 300.0;
     double jit_ms = 0.0;
+    std::uintptr_t range_bytes = static_cast<std::uintptr_t>(RANGE_GIB) << 30;
 };
 
 struct State {
@@ -1029,7 +1030,7 @@ void init() {
     g = new State;  // never freed: stream threads may outlive static destructors
     Config& c = g->config;
     // Every setting is checked before any is used: a bad one makes cuInit fail, naming it.
-    double gpus = 0, timeout_s = 0, jit_ms = 0;
+    double gpus = 0, timeout_s = 0, jit_ms = 0, range_gib = 0;
     if (!env_number("NANODDP_STANDIN_GPUS", 4, 0, MAX_GPUS, true, gpus)) {
         return refuse_setting("NANODDP_STANDIN_GPUS",
                               "a whole number of GPUs from 0 to " + std::to_string(MAX_GPUS) + " (default 4)");
@@ -1040,6 +1041,13 @@ void init() {
     if (!env_number("NANODDP_STANDIN_JIT_MS", 0.0, 0, HUGE_VAL, false, jit_ms)) {
         return refuse_setting("NANODDP_STANDIN_JIT_MS", "milliseconds per module load, 0 or more (default 0)");
     }
+    // An emulator of another CPU (qemu-user) pays for reserved address space as it pays for
+    // memory: it can run the stand-in with a smaller range per GPU.
+    if (!env_number("NANODDP_STANDIN_RANGE_GIB", RANGE_GIB, 1, RANGE_GIB * 16, true, range_gib)) {
+        return refuse_setting("NANODDP_STANDIN_RANGE_GIB",
+                              "a whole number of GiB of address space per GPU, 1 to 16384 (default 1024)");
+    }
+    c.range_bytes = static_cast<std::uintptr_t>(range_gib) << 30;
     if (const char* exec = std::getenv("NANODDP_STANDIN_EXEC")) {
         if (*exec && std::strcmp(exec, "simt") != 0 && std::strcmp(exec, "ptx") != 0) {
             return refuse_setting("NANODDP_STANDIN_EXEC", "`simt` (the default) or `ptx`");
@@ -1071,18 +1079,18 @@ void init() {
         d.pool.device = i;
         d.pool.access[i] = RW;
         // Reserve this GPU's address range; allocations are mapped inside it.
-        std::uintptr_t want = RANGE_BASE + static_cast<std::uintptr_t>(i) * RANGE_SIZE;
-        void* got = mmap(reinterpret_cast<void*>(want), RANGE_SIZE, PROT_NONE,
+        std::uintptr_t want = RANGE_BASE + static_cast<std::uintptr_t>(i) * c.range_bytes;
+        void* got = mmap(reinterpret_cast<void*>(want), c.range_bytes, PROT_NONE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
         if (got == MAP_FAILED) {
-            got = mmap(nullptr, RANGE_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            got = mmap(nullptr, c.range_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
             if (got == MAP_FAILED) {
                 init_result = CUDA_ERROR_OUT_OF_MEMORY;
                 return;
             }
         }
         d.next = reinterpret_cast<std::uintptr_t>(got);
-        d.end = d.next + RANGE_SIZE;
+        d.end = d.next + c.range_bytes;
         // The primary context and its NULL stream exist from the start, so retaining one
         // never races with creating it.
         d.primary = new Context;

@@ -25,8 +25,11 @@
 // that allocates and locks) and C-library code are never interrupted: the signal is sent
 // again every few milliseconds until it lands in kernel code or the worker returns.
 //
-// The switch is a dozen instructions of x86-64 assembly (callee-saved registers, MXCSR and
-// the x87 control word); a context is never moved after it is created.
+// The switch is a dozen instructions of assembly, for x86-64 (callee-saved registers, MXCSR
+// and the x87 control word) and for aarch64 (x19-x30, d8-d15 and FPCR); a context is never
+// moved after it is created. The fault and watchdog handlers read two things of the
+// interrupted context, the program counter and whether a faulting access wrote, from the
+// architecture's signal frame (`arch` below).
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -60,8 +63,8 @@
 
 #include "simt.cuh"
 
-#if !defined(__x86_64__)
-#error "the SIMT emulator's fiber switch is written for x86-64"
+#if !defined(__x86_64__) && !defined(__aarch64__)
+#error "the SIMT emulator's fiber switch is written for x86-64 and aarch64"
 #endif
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -82,6 +85,7 @@ thread_local BlockView* tls_block = nullptr;
 // ------------------------------------------------------------------------------ fibers
 extern "C" void simt_switch(void** save_sp, void* load_sp);
 extern "C" void simt_fiber_start();
+#if defined(__x86_64__)
 asm(R"(
     .pushsection .text
     .globl simt_switch
@@ -119,6 +123,95 @@ simt_fiber_start:
     .size simt_fiber_start,.-simt_fiber_start
     .popsection
 )");
+#else
+// x0: where to save this context's stack pointer; x1: the stack pointer to resume. A saved
+// context is a 176-byte frame: x19-x28, x29 (frame pointer), x30 (return address), d8-d15,
+// FPCR.
+asm(R"(
+    .pushsection .text
+    .globl simt_switch
+    .type simt_switch,%function
+simt_switch:
+    sub sp, sp, #176
+    stp x19, x20, [sp, #0]
+    stp x21, x22, [sp, #16]
+    stp x23, x24, [sp, #32]
+    stp x25, x26, [sp, #48]
+    stp x27, x28, [sp, #64]
+    stp x29, x30, [sp, #80]
+    stp d8, d9, [sp, #96]
+    stp d10, d11, [sp, #112]
+    stp d12, d13, [sp, #128]
+    stp d14, d15, [sp, #144]
+    mrs x9, fpcr
+    str x9, [sp, #160]
+    mov x9, sp
+    str x9, [x0]
+    mov sp, x1
+    ldr x9, [sp, #160]
+    msr fpcr, x9
+    ldp d14, d15, [sp, #144]
+    ldp d12, d13, [sp, #128]
+    ldp d10, d11, [sp, #112]
+    ldp d8, d9, [sp, #96]
+    ldp x29, x30, [sp, #80]
+    ldp x27, x28, [sp, #64]
+    ldp x25, x26, [sp, #48]
+    ldp x23, x24, [sp, #32]
+    ldp x21, x22, [sp, #16]
+    ldp x19, x20, [sp, #0]
+    add sp, sp, #176
+    ret
+    .size simt_switch,.-simt_switch
+
+    .globl simt_fiber_start
+    .type simt_fiber_start,%function
+simt_fiber_start:
+    mov x0, x19
+    blr x20
+    brk #0
+    .size simt_fiber_start,.-simt_fiber_start
+    .popsection
+)");
+#endif
+
+// What the signal handlers read of an interrupted context.
+namespace arch {
+#if defined(__x86_64__)
+std::uintptr_t program_counter(const void* ctx) {
+    return static_cast<std::uintptr_t>(static_cast<const ucontext_t*>(ctx)->uc_mcontext.gregs[REG_RIP]);
+}
+// Bit 1 of the x86-64 page-fault error code: the access was a write.
+bool fault_was_write(const void* ctx) {
+    return (static_cast<const ucontext_t*>(ctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+}
+#else
+std::uintptr_t program_counter(const void* ctx) {
+    return static_cast<std::uintptr_t>(static_cast<const ucontext_t*>(ctx)->uc_mcontext.pc);
+}
+// Linux appends records to an aarch64 signal frame (`__reserved`: each a `_aarch64_ctx`
+// header of magic word and size, a zero magic last; <asm/sigcontext.h>, which glibc's
+// <signal.h> includes); the ESR record holds the fault's syndrome, whose bit 6 (WnR) says
+// the data access was a write.
+bool fault_was_write(const void* ctx) {
+    const auto& mc = static_cast<const ucontext_t*>(ctx)->uc_mcontext;
+    const auto* at = reinterpret_cast<const unsigned char*>(mc.__reserved);
+    const auto* end = at + sizeof mc.__reserved;
+    while (at + sizeof(_aarch64_ctx) <= end) {
+        _aarch64_ctx head;
+        std::memcpy(&head, at, sizeof head);
+        if (head.magic == 0 || head.size < sizeof head) break;
+        if (head.magic == ESR_MAGIC && at + sizeof(esr_context) <= end) {
+            esr_context esr;
+            std::memcpy(&esr, at, sizeof esr);
+            return (esr.esr >> 6) & 1;
+        }
+        at += head.size;
+    }
+    return false;
+}
+#endif
+}  // namespace arch
 
 #if SIMT_ASAN
 constexpr std::size_t STACK_BYTES = 1u << 20;  // ASan frames are several times larger
@@ -374,6 +467,14 @@ void reset_fiber(Fiber* f) {
     __asan_unpoison_memory_region(f->stack_lo, f->stack_size);
 #endif
     auto top = reinterpret_cast<std::uintptr_t>(f->stack_lo + f->stack_size) & ~std::uintptr_t{15};
+#if defined(__aarch64__)
+    auto* frame = reinterpret_cast<std::uint64_t*>(top - 176);  // popped, sp = top (aligned)
+    std::memset(frame, 0, 176);
+    frame[0] = reinterpret_cast<std::uint64_t>(f);                  // x19: the argument
+    frame[1] = reinterpret_cast<std::uint64_t>(&simt_fiber_main);  // x20: function to call
+    frame[11] = reinterpret_cast<std::uint64_t>(&simt_fiber_start);  // x30: "return" there
+    // FPCR 0: round to nearest, no traps, no flush-to-zero (the C runtime's default).
+#else
     auto* frame = reinterpret_cast<std::uint64_t*>(top - 80);  // after the pops, rsp = top - 16 (aligned)
     std::uint32_t mxcsr = 0x1f80;
     std::uint16_t fpcw = 0x037f;
@@ -386,6 +487,7 @@ void reset_fiber(Fiber* f) {
     frame[5] = 0;                                              // rbx
     frame[6] = 0;                                              // rbp
     frame[7] = reinterpret_cast<std::uint64_t>(&simt_fiber_start);  // return address
+#endif
     f->sp = frame;
 }
 
@@ -848,9 +950,7 @@ void chain_previous(int sig, siginfo_t* info, void* ctx, const struct sigaction&
 bool explain_fault(Worker* w, const ThreadState* t, std::uintptr_t addr, void* ctx) {
     simt_fault_explainer explain = fault_explainer.load(std::memory_order_acquire);
     if (!explain || w->error.kind != SIMT_OK) return false;
-    // Bit 1 of the x86-64 page-fault error code: the access was a write.
-    const auto* uc = static_cast<const ucontext_t*>(ctx);
-    int is_write = (uc->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+    int is_write = arch::fault_was_write(ctx);
     // Written straight into the error: no buffer on the (small) alternate signal stack.
     char* text = w->error.message;
     text[0] = '\0';
@@ -961,7 +1061,7 @@ void watchdog_handler(int sig, siginfo_t* info, void* ctx) {
     if (!w || !w->current || !w->launch->timed_out.load(std::memory_order_relaxed)) return;
     if (w->in_kernel.load(std::memory_order_relaxed) == 0) return;
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    auto pc = static_cast<std::uintptr_t>(static_cast<const ucontext_t*>(ctx)->uc_mcontext.gregs[REG_RIP]);
+    auto pc = arch::program_counter(ctx);
     if (in_library_code(pc)) return;
     leave_kernel_code(w);
     w->interrupted = w->current;

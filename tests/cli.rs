@@ -1151,10 +1151,11 @@ fn a_sweep_within_the_address_space_limit_still_runs() {
 
 /// The stand-in's settings, removed from every child so that the CI's own (such as
 /// `NANODDP_STANDIN_EXEC=ptx`) do not mix with the one a test sets.
-const STANDIN_SETTINGS: [&str; 4] = [
+const STANDIN_SETTINGS: [&str; 5] = [
     "NANODDP_STANDIN_GPUS",
     "NANODDP_STANDIN_EXEC",
     "NANODDP_STANDIN_JIT_MS",
+    "NANODDP_STANDIN_RANGE_GIB",
     "NANODDP_KERNEL_TIMEOUT_S",
 ];
 
@@ -1266,6 +1267,16 @@ fn a_bad_standin_setting_makes_the_driver_refuse_naming_the_variable() {
         ),
         ("NANODDP_KERNEL_TIMEOUT_S", "soon", "seconds"),
         ("NANODDP_STANDIN_JIT_MS", "1ms", "milliseconds"),
+        (
+            "NANODDP_STANDIN_RANGE_GIB",
+            "0",
+            "GiB of address space per GPU",
+        ),
+        (
+            "NANODDP_STANDIN_RANGE_GIB",
+            "1.5",
+            "GiB of address space per GPU",
+        ),
     ];
     for (var, value, expected) in table {
         let out = on_standin(&["bench", "kernels", "--backend", "cuda"], var, value);
@@ -1287,6 +1298,19 @@ fn a_good_standin_setting_is_honoured() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(stdout.contains("GPU 2:"), "{stdout}");
     assert!(!stdout.contains("GPU 3:"), "{stdout}");
+    // A small address range per GPU (what qemu-user needs) still runs the kernels.
+    let args = [
+        "bench",
+        "kernels",
+        "--backend",
+        "cuda",
+        "--batch",
+        "2",
+        "--repeats",
+        "1",
+    ];
+    let out = on_standin(&args, "NANODDP_STANDIN_RANGE_GIB", "2");
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
 #[test]

@@ -12,7 +12,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use super::isa::{cpu, isa, EngineKind};
+use super::isa::{isa, EngineKind};
 
 /// `dst[i] = f32(src[i])` (equal lengths).
 pub(crate) fn widen(src: &[f16], dst: &mut [f32]) {
@@ -33,10 +33,10 @@ macro_rules! convert_on {
         match engine {
             // SAFETY: the engine's instructions are there (asserted); lengths are equal.
             #[cfg(target_arch = "x86_64")]
-            EngineKind::Avx512 if cpu().avx512 => unsafe { avx512::$f(src, dst) },
+            EngineKind::Avx512 if super::isa::cpu().avx512 => unsafe { avx512::$f(src, dst) },
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
-            EngineKind::Avx2 if cpu().avx2 => unsafe { f16c::$f(src, dst) },
+            EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe { f16c::$f(src, dst) },
             EngineKind::Portable => $portable(src, dst),
             #[allow(unreachable_patterns)]
             _ => panic!("{engine:?} is not available on this CPU"),

@@ -35,6 +35,8 @@ mod lanes;
 mod loss;
 mod microkernel;
 mod optim;
+// Off x86-64 the pair engines' calls are `unreachable!` (the plan never chooses them there).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused, clippy::all))]
 mod pairs;
 mod pool;
 #[cfg(test)]
@@ -53,8 +55,7 @@ use super::op::{
     ShardStats, SoftmaxCrossEntropy, StepBegin, StepEnd,
 };
 use super::precision::Precision;
-use super::{BackendError, DeviceBuffer, DeviceScalar, Memory};
-use super::{SgdStep, StepScalars};
+use super::{BackendError, DeviceBuffer, DeviceScalar, Memory, SgdStep, StepScalars};
 use crate::dtype::DType;
 
 /// `step` with its learning rate and unscaling factor read from `at` when given (what the

@@ -84,13 +84,6 @@ pub(super) fn pairs(steps: &[usize]) -> Vec<Pair> {
     out
 }
 
-/// The steps the pairs cover (the depth of A's rows).
-fn depth(pairs: &[Pair]) -> usize {
-    pairs
-        .last()
-        .map_or(0, |p| p.first + 1 + usize::from(p.paired))
-}
-
 /// x as overlapping pairs: element i is bf16 `x[i]` in its low half and `x[i + 1]` in its
 /// high half (zero past the end). The buffer is kept between calls.
 #[derive(Default)]
@@ -195,7 +188,10 @@ impl PairOperand {
     /// # Panics
     /// If an element lies outside `src`.
     pub(super) fn pack(&mut self, src: &[u16], rows: usize, ld: usize, pairs: &[Pair]) {
-        let depth = depth(pairs);
+        // The steps the pairs cover: the depth of A's rows.
+        let depth = pairs
+            .last()
+            .map_or(0, |p| p.first + 1 + usize::from(p.paired));
         if rows > 0 && depth > 0 {
             assert!(
                 depth <= ld && (rows - 1) * ld + depth <= src.len(),
@@ -306,7 +302,7 @@ fn window_tiles<const V: usize, const R: usize>(
                 vdpbf16ps::window_tile::<V, R>(x.src, &bases, pairs, w, &mut out, b > 0)
             };
             #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("AVX512-BF16 is x86-64 only: {w:?} {pairs:?}");
+            unreachable!("AVX512-BF16 is x86-64 only: {w:?} {pairs:?} {bases:?}");
         }
         let count = R.min(n - r0);
         for (o, c_row) in c.chunks_mut(ldc).take(width).enumerate() {
@@ -597,7 +593,10 @@ pub(super) fn gemm_amx(a: &PairRowsA, b: &PairRows, c: &mut [f32], ldc: usize, a
         amx::product(a, n, copy, c, ldc, accumulate)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("AMX is x86-64 only: {accumulate} {copy:?}");
+    unreachable!(
+        "AMX is x86-64 only: {accumulate} {}",
+        std::any::type_name_of_val(&copy)
+    );
 }
 
 #[cfg(test)]

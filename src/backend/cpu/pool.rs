@@ -351,7 +351,7 @@ mod avx512 {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::super::product_check::{seeded, uniform};
     use super::*;

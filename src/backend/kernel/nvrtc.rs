@@ -234,7 +234,7 @@ unsafe fn take_output(
         Output::Ptx => {
             // SAFETY: guaranteed by the caller.
             let ptx = unsafe { result::get_ptx(program) }?;
-            Ok(ptx.iter().map(|&c| c as u8).collect())
+            Ok(ptx.iter().map(|&c| c.to_ne_bytes()[0]).collect())
         }
         Output::Cubin => {
             let mut size = 0usize;
