@@ -99,20 +99,10 @@ fn lane_offsets(s: &Conv2dShape, lanes: usize) -> (Vec<usize>, Vec<usize>) {
     (scale(tap_offsets(s)), scale(pixel_offsets(s, 1)))
 }
 
-/// The offsets that make a group's im2col matrix implicit, when the convolution has
-/// [`WINDOW_TAPS`] taps or more (else None: im2col is written out).
-struct Offsets {
-    taps: Vec<usize>,
-    pixels: Vec<usize>,
-}
-
-impl Offsets {
-    fn for_shape(s: &Conv2dShape) -> Option<Self> {
-        (s.in_c * s.k_h * s.k_w >= WINDOW_TAPS).then(|| Self {
-            taps: tap_offsets(s),
-            pixels: pixel_offsets(s, GROUP),
-        })
-    }
+/// The offsets (taps, and a [`GROUP`]'s pixels) that make a group's im2col matrix implicit,
+/// when the convolution has [`WINDOW_TAPS`] taps or more (else None: im2col is written out).
+fn window_offsets(s: &Conv2dShape) -> Option<(Vec<usize>, Vec<usize>)> {
+    (s.in_c * s.k_h * s.k_w >= WINDOW_TAPS).then(|| (tap_offsets(s), pixel_offsets(s, GROUP)))
 }
 
 /// Writes the im2col matrix of images `first..first + imgs` of x into `col` (K rows of
@@ -127,7 +117,6 @@ fn im2col_group<T: Precision>(
     let (pq, image_in) = (s.out_h() * s.out_w(), s.in_c * s.in_h * s.in_w);
     let npq = imgs * pq;
     col.resize(s.in_c * s.k_h * s.k_w * npq, 0.0);
-    image.resize(image_in, 0.0);
     for m in 0..imgs {
         let x_n = &x[(first + m) * image_in..][..image_in];
         let x_n = match s.pad {
@@ -280,32 +269,35 @@ fn pooled_groups<'a, 'p, T: Precision>(
 /// The forward's epilogue for one group: each image m's plane o of y is the sums
 /// `plane(m, o, scratch)` returns (or, for None, what it wrote into `scratch`, a plane of
 /// f32) plus the bias, through the ReLU when asked, and with a pool also average-pooled from
-/// the f32 values while they are in cache. `row` and `pooled_row` are f32 scratch of a plane
-/// and a pooled plane (for half storage).
+/// the f32 values. `wide` and `wide_pooled` hold the group's y and pooled outputs in f32 for
+/// half storage, narrowed once each (a conversion call per plane cost more than converting).
 #[allow(clippy::type_complexity)]
 fn write_outputs<'a, T: Precision>(
     s: &Conv2dShape,
     (bias, relu, pool): (Option<&[f32]>, bool, Option<&Pool2dShape>),
-    (y_g, mut pooled_g): (&mut [T], Option<&mut [T]>),
-    (scratch, row, pooled_row): (&mut [f32], &mut [f32], &mut [f32]),
+    (y_g, pooled_g): (&mut [T], Option<&mut [T]>),
+    (scratch, wide, wide_pooled): (&mut [f32], &mut Vec<f32>, &mut Vec<f32>),
     mut plane: impl FnMut(usize, usize, &mut [f32]) -> Option<&'a [f32]>,
 ) {
     let pq = s.out_h() * s.out_w();
-    let pooled_plane = pool.map_or(0, |p| p.out_h() * p.out_w());
-    for (m, y_n) in y_g.chunks_mut(s.out_c * pq).enumerate() {
-        for (o, dst) in y_n.chunks_mut(pq).enumerate() {
-            let b = bias.map_or(0.0, |b| b[o]);
+    let values = write_f32(y_g, wide, |y| {
+        for (i, dst) in y.chunks_mut(pq).enumerate() {
+            let (m, o) = (i / s.out_c, i % s.out_c);
             let src = match plane(m, o, scratch) {
                 Some(src) => src,
                 None => &scratch[..pq],
             };
-            let values = write_f32(dst, row, |r| add_bias_relu(src, b, relu, r));
-            if let (Some(p), Some(pooled_g)) = (pool, pooled_g.as_deref_mut()) {
-                let at = (m * s.out_c + o) * pooled_plane;
-                let pooled = &mut pooled_g[at..at + pooled_plane];
-                write_f32(pooled, pooled_row, |out| avg_plane(p, values, out));
-            }
+            add_bias_relu(src, bias.map_or(0.0, |b| b[o]), relu, dst);
         }
+    });
+    if let (Some(p), Some(pooled_g)) = (pool, pooled_g) {
+        write_f32(pooled_g, wide_pooled, |out| {
+            let out = out.chunks_mut(p.out_h() * p.out_w());
+            values
+                .chunks(pq)
+                .zip(out)
+                .for_each(|(v, o)| avg_plane(p, v, o));
+        });
     }
 }
 
@@ -326,7 +318,6 @@ fn forward_lanes<E: Engine, T: Precision>(
     let (image_in, image_out) = (s.in_c * s.in_h * s.in_w, s.out_c * pq);
     let filter = LaneFilter::<E>::pack(&widen(w), s.out_c, k);
     let (taps, pixels) = lane_offsets(s, E::LANES);
-    let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
     let (pool_shape, pooled_groups) = pooled_groups(s, pool, E::LANES);
     let out_len = filter.ld() * pq * E::LANES;
     y.par_chunks_mut(image_out * E::LANES)
@@ -337,17 +328,14 @@ fn forward_lanes<E: Engine, T: Precision>(
                 (
                     (LaneImages::default(), Vec::new()),
                     vec![0.0f32; out_len],
-                    (vec![0.0f32; pq], vec![0.0f32; pq]),
-                    vec![0.0f32; pooled_plane],
+                    (vec![0.0f32; pq], Vec::new()),
+                    Vec::new(),
                 )
             },
             |((images, wide), out, (plane, row), pooled_row), (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let first = g * E::LANES;
-                let xg = widened(&x[first * image_in..(first + imgs) * image_in], {
-                    wide.resize(imgs * image_in, 0.0);
-                    wide
-                });
+                let xg = widened(&x[first * image_in..(first + imgs) * image_in], wide);
                 let windows = LaneWindows {
                     src: images.build::<E>(s, xg, imgs),
                     pixels: &pixels,
@@ -371,28 +359,29 @@ fn forward_lanes<E: Engine, T: Precision>(
 }
 
 /// Gathers a group's output gradients (images `first..first + imgs`, each O x PQ) into O rows
-/// of `imgs·PQ` (f32); `tmp` holds two planes (pooled and full) for the pooled source.
+/// of `imgs·PQ` (f32); half values are widened a group at a time into `tmp`'s buffers.
 fn gather_dy<T: Precision>(
     dy: &OutputGrad<T>,
     (first, imgs): (usize, usize),
     (out_c, pq): (usize, usize),
     dst: &mut [f32],
-    tmp: &mut [f32],
+    [tmp, tmp_act]: &mut [Vec<f32>; 2],
 ) {
-    let npq = imgs * pq;
-    for m in 0..imgs {
-        for o in 0..out_c {
-            let plane = (first + m) * out_c + o;
-            let row = &mut dst[o * npq + m * pq..o * npq + (m + 1) * pq];
-            match dy {
-                OutputGrad::Tensor(dy) => T::widen_slice(&dy[plane * pq..(plane + 1) * pq], row),
-                OutputGrad::Pooled { pool, d_pooled, y } => {
-                    let pooled = pool.out_h() * pool.out_w();
-                    let (g, act) = tmp.split_at_mut(pooled);
-                    let g = widened(&d_pooled[plane * pooled..(plane + 1) * pooled], g);
-                    let act = widened(&y[plane * pq..(plane + 1) * pq], &mut act[..pq]);
-                    avg_relu_backward_plane(pool, g, act, row);
-                }
+    let (npq, planes) = (imgs * pq, first * out_c..(first + imgs) * out_c);
+    let row = |i: usize| (i % out_c) * npq + (i / out_c) * pq;
+    match dy {
+        OutputGrad::Tensor(dy) => {
+            let src = widened(&dy[planes.start * pq..planes.end * pq], tmp);
+            for (i, plane) in src.chunks(pq).enumerate() {
+                dst[row(i)..][..pq].copy_from_slice(plane);
+            }
+        }
+        OutputGrad::Pooled { pool, d_pooled, y } => {
+            let pooled = pool.out_h() * pool.out_w();
+            let g = widened(&d_pooled[planes.start * pooled..planes.end * pooled], tmp);
+            let act = widened(&y[planes.start * pq..planes.end * pq], tmp_act);
+            for (i, (g, act)) in g.chunks(pooled).zip(act.chunks(pq)).enumerate() {
+                avg_relu_backward_plane(pool, g, act, &mut dst[row(i)..][..pq]);
             }
         }
     }
@@ -438,7 +427,7 @@ pub(super) fn forward<T: Precision>(
     }
     // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ), col read from the images
     // (the lanes, or the bf16 pairs) or written out (im2col, GEMM tile).
-    let offsets = Offsets::for_shape(s);
+    let offsets = window_offsets(s);
     if offsets.is_some() && pair_bits(x).is_none() {
         return with_engine!(E => forward_lanes::<E, T>(s, x, w, bias, y, relu, pool));
     }
@@ -448,8 +437,8 @@ pub(super) fn forward<T: Precision>(
     let bf16 = offsets.as_ref().zip(pair_bits(x)).zip(pair_bits(w));
     let mut w_pairs = PairOperand::for_this_cpu();
     let tap_pairs = match bf16 {
-        Some(((o, _), w_bits)) => {
-            let grouped = pairs(&o.taps);
+        Some((((taps, _), _), w_bits)) => {
+            let grouped = pairs(taps);
             w_pairs.pack(w_bits, s.out_c, k, &grouped);
             grouped
         }
@@ -458,7 +447,6 @@ pub(super) fn forward<T: Precision>(
             Vec::new()
         }
     };
-    let pooled_plane = pool.as_ref().map_or(0, |(p, _)| p.out_h() * p.out_w());
     let (pool_shape, pooled_groups) = pooled_groups(s, pool, GROUP);
     y.par_chunks_mut(image_out * GROUP)
         .zip(pooled_groups)
@@ -469,18 +457,18 @@ pub(super) fn forward<T: Precision>(
                     vec![0.0f32; s.out_c * pq * GROUP],
                     (Vec::new(), Vec::new()),
                     (Vec::new(), PairImage::default()),
-                    vec![0.0f32; pq],
-                    vec![0.0f32; pooled_plane],
+                    Vec::new(),
+                    Vec::new(),
                 )
             },
             |(out, (images, col), (bits, image_pairs), row, pooled_row),
              (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let npq = imgs * pq;
-                if let Some(((o, x_bits), _)) = bf16 {
+                if let Some((((_, pixels), x_bits), _)) = bf16 {
                     let col = PairWindows {
                         src: image_pairs.build(group_bits(s, x_bits, (g * GROUP, imgs), bits)),
-                        rows: &o.pixels[..npq],
+                        rows: &pixels[..npq],
                         pairs: &tap_pairs,
                         block: FORWARD_BLOCK / 2,
                     };
@@ -520,14 +508,14 @@ pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], d
                 (
                     vec![0.0f32; k * pq * GROUP],
                     vec![0.0f32; s.out_c * pq * GROUP],
-                    vec![0.0f32; image_in],
+                    (vec![0.0f32; image_in], Default::default()),
                     PairRows::default(),
                 )
             },
-            |(dcol, dyg, acc, dy_pairs), (g, dx_g)| {
+            |(dcol, dyg, (acc, wide), dy_pairs), (g, dx_g)| {
                 let imgs = dx_g.len() / image_in;
                 let source = OutputGrad::Tensor(dy);
-                gather_dy(&source, (g * GROUP, imgs), (s.out_c, pq), dyg, &mut []);
+                gather_dy(&source, (g * GROUP, imgs), (s.out_c, pq), dyg, wide);
                 input_grad_group(s, &w_t, dyg, (dcol, dy_pairs), dx_g, acc);
             },
         );
@@ -543,12 +531,17 @@ fn backward_input_lanes<E: Engine, T: Precision>(s: &Conv2dShape, dy: &[T], w: &
         .for_each_init(
             || {
                 let dy_lanes = vec![0.0f32; s.out_c * pq * E::LANES];
-                (dy_lanes.clone(), dy_lanes, Vec::new(), Vec::new())
+                (
+                    dy_lanes.clone(),
+                    dy_lanes,
+                    (Vec::new(), Default::default()),
+                    Vec::new(),
+                )
             },
-            |(dyg, dy_lanes, dx_lanes, plane), (g, dx_g)| {
+            |(dyg, dy_lanes, (dx_lanes, wide), plane), (g, dx_g)| {
                 let imgs = dx_g.len() / image_in;
                 let source = OutputGrad::Tensor(dy);
-                gather_dy(&source, (g * E::LANES, imgs), (s.out_c, pq), dyg, &mut []);
+                gather_dy(&source, (g * E::LANES, imgs), (s.out_c, pq), dyg, wide);
                 into_lanes(dyg, (s.out_c, imgs, pq), (0, E::LANES), dy_lanes);
                 lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx_g);
             },
@@ -642,7 +635,6 @@ impl<E: Engine> LaneInput<E> {
         dx_lanes.clear();
         dx_lanes.resize(s.in_c * hp * wp * E::LANES, 0.0);
         lane_input_grad::<E>(dy_lanes, &self.w, (&self.taps, &self.pixels), dx_lanes);
-        plane.resize(hw, 0.0);
         for (m, dx_m) in dx.chunks_mut(s.in_c * hw).enumerate() {
             for (c, dst) in dx_m.chunks_mut(hw).enumerate() {
                 write_f32(dst, plane, |d| {
@@ -668,7 +660,7 @@ fn input_grad_group<T: Precision>(
     dyg: &[f32],
     (dcol, dy_pairs): (&mut [f32], &mut PairRows),
     dx_group: &mut [T],
-    scratch: &mut [f32],
+    scratch: &mut Vec<f32>,
 ) {
     let (pq, image_in) = (s.out_h() * s.out_w(), s.in_c * s.in_h * s.in_w);
     let npq = dx_group.len() / image_in * pq;
@@ -707,7 +699,7 @@ pub(super) fn backward_filter<T: Precision>(
     // images (taps as rows, pixels as steps) and dy transposed to pixel-major.
     // dcol_group = wᵀ (K x O) · dy_group, then col2im, for the input gradient.
     let with_bias = db.is_some();
-    let offsets = Offsets::for_shape(s);
+    let offsets = window_offsets(s);
     // With the images in the lanes ([`filter_chunks_lanes`]) the input gradient is
     // [`LaneInput`]'s, else FilterT's.
     let in_lanes = offsets.is_some() && pair_bits(x).is_none();
@@ -748,7 +740,7 @@ pub(super) fn backward_filter<T: Precision>(
                     vec![0.0f32; s.out_c * pq * GROUP],
                     vec![0.0f32; image_in],
                     vec![0.0f32; scratch_dcol],
-                    vec![0.0f32; 2 * pq],
+                    Default::default(),
                     (
                         Vec::new(),
                         PairOperand::for_this_cpu(),
@@ -776,15 +768,15 @@ pub(super) fn backward_filter<T: Precision>(
                     let imgs = GROUP.min(end - first);
                     let npq = imgs * pq;
                     gather_dy(&dy, (first, imgs), (s.out_c, pq), dyg, tmp);
-                    if let Some((o, x_bits)) = bf16 {
-                        let pixel_pairs = pairs(&o.pixels[..npq]);
+                    if let Some(((taps, pixels), x_bits)) = bf16 {
+                        let pixel_pairs = pairs(&pixels[..npq]);
                         dy_bits.resize(s.out_c * npq, 0);
                         narrow_bf16(&dyg[..s.out_c * npq], bytemuck::cast_slice_mut(dy_bits));
                         dy_pairs.pack(dy_bits, s.out_c, npq, &pixel_pairs);
                         // One block per group, as below.
                         let col_t = PairWindows {
                             src: image_pairs.build(group_bits(s, x_bits, (first, imgs), bits)),
-                            rows: &o.taps,
+                            rows: taps,
                             pairs: &pixel_pairs,
                             block: pixel_pairs.len(),
                         };
@@ -863,7 +855,7 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
             || {
                 (
                     (LaneImages::default(), Vec::new()),
-                    (vec![0.0f32; s.out_c * pq * GROUP], vec![0.0f32; 2 * pq]),
+                    (vec![0.0f32; s.out_c * pq * GROUP], Default::default()),
                     // dy's lanes: channels past O stay zero.
                     (vec![0.0f32; ld * pq * lanes], vec![0.0f32; ld * k * lanes]),
                     (Vec::new(), Vec::new()),
@@ -902,10 +894,7 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
                         let dx = &mut dx_chunk[at..at + set * image_in];
                         lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx);
                     }
-                    let xg = widened(&x[set_first * image_in..(set_first + set) * image_in], {
-                        wide.resize(set * image_in, 0.0);
-                        wide
-                    });
+                    let xg = widened(&x[set_first * image_in..(set_first + set) * image_in], wide);
                     let windows = LaneWindows {
                         src: images.build::<E>(s, xg, set),
                         pixels: &pixels,

@@ -82,23 +82,17 @@ fn pair_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
     (T::DTYPE == DType::BF16 && (isa.amx || isa.bf16_products)).then(|| bytemuck::cast_slice(v))
 }
 
-/// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`.
-fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut [f32]) -> &'a [f32] {
+/// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`
+/// (resized to fit).
+fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
     match T::as_f32(src) {
         Some(s) => s,
         None => {
-            let scratch = &mut scratch[..src.len()];
+            scratch.resize(src.len(), 0.0);
             T::widen_slice(src, scratch);
             scratch
         }
     }
-}
-
-/// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`
-/// (resized to fit).
-fn widened_into<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
-    scratch.resize(if T::DTYPE.is_half() { src.len() } else { 0 }, 0.0);
-    widened(src, scratch)
 }
 
 thread_local! {
@@ -116,11 +110,11 @@ fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
     })
 }
 
-/// Runs `f` on an f32 view of `dst`: `dst` itself when `T` is f32, else `scratch`, rounded
-/// into `dst` afterwards. Returns the f32 values written.
+/// Runs `f` on an f32 view of `dst`: `dst` itself when `T` is f32, else `scratch` (resized to
+/// fit), rounded into `dst` afterwards. Returns the f32 values written.
 fn write_f32<'a, T: Precision>(
     dst: &'a mut [T],
-    scratch: &'a mut [f32],
+    scratch: &'a mut Vec<f32>,
     f: impl FnOnce(&mut [f32]),
 ) -> &'a [f32] {
     if T::as_f32(dst).is_some() {
@@ -128,7 +122,7 @@ fn write_f32<'a, T: Precision>(
         f(d);
         return d;
     }
-    let scratch = &mut scratch[..dst.len()];
+    scratch.resize(dst.len(), 0.0);
     f(scratch);
     T::narrow_slice(scratch, dst);
     scratch
@@ -366,7 +360,7 @@ impl BackendImpl for CpuDevice {
                 let mut product = |c32: &mut [f32]| match bf16_bits(a).zip(bf16_bits(b)) {
                     Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c32, ep),
                     None => {
-                        let (a32, b32) = (widened_into(a, wide_a), widened_into(b, wide_b));
+                        let (a32, b32) = (widened(a, wide_a), widened(b, wide_b));
                         gemm::gemm_f32(shape, a32, b32, bias, c32, ep);
                     }
                 };

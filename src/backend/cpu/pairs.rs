@@ -27,7 +27,7 @@
 //! in the registers, then into the running total, on `vdpbf16ps`; all pairs in one chain on
 //! AMX). Deterministic; the results differ from the f32 products' in the last bits. There is
 //! no portable version: a CPU without AVX512-BF16 widens bf16 and runs the f32 engines
-//! (`conv.rs` and `gemm.rs` choose, through [`super::pair_bits`]).
+//! (`mod.rs`' `pair_bits` and `bf16_bits` decide for the convolutions and linear layers).
 
 use super::isa::isa;
 use super::microkernel::MR;

@@ -6,7 +6,7 @@
 //! - [`avx512`]: 16 lanes in 32 registers, a lane tile of 5 x 5 accumulators;
 //! - [`avx2`]: 8 lanes in 16 registers (AVX2 with FMA), a lane tile of 3 x 3;
 //! - [`portable`]: 4 lanes as plain arrays the compiler vectorizes for whatever the target
-//!   has (SSE2 on baseline x86-64), a lane tile of 3 x 3, multiplies and adds not fused;
+//!   has (SSE2 on baseline x86-64), a lane tile of 4 x 3, multiplies and adds not fused;
 //! - [`vdpbf16ps`] (AVX512-BF16) and [`amx`] (AMX-BF16 tiles): the bf16 pair engines, whose
 //!   operands are two bf16 values per 32-bit word: their tiles serve `pairs.rs`' products,
 //!   outside the trait.
