@@ -1245,7 +1245,11 @@ fn a_cpu_isa_level_is_honoured_where_the_cpu_has_it_and_refused_where_not() {
 /// stand-in setting.
 fn on_standin(args: &[&str], var: &str, value: &str) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_nanoddp"));
-    cmd.args(args).env("LD_LIBRARY_PATH", STANDIN_DIR);
+    // The stand-in first; NVRTC's folder, where the path names it, kept for kernels built
+    // without nvcc.
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    cmd.args(args)
+        .env("LD_LIBRARY_PATH", format!("{STANDIN_DIR}:{path}"));
     for v in STANDIN_SETTINGS {
         cmd.env_remove(v);
     }
