@@ -50,7 +50,7 @@
 // 256): blocked and compensated (Kahan over the slices' sums), so an element's error stays
 // near that of 16 additions however long the reduction.
 //
-// The filter gradient's split: S slices of the batch (S a function of the shape only:
+// The filter gradient's split: S slices of the batch's pixels (S a function of the shape only:
 // enough blocks for a GPU, never the GPU's own size, so results are the same bits on every
 // GPU). Each block writes its slice's partial tile into `scratch`; the partials are then
 // added in slice order, compensated, in two levels of about √S each by the last blocks to
@@ -87,13 +87,12 @@ __device__ __forceinline__ Tap tap(int b, int row, int col, int a, int pooled) {
 }
 __device__ __forceinline__ Tap no_tap() { return tap(0, OFF_PLANE, 0, -1, -1); }
 
-// The convolution's output gradient where a 2x2, stride-2 average pool follows its ReLU:
-// d_pooled of the pixel's window / 4 where the ReLU passed (y > 0), 0 where it did not or
-// no window reads the pixel (pooled_at < 0).
+// The convolution's output gradient at a pixel of a window of the 2x2, stride-2 average pool
+// that follows its ReLU: d_pooled of the window / 4 where the ReLU passed (y > 0), else 0.
 template <class T>
 __device__ __forceinline__ float through_pool(const T* __restrict__ d_pooled, const T* __restrict__ y, int y_at,
                                               int pooled_at) {
-    return (pooled_at >= 0 && (float)y[y_at] > 0.0f) ? (float)d_pooled[pooled_at] * 0.25f : 0.0f;
+    return (float)y[y_at] > 0.0f ? (float)d_pooled[pooled_at] * 0.25f : 0.0f;
 }
 
 template <int BM_, int BN_, int TM_, int TN_>
@@ -109,11 +108,16 @@ struct Tile {
     static constexpr int B_ROWS = THREADS / BN, B_PER = CONV_BK / B_ROWS;
 };
 
-// N consecutive floats from 4N-byte-aligned shared memory, in one vector load.
+// N consecutive floats from 4N-byte-aligned shared memory (16-byte aligned for 8), in one
+// vector load (two for 8).
 template <int N>
 __device__ __forceinline__ void load_vector(const float* __restrict__ p, float (&out)[N]) {
-    static_assert(N == 2 || N == 4, "vector loads of 2 or 4 floats");
-    if constexpr (N == 4) {
+    static_assert(N == 2 || N == 4 || N == 8, "vector loads of 2, 4 or 8 floats");
+    if constexpr (N == 8) {
+        const float4 u = *reinterpret_cast<const float4*>(p), v = *reinterpret_cast<const float4*>(p + 4);
+        out[0] = u.x, out[1] = u.y, out[2] = u.z, out[3] = u.w;
+        out[4] = v.x, out[5] = v.y, out[6] = v.z, out[7] = v.w;
+    } else if constexpr (N == 4) {
         const float4 v = *reinterpret_cast<const float4*>(p);
         out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
     } else {
@@ -345,15 +349,97 @@ __device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, co
     }
 }
 
+// ---------------------------------------------------------------- input gradient by planes
+// dx = col2im(Wᵀ · dy), one image and one group of input channels a block, grid (⌈C / G⌉,
+// batch): first the product D[(c,i,j)][(p,q)] = Σ_o w[o][c][i][j] · dy[n][o][p][q] for the
+// group's G·KH·KW filter taps (rows, at most BM) and the output pixels of the region p <
+// region_h, q < region_w (where dy may be nonzero: the pool's windows when a 2x2 pool
+// follows, else the plane), BN pixels at a time, into shared memory (`planes`, the host
+// sizes it); then each dx element of the group as the sum, taps (i, j) ascending, of D at the
+// pixel each tap came from. Every product is one that lands on the plane: the implicit GEMM
+// above also multiplies the taps that fall off it (52% of them at LeNet's conv2), and writes
+// no element twice, so no atomics. A: w[o][(c,i,j)], contiguous along the group's rows; B:
+// dy's planes, contiguous along the pixels.
+template <class T, class Cfg>
+__device__ __forceinline__ void conv_backward_input_planes(const T* __restrict__ dy, const T* __restrict__ w,
+                                                           T* __restrict__ dx, int in_c, int in_h, int in_w,
+                                                           int out_c, int k_h, int k_w, int stride, int pad,
+                                                           int out_h, int out_w, int region_h, int region_w,
+                                                           int group) {
+    SIMT_DYNAMIC_SHARED(float, planes);  // [nc·KH·KW][region_h·region_w]
+    const int n = blockIdx.y, c0 = blockIdx.x * group, nc = min(group, in_c - c0);
+    const int window = k_h * k_w, rows = nc * window, depth = in_c * window;
+    const int out_plane = out_h * out_w, region = region_h * region_w;
+    const T* __restrict__ dy_img = dy + (long long)n * out_c * out_plane;
+    auto entry = [&](int o) { return o < out_c ? tap(o * out_plane, 0, 0, o * depth + c0 * window, 0) : no_tap(); };
+    auto load_a = [&](int m, int, Tap e) { return (e.a >= 0 && m < rows) ? (float)w[e.a + m] : 0.0f; };
+    const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
+    for (int col0 = 0; col0 < region; col0 += Cfg::BN) {
+        const int col = col0 + (int)threadIdx.x % Cfg::BN;
+        int at = -1;  // this thread's B column: its pixel's offset in a plane of dy, or none
+        if (col < region) {
+            const int p = col / region_w;
+            at = p * out_w + col - p * region_w;
+        }
+        auto load_b = [&](Tap e) { return (e.a >= 0 && at >= 0) ? (float)dy_img[e.b + at] : 0.0f; };
+        float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
+        gathered_product<Cfg, false>(0, out_c, 0, entry, load_a, load_b, acc, carry);
+        SIMT_UNROLL
+        for (int i = 0; i < Cfg::TM; ++i) {
+            const int m = ty * Cfg::TM + i;
+            SIMT_UNROLL
+            for (int j = 0; j < Cfg::TN; ++j) {
+                const int c = col0 + tx * Cfg::TN + j;
+                if (m < rows && c < region) planes[m * region + c] = acc[i][j];
+            }
+        }
+    }
+    __syncthreads();
+    const int plane = in_h * in_w;
+    for (int e = threadIdx.x; e < nc * plane; e += Cfg::THREADS) {
+        const int cl = e / plane, hw = e - cl * plane, h = hw / in_w, x = hw - h * in_w;
+        const float* __restrict__ taps = planes + cl * window * region;
+        float sum = 0.0f;
+        if (stride == 1) {  // the taps that land on the region: i and j in ranges, no tests
+            const int i0 = max(0, h + pad - region_h + 1), i1 = min(k_h, h + pad + 1);
+            const int j0 = max(0, x + pad - region_w + 1), j1 = min(k_w, x + pad + 1);
+            for (int i = i0; i < i1; ++i) {
+                // D[(i, j)][(h + pad - i, x + pad - j)]: one tap on is region - 1 floats on.
+                const float* __restrict__ t = taps + (i * k_w + j0) * region + (h + pad - i) * region_w + x + pad - j0;
+                for (int j = j0; j < j1; ++j, t += region - 1) sum += *t;
+            }
+        } else {
+            for (int i = 0; i < k_h; ++i) {
+                int p = h + pad - i;  // p·stride: decreasing with i
+                if (p < 0) break;
+                if (p % stride != 0) continue;
+                p /= stride;
+                if (p >= region_h) continue;
+                for (int j = 0; j < k_w; ++j) {
+                    int q = x + pad - j;
+                    if (q < 0) break;
+                    if (q % stride != 0) continue;
+                    q /= stride;
+                    if (q < region_w) sum += taps[(i * k_w + j) * region + p * region_w + q];
+                }
+            }
+        }
+        dx[((long long)n * in_c + c0 + cl) * plane + hw] = (T)sum;
+    }
+}
+
 // ---------------------------------------------------------------- filter and bias gradients
-// Grid (ceil(K / BN), ceil(O / BM), S). Block (bx, by, s) reduces images
-// [s·per, min(batch, (s + 1)·per)), per = ceil(batch / S), over the pixels r = (n, p, q):
-// A = dy[o][r], B = x̂[r][k], entry(r) = (n·C·H·W + (p·s - pad)·W + q·s - pad, p·s - pad,
-// q·s - pad, n·O·P·Q + p·Q + q, the pixel's window in the pooled gradient or -1); each
-// thread's B column is one filter tap (c, i, j). With `y_or_null`, `dy` is the gradient at a
-// 2x2, stride-2 average pool of the ReLU output y, and A is the convolution's output
-// gradient through both (through_pool), which `dy_out_or_null` receives (from the blocks of
-// the first column of tiles: each element once) for an input-gradient pass to read.
+// Grid (ceil(K / BN), ceil(O / BM), S). The reduction runs over the pixels r = (n, p, q) of
+// a region of each plane, R = RH·RW of them: the plane, or with a pool the windows' pixels
+// (p < 2·⌊P/2⌋, q < 2·⌊Q/2⌋: the output gradient is zero past them). Block (bx, by, s)
+// reduces r in [s·per, min(batch·R, (s + 1)·per)), per = ceil(batch·R / S) rounded up to
+// CONV_BK: A = dy[o][r], B = x̂[r][k], entry(r) = (n·C·H·W + (p·s - pad)·W + q·s - pad,
+// p·s - pad, q·s - pad, n·O·P·Q + p·Q + q, the pixel's window in the pooled gradient or -1);
+// each thread's B column is one filter tap (c, i, j). With `y_or_null`, `dy` is the gradient
+// at a 2x2, stride-2 average pool of the ReLU output y, and A is the convolution's output
+// gradient through both (through_pool), which `dy_out_or_null` receives at the windows'
+// pixels (from the blocks of the first column of tiles: each element once; the rest of the
+// plane is not written) for an input-gradient pass over that region to read.
 // `scratch`: (S + ⌈S / ⌈√S⌉⌉)·(O·K + O) floats of partials, `counters` ⌈S / ⌈√S⌉⌉ + 1 ints
 // per tile, zero between launches (split_sum.cuh). Neither is used when S = 1.
 // `db_or_null`: no bias gradient when null.
@@ -369,8 +455,10 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     const int m0 = blockIdx.y * Cfg::BM, n0 = blockIdx.x * Cfg::BN, s = blockIdx.z;
     const int pixels = out_h * out_w, window = k_h * k_w, depth = in_c * window;
     const int ph = out_h / 2, pw = out_w / 2;
-    const int per = (batch + splits - 1) / splits;
-    const int img0 = min(batch, s * per), img1 = min(batch, img0 + per);
+    const int region_w = y ? 2 * pw : out_w, region = y ? 2 * ph * region_w : pixels;
+    // Slice s: pixels [r0, r1) of the batch's regions, a multiple of CONV_BK each but the last.
+    const int all = batch * region, per = ((all + splits - 1) / splits + CONV_BK - 1) / CONV_BK * CONV_BK;
+    const int r0 = min(all, s * per), r1 = min(all, r0 + per);
     const bool with_bias = db_or_null != nullptr && blockIdx.x == 0;
     const int kc = n0 + tid % Cfg::BN;  // this thread's B column: filter tap (c, i, j)
     int x_tap = 0, ti = OFF_PLANE, tj = 0;
@@ -380,13 +468,12 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
         tj = ij - ti * k_w;
         x_tap = c * in_h * in_w + ti * in_w + tj;
     }
-    const int r1 = img1 * pixels;
     auto entry = [&](int r) {
         if (r >= r1) return no_tap();
-        const int n = r / pixels, pq = r - n * pixels, p = pq / out_w, q = pq - p * out_w;
+        const int n = r / region, pq = r - n * region, p = pq / region_w, q = pq - p * region_w;
         const int ih0 = p * stride - pad, iw0 = q * stride - pad;
-        const int window_at = (p < 2 * ph && q < 2 * pw) ? n * out_c * ph * pw + (p >> 1) * pw + (q >> 1) : -1;
-        return tap(n * in_c * in_h * in_w + ih0 * in_w + iw0, ih0, iw0, n * out_c * pixels + pq, window_at);
+        const int window_at = n * out_c * ph * pw + (p >> 1) * pw + (q >> 1);  // read with y only
+        return tap(n * in_c * in_h * in_w + ih0 * in_w + iw0, ih0, iw0, n * out_c * pixels + p * out_w + q, window_at);
     };
     float bias_acc[Cfg::A_PER], bias_carry[Cfg::A_PER];
     for (int r = 0; r < Cfg::A_PER; ++r) bias_acc[r] = bias_carry[r] = 0.0f;
@@ -394,7 +481,7 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
         float v = 0.0f;
         if (e.a >= 0 && o < out_c) {
             const int at = e.a + o * pixels;
-            v = y ? through_pool(dy, y, at, e.pooled >= 0 ? e.pooled + o * ph * pw : -1) : (float)dy[at];
+            v = y ? through_pool(dy, y, at, e.pooled + o * ph * pw) : (float)dy[at];
             if (dy_out && blockIdx.x == 0) dy_out[at] = (T)v;
         }
         if (with_bias) {  // Kahan, one term at a time: these lanes' share of db
@@ -410,7 +497,7 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
         return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[e.b + x_tap] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    gathered_product<Cfg, true>(img0 * pixels, r1, m0, entry, load_a, load_b, acc, carry);
+    gathered_product<Cfg, true>(r0, r1, m0, entry, load_a, load_b, acc, carry);
     // The bias partials: the CONV_BK lanes sharing each row of A (consecutive lanes) added
     // by a fixed tree of shuffles.
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
@@ -503,6 +590,7 @@ __device__ __forceinline__ void conv2d_backward_bias(const T* __restrict__ dy, f
 using Tile64x64 = Tile<64, 64, 4, 4>;
 using Tile32x128 = Tile<32, 128, 4, 4>;
 using Tile32x16 = Tile<32, 16, 2, 2>;
+using Tile128x64 = Tile<128, 64, 8, 4>;
 
 #define CONV_FORWARD_PARAMS                                                                                   \
     (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y, \
@@ -535,6 +623,15 @@ template <class T> __device__ __forceinline__ void conv2d_backward_input_64x64 C
 template <class T> __device__ __forceinline__ void conv2d_backward_input_32x128 CONV_INPUT_PARAMS {
     conv_backward_input<T, Tile32x128> CONV_INPUT_ARGS;
 }
+template <class T>
+__device__ __forceinline__ void conv2d_backward_input_planes(const T* __restrict__ dy, const T* __restrict__ w,
+                                                             T* __restrict__ dx, int in_c, int in_h, int in_w,
+                                                             int out_c, int k_h, int k_w, int stride, int pad,
+                                                             int out_h, int out_w, int region_h, int region_w,
+                                                             int group) {
+    conv_backward_input_planes<T, Tile128x64>(dy, w, dx, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h,
+                                              out_w, region_h, region_w, group);
+}
 template <class T> __device__ __forceinline__ void conv2d_backward_filter_64x64 CONV_FILTER_PARAMS {
     conv_backward_filter<T, Tile64x64> CONV_FILTER_ARGS;
 }
@@ -562,6 +659,11 @@ NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_32x128, (256, 3),
     (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,
      int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),
     (dy, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
+NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_planes, (256, 2),
+    (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int in_c, int in_h, int in_w,
+     int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int region_h, int region_w,
+     int group),
+    (dy, w, dx, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w, region_h, region_w, group))
 NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter_64x64, (256, 2),
     (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null,
      T* __restrict__ dy_out_or_null, float* __restrict__ dw, float* __restrict__ db_or_null,
@@ -569,7 +671,7 @@ NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter_64x64, (256, 2),
      int k_h, int k_w, int stride, int pad, int out_h, int out_w, int splits),
     (x, dy, y_or_null, dy_out_or_null, dw, db_or_null, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w,
      stride, pad, out_h, out_w, splits))
-NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter_32x16, (128),
+NANODDP_ENTRY_EACH_TYPE(conv2d_backward_filter_32x16, (128, 8),
     (const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y_or_null,
      T* __restrict__ dy_out_or_null, float* __restrict__ dw, float* __restrict__ db_or_null,
      float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h, int in_w, int out_c,

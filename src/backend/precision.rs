@@ -22,6 +22,8 @@ pub enum PrecisionOp {
     Conv2dBackwardInput64x64,
     /// `conv2d_backward_input_32x128_*` (for at most 32)
     Conv2dBackwardInput32x128,
+    /// `conv2d_backward_input_planes_*` (an image's planes a block: where they fit)
+    Conv2dBackwardInputPlanes,
     /// `conv2d_backward_filter_64x64_*` (filter and bias gradients)
     Conv2dBackwardFilter64x64,
     /// `conv2d_backward_filter_32x16_*` (for at most 32 x 16 filter elements)
@@ -69,6 +71,7 @@ impl PrecisionOp {
             Self::Conv2dForward32x128 => &conv::CONV2D_FORWARD_32X128,
             Self::Conv2dBackwardInput64x64 => &conv::CONV2D_BACKWARD_INPUT_64X64,
             Self::Conv2dBackwardInput32x128 => &conv::CONV2D_BACKWARD_INPUT_32X128,
+            Self::Conv2dBackwardInputPlanes => &conv::CONV2D_BACKWARD_INPUT_PLANES,
             Self::Conv2dBackwardFilter64x64 => &conv::CONV2D_BACKWARD_FILTER_64X64,
             Self::Conv2dBackwardFilter32x16 => &conv::CONV2D_BACKWARD_FILTER_32X16,
             Self::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS,

@@ -79,6 +79,13 @@ fn fuses_pool(pool: &Pool2dShape) -> bool {
     pool.k_h == 2 && pool.k_w == 2 && pool.stride == 2
 }
 
+/// The rows and columns of `s`'s output plane that a fused pool's windows cover, from the
+/// top left (all but the last row and column of an odd plane): the output gradient through
+/// the pool is zero past them.
+fn pool_windows(s: &Conv2dShape) -> (usize, usize) {
+    (s.out_h() / 2 * 2, s.out_w() / 2 * 2)
+}
+
 /// A convolution's input, filter and bias.
 type ConvOperands<'a, D, T> = (
     &'a <D as Memory>::Buffer<T>,
@@ -122,14 +129,49 @@ fn launch_conv_forward<D: KernelDevice, T: Precision>(
     unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
 }
 
-/// Launches `kernels/conv.cu`'s input gradient.
+/// Rows of `conv2d_backward_input_planes`' tile (`Tile128x64` in `kernels/conv.cu`): the
+/// filter taps (c, i, j) of its channel group.
+const PLANES_ROWS: usize = 128;
+
+/// Dynamic shared memory `conv2d_backward_input_planes` takes at most for its products: with
+/// its 13 KiB of staging, under the 48 KiB every GPU grants without opting in.
+const PLANES_SHARED_BYTES: usize = 32 << 10;
+
+/// Launches `kernels/conv.cu`'s input gradient: an image's planes a block
+/// (`conv2d_backward_input_planes`) where a channel's taps fit its tile and their products
+/// over `region` (the output pixels where `dy` may be nonzero, from the top left) its shared
+/// memory, else the implicit GEMM.
 fn launch_conv_backward_input<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
     dy: &D::Buffer<T>,
     w: &D::Buffer<T>,
     dx: &mut D::Buffer<T>,
+    region: (usize, usize),
 ) -> OpResult {
+    let window = s.k_h * s.k_w;
+    let pixels = region.0 * region.1;
+    let group = (PLANES_ROWS / window)
+        .min(PLANES_SHARED_BYTES / (4 * window * pixels.max(1)))
+        .min(s.in_c);
+    if group > 0 {
+        let mut args = vec![
+            KernelArg::buffer(dy),
+            KernelArg::buffer(w),
+            KernelArg::buffer_mut(dx),
+        ];
+        args.extend(conv_dims(s).into_iter().skip(1));
+        args.extend([i32_arg(region.0), i32_arg(region.1), i32_arg(group)]);
+        let cfg = LaunchConfig {
+            grid: (blocks(s.in_c, group), s.batch as u32, 1),
+            block: (256, 1, 1),
+            shared_bytes: (4 * group * window * pixels) as u32,
+        };
+        let kernel = PrecisionOp::Conv2dBackwardInputPlanes.kernel(T::DTYPE);
+        // SAFETY: the arguments were checked as the operation's (module docs); the region
+        // lies in the output plane and the shared memory holds the group's products over it.
+        return unsafe { device.launch(kernel, cfg, &args) };
+    }
     let (kernel, tile) = if s.in_c > 32 {
         (PrecisionOp::Conv2dBackwardInput64x64, TILE_64X64)
     } else {
@@ -151,7 +193,8 @@ enum FilterDy<'a, D: Memory, T: Precision> {
     /// The convolution's own.
     Tensor(&'a D::Buffer<T>),
     /// The gradient at a 2x2, stride-2 average pool of the ReLU output `y`; with `out`, the
-    /// kernel also writes the convolution's output gradient it computes there.
+    /// kernel also writes the convolution's output gradient it computes there, at the pool
+    /// windows' pixels (the rest of `out` is left as it was).
     Pooled {
         d_pooled: &'a D::Buffer<T>,
         y: &'a D::Buffer<T>,
@@ -175,11 +218,17 @@ fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
     } else {
         (PrecisionOp::Conv2dBackwardFilter64x64, TILE_64X64)
     };
-    let splits = filter_splits(s, tile);
     let (dy, y, out) = match dy {
         FilterDy::Tensor(dy) => (dy, None, None),
         FilterDy::Pooled { d_pooled, y, out } => (d_pooled, Some(y), out),
     };
+    // The pixels of a plane the reduction runs over: with a pool, its windows'.
+    let (rows, cols) = match y {
+        Some(_) => pool_windows(s),
+        None => (s.out_h(), s.out_w()),
+    };
+    let region = rows * cols;
+    let splits = filter_splits(s, tile, region);
     let mut args = vec![
         KernelArg::buffer(x),
         KernelArg::buffer(dy),
@@ -200,28 +249,33 @@ fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
 }
 
 /// A block tile of `kernels/conv.cu`'s implicit GEMMs: `rows` x `cols` outputs of the
-/// product, `threads` per block.
+/// product, `threads` per block, `resident` blocks an H100 SM holds at once (its registers
+/// and threads: the kernel's `__launch_bounds__` minimum).
 #[derive(Clone, Copy)]
 struct ConvTile {
     rows: usize,
     cols: usize,
     threads: u32,
+    resident: usize,
 }
 
 const TILE_64X64: ConvTile = ConvTile {
     rows: 64,
     cols: 64,
     threads: 256,
+    resident: 2,
 };
 const TILE_32X128: ConvTile = ConvTile {
     rows: 32,
     cols: 128,
     threads: 256,
+    resident: 3,
 };
 const TILE_32X16: ConvTile = ConvTile {
     rows: 32,
     cols: 16,
     threads: 128,
+    resident: 8,
 };
 
 impl ConvTile {
@@ -370,23 +424,32 @@ fn head_fits(rows: usize, hidden: usize, classes: usize, grad: bool) -> bool {
         && split_fits_with(splits, 1, share, SCRATCH_FLOATS - stats)
 }
 
-/// Blocks a filter-gradient launch aims for: two per SM of a 132-SM H100, a constant (not
-/// the GPU's own count) so the split, and with it every bit of the result, is the same on
-/// every GPU.
-const FILTER_BLOCKS: usize = 256;
+/// Filter-gradient blocks a launch aims for per block of a tile's shape an SM holds at once
+/// ([`ConvTile::resident`]): 128, about an H100's 132 SMs, a constant (not the GPU's own
+/// count) so the split, and with it every bit of the result, is the same on every GPU.
+const FILTER_BLOCKS_PER_RESIDENT: usize = 128;
 
-/// Slices of the batch the filter gradient is split into: about [`FILTER_BLOCKS`] blocks,
-/// at most one per image, as many as the scratch area holds ([`split_fits`]; 1, no partials,
+/// Pixels (reduction steps) a filter-gradient block takes at least: four of the kernel's
+/// 16-step slices, so that a block's fixed costs (its partial tile, the split sum) stay
+/// small beside its products.
+const FILTER_MIN_PIXELS: usize = 64;
+
+/// Slices of the batch's pixels (`region` of each plane) the filter gradient is split into:
+/// enough blocks to fill every SM ([`FILTER_BLOCKS_PER_RESIDENT`]), each at least
+/// [`FILTER_MIN_PIXELS`], as many as the scratch area holds ([`split_fits`]; 1, no partials,
 /// when none does).
-fn filter_splits(s: &Conv2dShape, tile: ConvTile) -> usize {
+fn filter_splits(s: &Conv2dShape, tile: ConvTile, region: usize) -> usize {
     let depth = s.in_c * s.k_h * s.k_w;
     let tiles = tile.count(depth, s.out_c);
     let partial = s.out_c * depth + s.out_c;
-    let mut splits = (FILTER_BLOCKS / tiles).min(s.batch);
+    let pixels = s.batch * region;
+    let mut splits = (FILTER_BLOCKS_PER_RESIDENT * tile.resident / tiles)
+        .min(pixels / FILTER_MIN_PIXELS)
+        .max(1);
     while splits > 1 && !split_fits(splits, tiles, partial) {
         splits -= 1;
     }
-    splits.max(1)
+    splits
 }
 
 /// Launches pooling `op` on `T` storage: `buffers`, then the shape's dimensions, one thread
@@ -567,7 +630,8 @@ impl<D: KernelDevice> BackendImpl for D {
         op: Checked<Conv2dBackwardInput<'_, D, T>>,
     ) -> OpResult {
         let op = op.into_inner();
-        launch_conv_backward_input(self, op.shape, op.dy, op.w, op.dx)
+        let plane = (op.shape.out_h(), op.shape.out_w());
+        launch_conv_backward_input(self, op.shape, op.dy, op.w, op.dx, plane)
     }
 
     /// One launch for the filter gradient and, when asked, the bias gradient.
@@ -582,8 +646,8 @@ impl<D: KernelDevice> BackendImpl for D {
 
     /// Where the pool is 2x2 with stride 2, the filter gradient's kernel reads the pool's
     /// output gradient and the ReLU's output itself, and, when the input gradient is wanted,
-    /// writes the convolution's output gradient it computed into `workspace` for the input
-    /// gradient's kernel (which reads each element KH·KW times): one launch, or two. Other
+    /// writes the convolution's output gradient it computed at the pool windows' pixels into
+    /// `workspace` for the input gradient's kernel to read there: one launch, or two. Other
     /// pools: the trait's default.
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
@@ -599,8 +663,11 @@ impl<D: KernelDevice> BackendImpl for D {
             out: op.input.is_some().then_some(&mut *op.workspace),
         };
         launch_conv_backward_filter(self, op.conv, op.x, dy, op.dw, Some(op.db))?;
+        // The filter gradient's kernel wrote the output gradient at the windows' pixels (it is
+        // zero past them): the input gradient reads those.
+        let windows = pool_windows(op.conv);
         match op.input {
-            Some((w, dx)) => launch_conv_backward_input(self, op.conv, op.workspace, w, dx),
+            Some((w, dx)) => launch_conv_backward_input(self, op.conv, op.workspace, w, dx, windows),
             None => Ok(()),
         }
     }
