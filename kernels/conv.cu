@@ -189,37 +189,24 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
 }
 
 // ---------------------------------------------------------------- forward
-// The output pixel (p, q) of column `idx` of an image's columns; p = -1 for a column that is
-// no pixel. Plain order: row-major, P·Q columns. Pooled order (a 2x2, stride-2 average pool
-// fused into the epilogue): first the pool's windows, four consecutive columns each (so the one
-// thread holding them adds them in registers), then the pixels no window reads (the
-// last row and column of an odd plane: the ReLU's backward still reads them), then padding
-// to a multiple of 4 columns per image (pooled_columns), so no window straddles two images.
-__device__ __forceinline__ int2 pixel_of(int idx, int out_h, int out_w, bool pooled) {
+// The output pixel (p, q) of column `idx` of an image's columns. Plain order: row-major,
+// P·Q columns. Pooled order (a 2x2, stride-2 average pool fused into the epilogue): the pool's
+// windows, four consecutive columns each (so the one thread holding them adds them in
+// registers), and only those: the pixels no window reads (the last row and column of an odd
+// plane) are neither computed nor written, as neither the pool nor the backward through it
+// reads them.
+__device__ __forceinline__ int2 pixel_of(int idx, int out_w, bool pooled) {
     if (!pooled) {
         const int p = idx / out_w;
         return make_int2(p, idx - p * out_w);
     }
-    const int ph = out_h / 2, pw = out_w / 2, in_windows = 4 * ph * pw;
-    if (idx < in_windows) {
-        const int win = idx >> 2, e = idx & 3, wh = win / pw;
-        return make_int2(2 * wh + (e >> 1), 2 * (win - wh * pw) + (e & 1));
-    }
-    int j = idx - in_windows;
-    const int edge = out_w - 2 * pw, beside = 2 * ph * edge;  // pixels right of the windows
-    if (j < beside) {
-        const int p = j / edge;
-        return make_int2(p, 2 * pw + j - p * edge);
-    }
-    j -= beside;
-    if (j >= (out_h - 2 * ph) * out_w) return make_int2(-1, 0);
-    const int p = j / out_w;
-    return make_int2(2 * ph + p, j - p * out_w);
+    const int pw = out_w / 2, win = idx >> 2, e = idx & 3, wh = win / pw;
+    return make_int2(2 * wh + (e >> 1), 2 * (win - wh * pw) + (e & 1));
 }
 
-// Columns per image: P·Q, or in pooled order rounded up to a multiple of 4.
+// Columns per image: P·Q, or in pooled order 4 a window.
 __device__ __forceinline__ int image_columns(int out_h, int out_w, bool pooled) {
-    return pooled ? (out_h * out_w + 3) / 4 * 4 : out_h * out_w;
+    return pooled ? 4 * (out_h / 2) * (out_w / 2) : out_h * out_w;
 }
 
 // Grid (ceil(batch·columns / BN), ceil(O / BM)). A = w[o][k] (rows of the filter), B = x̂[k][(n,p,q)]:
@@ -240,12 +227,10 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
     int x_col = 0, ih0 = OFF_PLANE, iw0 = 0;
     if (col < cols) {
         const int img = col / span;
-        const int2 pq = pixel_of(col - img * span, out_h, out_w, pool);
-        if (pq.x >= 0) {
-            ih0 = pq.x * stride - pad;
-            iw0 = pq.y * stride - pad;
-            x_col = img * in_c * in_h * in_w + ih0 * in_w + iw0;
-        }
+        const int2 pq = pixel_of(col - img * span, out_w, pool);
+        ih0 = pq.x * stride - pad;
+        iw0 = pq.y * stride - pad;
+        x_col = img * in_c * in_h * in_w + ih0 * in_w + iw0;
     }
     auto entry = [&](int k) {
         if (k >= depth) return no_tap();
@@ -265,17 +250,21 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
     const int ph = out_h / 2, pw = out_w / 2;
     static_assert(Cfg::TN == 4, "pooled order: a thread's four columns are one window");
     // The thread's columns: a multiple of 4 first, so in pooled order (4 columns a window, a
-    // multiple of 4 an image) one window or none; in plain order they may span two images.
+    // multiple of 4 an image) one window; in plain order they may span two images.
     const int c0 = n0 + tx * Cfg::TN;
     int at[Cfg::TN];  // each column's offset in y past its channel's plane, or -1
     SIMT_UNROLL
     for (int j = 0; j < Cfg::TN; ++j) {
-        const int c = c0 + j, n = c / span;
-        const int2 pq = c < cols ? pixel_of(c - n * span, out_h, out_w, pool) : make_int2(-1, 0);
-        at[j] = pq.x >= 0 ? n * out_c * pixels + pq.x * out_w + pq.y : -1;
+        const int c = c0 + j;
+        at[j] = -1;
+        if (c < cols) {
+            const int n = c / span;
+            const int2 pq = pixel_of(c - n * span, out_w, pool);
+            at[j] = n * out_c * pixels + pq.x * out_w + pq.y;
+        }
     }
-    const int img = c0 / span, idx0 = c0 - img * span;
-    const bool in_window = pool && c0 < cols && idx0 < 4 * ph * pw;
+    const bool in_window = pool && c0 < cols;
+    const int img = in_window ? c0 / span : 0, idx0 = c0 - img * span;
     SIMT_UNROLL
     for (int i = 0; i < Cfg::TM; ++i) {
         const int o = m0 + ty * Cfg::TM + i;

@@ -150,7 +150,10 @@ pub trait Backend: Memory + Sized {
 
     /// `y = relu(conv2d(x, w) + bias)` and `pooled = avg_pool(y)` in one call. Backends that
     /// fuse them pool each plane while it is still in cache instead of reading `y` back,
-    /// from the f32 values before they are rounded to `T`.
+    /// from the f32 values before they are rounded to `T`. `y` is defined at the pixels the
+    /// pool's windows read, all that [`Backend::conv2d_relu_avg_pool_backward`] reads: a
+    /// backend may leave the others (the last row and column of an odd plane under a 2x2
+    /// pool) as they were.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,

@@ -94,7 +94,7 @@ type ConvOperands<'a, D, T> = (
 );
 
 /// Launches `kernels/conv.cu`'s forward: `y` and, with `pooled`, its 2x2 average pool (the
-/// columns in pooled order, four per window and a multiple of four per image).
+/// columns in pooled order, four per window: `y` only at the windows' pixels).
 fn launch_conv_forward<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
@@ -108,12 +108,11 @@ fn launch_conv_forward<D: KernelDevice, T: Precision>(
     } else {
         (PrecisionOp::Conv2dForward32x128, TILE_32X128)
     };
-    let pixels = s.out_h() * s.out_w();
-    let columns = if pooled.is_some() {
-        pixels.next_multiple_of(4)
-    } else {
-        pixels
+    let (rows, cols) = match pooled {
+        Some(_) => pool_windows(s),
+        None => (s.out_h(), s.out_w()),
     };
+    let columns = rows * cols;
     let mut args = vec![
         KernelArg::buffer(x),
         KernelArg::buffer(w),
