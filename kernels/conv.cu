@@ -126,17 +126,19 @@ __device__ __forceinline__ void load_vector(const float* __restrict__ p, float (
     }
 }
 
-// acc[i][j] += Σ_k as[k][ty·TM + i] · bs[k][tx·TN + j] over one staged slice, the slice's
-// products summed into fresh registers first (blocked summation); COMPENSATED adds them to
-// acc through a Kahan sum (carry).
+// acc[i][j] += Σ_k as[k][ty·TM + i] · bs[k][tx·TN + j] over the first `steps` steps of one
+// staged slice (CONV_BK but in a reduction's last, shorter slice: a constant where inlined,
+// so a full slice tests nothing), the slice's products summed into fresh registers first
+// (blocked summation); COMPENSATED adds them to acc through a Kahan sum (carry).
 template <class Cfg, bool COMPENSATED>
 __device__ __forceinline__ void multiply_slice(const float (*as)[Cfg::AS], const float (*bs)[Cfg::BN],
                                                float (&acc)[Cfg::TM][Cfg::TN], float (&carry)[Cfg::TM][Cfg::TN],
-                                               int ty, int tx) {
+                                               int ty, int tx, int steps) {
     float part[Cfg::TM][Cfg::TN];
     for (int i = 0; i < Cfg::TM; ++i)
         for (int j = 0; j < Cfg::TN; ++j) part[i][j] = 0.0f;
     for (int k = 0; k < CONV_BK; ++k) {
+        if (k >= steps) break;
         float a[Cfg::TM], b[Cfg::TN];
         load_vector<Cfg::TM>(&as[k][ty * Cfg::TM], a);
         load_vector<Cfg::TN>(&bs[k][tx * Cfg::TN], b);
@@ -159,8 +161,10 @@ __device__ __forceinline__ void multiply_slice(const float (*as)[Cfg::AS], const
 // The product's main loop over the reduction range [begin, end), 16 steps a slice:
 // entry(k) gives step k's table entry (OFF_PLANE row past end); load_a(m, r, e) the A element
 // of tile row m (this thread's r-th A row) at the step of entry e; load_b(e) this thread's
-// B column at the step of entry e. Leaves the TM x TN sums in acc (minus carry when
-// COMPENSATED).
+// B column at the step of entry e, each called once per slice, slices in order. Leaves the
+// TM x TN sums in acc (minus carry when COMPENSATED).
+// Pipelined: the next slice's global loads are issued into registers before this slice's
+// products, and stored to shared memory after them, so their latency hides behind the FMAs.
 template <class Cfg, bool COMPENSATED, class Entry, class LoadA, class LoadB>
 __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Entry entry, LoadA load_a,
                                                  LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
@@ -173,17 +177,34 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
     const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
     for (int i = 0; i < Cfg::TM; ++i)
         for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = carry[i][j] = 0.0f;
+    float ra[Cfg::A_PER], rb[Cfg::B_PER];  // the next slice's operands, on their way
+    auto fetch = [&](int t) {
+        const Tap ea = table[t][a_k];
+        SIMT_UNROLL
+        for (int r = 0; r < Cfg::A_PER; ++r) ra[r] = load_a(m0 + a_m + Cfg::A_ROWS * r, r, ea);
+        SIMT_UNROLL
+        for (int r = 0; r < Cfg::B_PER; ++r) rb[r] = load_b(table[t][b_row + Cfg::B_ROWS * r]);
+    };
+    if (begin >= end) return;
     if (tid < CONV_BK) table[0][tid] = entry(begin + tid);
     __syncthreads();
+    fetch(0);
+    if (tid < CONV_BK) table[1][tid] = entry(begin + CONV_BK + tid);
     int now = 0;
     for (int k0 = begin; k0 < end; k0 += CONV_BK) {
-        const Tap ea = table[now][a_k];
-        for (int r = 0; r < Cfg::A_PER; ++r) as[a_k][a_m + Cfg::A_ROWS * r] = load_a(m0 + a_m + Cfg::A_ROWS * r, r, ea);
-        for (int r = 0; r < Cfg::B_PER; ++r) bs[b_row + Cfg::B_ROWS * r][b_col] = load_b(table[now][b_row + Cfg::B_ROWS * r]);
-        if (tid < CONV_BK) table[now ^ 1][tid] = entry(k0 + CONV_BK + tid);
-        __syncthreads();
-        multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx);
-        __syncthreads();
+        SIMT_UNROLL
+        for (int r = 0; r < Cfg::A_PER; ++r) as[a_k][a_m + Cfg::A_ROWS * r] = ra[r];
+        SIMT_UNROLL
+        for (int r = 0; r < Cfg::B_PER; ++r) bs[b_row + Cfg::B_ROWS * r][b_col] = rb[r];
+        __syncthreads();  // the slice staged; table[now ^ 1] (the next slice's entries) written
+        if (k0 + CONV_BK < end) {
+            fetch(now ^ 1);
+            multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, CONV_BK);
+        } else {  // the last slice: its steps past the end would multiply zeros
+            multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, end - k0);
+        }
+        __syncthreads();  // the slice and table[now] read by every thread
+        if (tid < CONV_BK) table[now][tid] = entry(k0 + 2 * CONV_BK + tid);
         now ^= 1;
     }
 }
@@ -355,7 +376,8 @@ __device__ __forceinline__ void conv_backward_input_planes(const T* __restrict__
                                                            int out_c, int k_h, int k_w, int stride, int pad,
                                                            int out_h, int out_w, int region_h, int region_w,
                                                            int group) {
-    SIMT_DYNAMIC_SHARED(float, planes);  // [nc·KH·KW][region_h·region_w]
+    SIMT_DYNAMIC_SHARED(float4, planes4);  // float4: 16-byte aligned for the vector stores
+    float* __restrict__ planes = reinterpret_cast<float*>(planes4);  // [nc·KH·KW][region_h·region_w]
     const int n = blockIdx.y, c0 = blockIdx.x * group, nc = min(group, in_c - c0);
     const int window = k_h * k_w, rows = nc * window, depth = in_c * window;
     const int out_plane = out_h * out_w, region = region_h * region_w;
@@ -373,13 +395,19 @@ __device__ __forceinline__ void conv_backward_input_planes(const T* __restrict__
         auto load_b = [&](Tap e) { return (e.a >= 0 && at >= 0) ? (float)dy_img[e.b + at] : 0.0f; };
         float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
         gathered_product<Cfg, false>(0, out_c, 0, entry, load_a, load_b, acc, carry);
+        static_assert(Cfg::TN == 4, "a thread's columns: one vector store");
+        const int c = col0 + tx * Cfg::TN;
         SIMT_UNROLL
         for (int i = 0; i < Cfg::TM; ++i) {
             const int m = ty * Cfg::TM + i;
-            SIMT_UNROLL
-            for (int j = 0; j < Cfg::TN; ++j) {
-                const int c = col0 + tx * Cfg::TN + j;
-                if (m < rows && c < region) planes[m * region + c] = acc[i][j];
+            if (m >= rows || c >= region) continue;
+            float* __restrict__ at = planes + m * region + c;
+            if (region % 4 == 0) {  // uniform; then every row and column group is 16-byte aligned
+                *reinterpret_cast<float4*>(at) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+            } else {
+                SIMT_UNROLL
+                for (int j = 0; j < Cfg::TN; ++j)
+                    if (c + j < region) at[j] = acc[i][j];
             }
         }
     }
@@ -640,7 +668,7 @@ NANODDP_ENTRY_EACH_TYPE(conv2d_forward_32x128, (256, 3),
      int stride, int pad, int out_h, int out_w, int relu),
     (x, w, bias_or_null, y, pooled_or_null, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w,
      relu))
-NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_64x64, (256, 3),
+NANODDP_ENTRY_EACH_TYPE(conv2d_backward_input_64x64, (256, 2),
     (const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int batch, int in_c, int in_h,
      int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),
     (dy, w, dx, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
