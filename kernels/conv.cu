@@ -92,7 +92,8 @@ __device__ __forceinline__ Tap no_tap() { return tap(0, OFF_PLANE, 0, -1, -1); }
 template <class T>
 __device__ __forceinline__ float through_pool(const T* __restrict__ d_pooled, const T* __restrict__ y, int y_at,
                                               int pooled_at) {
-    return (float)y[y_at] > 0.0f ? (float)d_pooled[pooled_at] * 0.25f : 0.0f;
+    const float d = (float)d_pooled[pooled_at] * 0.25f;  // both loads in flight at once
+    return (float)y[y_at] > 0.0f ? d : 0.0f;
 }
 
 template <int BM_, int BN_, int TM_, int TN_>
@@ -161,14 +162,19 @@ __device__ __forceinline__ void multiply_slice(const float (*as)[Cfg::AS], const
 // The product's main loop over the reduction range [begin, end), 16 steps a slice:
 // entry(k) gives step k's table entry (OFF_PLANE row past end); load_a(m, r, e) the A element
 // of tile row m (this thread's r-th A row) at the step of entry e; load_b(e) this thread's
-// B column at the step of entry e, each called once per slice, slices in order. Leaves the
-// TM x TN sums in acc (minus carry when COMPENSATED).
+// B column at the step of entry e, each called once per slice, slices in order (loads only:
+// whatever else a loaded A value feeds goes in stage_a(m, r, e, value), called, slices in
+// order, when the value is stored to shared memory). Leaves the TM x TN sums in acc (minus
+// carry when COMPENSATED).
 // Pipelined: the next slice's global loads are issued into registers before this slice's
 // products, and stored to shared memory after them, so their latency hides behind the FMAs.
-template <class Cfg, bool COMPENSATED, class Entry, class LoadA, class LoadB>
+struct NoStage {
+    __device__ __forceinline__ void operator()(int, int, Tap, float) const {}
+};
+template <class Cfg, bool COMPENSATED, class Entry, class LoadA, class LoadB, class StageA = NoStage>
 __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Entry entry, LoadA load_a,
                                                  LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
-                                                 float (&carry)[Cfg::TM][Cfg::TN]) {
+                                                 float (&carry)[Cfg::TM][Cfg::TN], StageA stage_a = StageA()) {
     __shared__ __align__(16) float as[CONV_BK][Cfg::AS];
     __shared__ __align__(16) float bs[CONV_BK][Cfg::BN];
     __shared__ Tap table[2][CONV_BK];
@@ -192,8 +198,12 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
     if (tid < CONV_BK) table[1][tid] = entry(begin + CONV_BK + tid);
     int now = 0;
     for (int k0 = begin; k0 < end; k0 += CONV_BK) {
+        const Tap ea = table[now][a_k];
         SIMT_UNROLL
-        for (int r = 0; r < Cfg::A_PER; ++r) as[a_k][a_m + Cfg::A_ROWS * r] = ra[r];
+        for (int r = 0; r < Cfg::A_PER; ++r) {
+            as[a_k][a_m + Cfg::A_ROWS * r] = ra[r];
+            stage_a(m0 + a_m + Cfg::A_ROWS * r, r, ea, ra[r]);
+        }
         SIMT_UNROLL
         for (int r = 0; r < Cfg::B_PER; ++r) bs[b_row + Cfg::B_ROWS * r][b_col] = rb[r];
         __syncthreads();  // the slice staged; table[now ^ 1] (the next slice's entries) written
@@ -494,27 +504,28 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     };
     float bias_acc[Cfg::A_PER], bias_carry[Cfg::A_PER];
     for (int r = 0; r < Cfg::A_PER; ++r) bias_acc[r] = bias_carry[r] = 0.0f;
-    auto load_a = [&](int o, int r, Tap e) {
-        float v = 0.0f;
-        if (e.a >= 0 && o < out_c) {
-            const int at = e.a + o * pixels;
-            v = y ? through_pool(dy, y, at, e.pooled + o * ph * pw) : (float)dy[at];
-            if (dy_out && blockIdx.x == 0) dy_out[at] = (T)v;
-        }
-        if (with_bias) {  // Kahan, one term at a time: these lanes' share of db
+    auto load_a = [&](int o, int, Tap e) {
+        if (e.a < 0 || o >= out_c) return 0.0f;
+        const int at = e.a + o * pixels;
+        return y ? through_pool(dy, y, at, e.pooled + o * ph * pw) : (float)dy[at];
+    };
+    // What an A value feeds besides the product, once it has arrived: the output gradient
+    // for the input gradient's pass, and these lanes' share of db (Kahan, a term at a time).
+    auto stage_a = [&](int o, int r, Tap e, float v) {
+        if (dy_out && blockIdx.x == 0 && e.a >= 0 && o < out_c) dy_out[e.a + o * pixels] = (T)v;
+        if (with_bias) {
             const float yv = v - bias_carry[r];
             const float t = bias_acc[r] + yv;
             bias_carry[r] = (t - bias_acc[r]) - yv;
             bias_acc[r] = t;
         }
-        return v;
     };
     auto load_b = [&](Tap e) {
         const int ih = e.row + ti, iw = e.col + tj;
         return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[e.b + x_tap] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    gathered_product<Cfg, true>(r0, r1, m0, entry, load_a, load_b, acc, carry);
+    gathered_product<Cfg, true>(r0, r1, m0, entry, load_a, load_b, acc, carry, stage_a);
     // The bias partials: the CONV_BK lanes sharing each row of A (consecutive lanes) added
     // by a fixed tree of shuffles.
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
@@ -548,13 +559,18 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     if (!slot) return;
     // The tile's partials added in slice order, in two levels (split_sum.cuh).
     split_reduce(counters, blockIdx.y * gridDim.x + blockIdx.x, s, splits, [&](int first, int n, int into) {
-        for (int e = tid; e < Cfg::BM * Cfg::BN; e += Cfg::THREADS) {
+        auto place = [&](int e) -> long long {
             const int o = m0 + e / Cfg::BN, k = n0 + e % Cfg::BN;
-            if (o >= out_c || k >= depth) continue;
-            const float v = split_sum(scratch, o * depth + k, total, first, n);
-            if (into >= 0) scratch[(long long)into * total + o * depth + k] = v;
-            else dw[o * depth + k] = v;
-        }
+            return o < out_c && k < depth ? o * depth + k : -1;
+        };
+        auto done = [&](int e, float v) {
+            const int at = (m0 + e / Cfg::BN) * depth + n0 + e % Cfg::BN;
+            if (into >= 0) scratch[(long long)into * total + at] = v;
+            else dw[at] = v;
+        };
+        // Four elements' loads in flight at once; two in the 64-register 32x16 tile.
+        split_sum_each<Cfg::THREADS >= 256 ? 4 : 2>(scratch, total, first, n, tid, Cfg::BM * Cfg::BN, Cfg::THREADS,
+                                                   place, done);
         if (db_or_null && blockIdx.x == 0)
             for (int o = m0 + tid; o < min(out_c, m0 + Cfg::BM); o += Cfg::THREADS) {
                 const float v = split_sum(scratch, out_c * depth + o, total, first, n);

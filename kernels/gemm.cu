@@ -74,13 +74,17 @@ __device__ __forceinline__ void gemm_add_partials(float* __restrict__ scratch, i
     const long long plane = (long long)m * n;
     split_reduce(counters, blockIdx.y * gridDim.x + blockIdx.x, blockIdx.z, gridDim.z, [&](int first, int count,
                                                                                           int into) {
-        for (int e = threadIdx.x; e < GEMM_BM * GEMM_BN; e += blockDim.x) {
+        auto place = [&](int e) -> long long {
             const int gm = m0 + e / GEMM_BN, gn = n0 + e % GEMM_BN;
-            if (gm >= m || gn >= n) continue;
-            const float sum = split_sum(scratch, (long long)gm * n + gn, plane, first, count);
+            return gm < m && gn < n ? (long long)gm * n + gn : -1;
+        };
+        auto done = [&](int e, float sum) {
+            const int gm = m0 + e / GEMM_BN, gn = n0 + e % GEMM_BN;
             if (into >= 0) scratch[into * plane + (long long)gm * n + gn] = sum;
             else gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
-        }
+        };
+        split_sum_each<4>(scratch, plane, first, count, (int)threadIdx.x, GEMM_BM * GEMM_BN, (int)blockDim.x, place,
+                          done);
     });
 }
 

@@ -256,11 +256,11 @@ __device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* _
         partial_stats[blockIdx.x * 3 + 2] = (float)block_correct;
     }
     split_reduce(counters, 0, blockIdx.x, splits, [&](int first, int count, int into) {
-        for (int e = tid; e < elems; e += blockDim.x) {
-            const float s = split_sum(partials, e, elems, first, count);
-            if (into >= 0) partials[(long long)into * elems + e] = s;
-            else head_result(dw, db, dh_bias, hidden, classes, e, s);
-        }
+        split_sum_each<4>(partials, elems, first, count, tid, elems, (int)blockDim.x,
+                          [](int e) -> long long { return e; }, [&](int e, float s) {
+                              if (into >= 0) partials[(long long)into * elems + e] = s;
+                              else head_result(dw, db, dh_bias, hidden, classes, e, s);
+                          });
         if (into < 0 && tid == 0) {
             double sum = 0.0;
             int right = 0;

@@ -43,6 +43,48 @@ __device__ __forceinline__ float split_sum(const float* __restrict__ partials, l
     return sum - carry;
 }
 
+// split_sum for the elements e = first_e, first_e + step, ... below count, E of them at a
+// time so that their loads are in flight together (a thread's elements would otherwise wait
+// an L2 round trip per batch each, one after another): place(e) is element e's offset in a
+// slot, or -1 to skip it; done(e, sum) takes its sum. Each sum is split_sum's, bit for bit.
+template <int E, class Place, class Done>
+__device__ __forceinline__ void split_sum_each(const float* __restrict__ partials, long long stride, int first,
+                                               int n, int first_e, int count, int step, Place place, Done done) {
+    for (int e0 = first_e; e0 < count; e0 += E * step) {
+        long long at[E];
+        float sum[E], carry[E];
+        SIMT_UNROLL
+        for (int u = 0; u < E; ++u) {
+            const int e = e0 + u * step;
+            at[u] = e < count ? place(e) : -1;
+            sum[u] = carry[u] = 0.0f;
+        }
+        for (int t0 = 0; t0 < n; t0 += SPLIT_SUM_BATCH) {
+            float v[E][SPLIT_SUM_BATCH];
+            SIMT_UNROLL
+            for (int u = 0; u < E; ++u)
+                SIMT_UNROLL
+                for (int b = 0; b < SPLIT_SUM_BATCH; ++b)
+                    v[u][b] = (at[u] >= 0 && t0 + b < n)
+                                  ? __ldcg(partials + at[u] + (long long)(first + t0 + b) * stride)
+                                  : 0.0f;
+            SIMT_UNROLL
+            for (int u = 0; u < E; ++u)
+                SIMT_UNROLL
+                for (int b = 0; b < SPLIT_SUM_BATCH; ++b) {
+                    if (t0 + b >= n) break;
+                    const float y = v[u][b] - carry[u];
+                    const float t = sum[u] + y;
+                    carry[u] = (t - sum[u]) - y;
+                    sum[u] = t;
+                }
+        }
+        SIMT_UNROLL
+        for (int u = 0; u < E; ++u)
+            if (at[u] >= 0) done(e0 + u * step, sum[u] - carry[u]);
+    }
+}
+
 // Slots per group: all of them (one level) up to SPLIT_ONE_LEVEL, where the second level's
 // extra round trip costs more than it saves (an H100's split-K GEMMs, 2 to 13 ranges: 101 µs
 // in one level, 130 in two), else G = ⌈√S⌉.

@@ -147,7 +147,7 @@ fn bench_kernels_on_the_standin_profiles_each_launch_of_a_step() {
         assert!((10..40).contains(&launches), "{launches} launches:\n{text}");
         for kernel in [
             "conv2d_forward_64x64_f32",
-            "conv2d_backward_input_32x128_f32",
+            "conv2d_backward_input_planes_f32",
             "gemm_f32",
         ] {
             let rows: Vec<&str> = text.lines().filter(|l| l.contains(kernel)).collect();
