@@ -88,13 +88,15 @@ __device__ __forceinline__ void gemm_add_partials(float* __restrict__ scratch, i
     });
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 2)
     gemm_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
              const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc, int trans_a,
              int trans_b, float alpha, float beta, int relu, float* __restrict__ scratch,
              int* __restrict__ counters, int k_per_split) {
-    __shared__ float as[GEMM_BK][GEMM_BM];
-    __shared__ float bs[GEMM_BK][GEMM_BN];
+    // Rows one float longer than the tile: the transposed loads store 16 consecutive lanes
+    // down a column, which a 64-float row stride would put in one bank (16-way conflicts).
+    __shared__ float as[GEMM_BK][GEMM_BM + 1];
+    __shared__ float bs[GEMM_BK][GEMM_BN + 1];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
     // Blocked, compensated summation (see the header): part sums one K tile's 16 products,
@@ -104,28 +106,37 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int j = 0; j < 4; ++j) acc[i][j] = carry[i][j] = 0.0f;
 
     const int k_begin = blockIdx.z * k_per_split, k_end = min(k, k_begin + k_per_split);
+    // Each thread's 4 elements of A's and of B's tile per K step (walking global memory
+    // contiguously in either layout), loaded into registers a K step ahead so that their
+    // latency hides behind the products (pipelined), then stored to shared memory.
+    auto a_at = [&](int r) {  // (row, k) of this thread's r-th A element in the tile
+        const int idx = threadIdx.x + 256 * r;
+        return trans_a ? make_int2(idx % GEMM_BM, idx / GEMM_BM) : make_int2(idx / GEMM_BK, idx % GEMM_BK);
+    };
+    auto b_at = [&](int r) {  // (k, column) of its r-th B element
+        const int idx = threadIdx.x + 256 * r;
+        return trans_b ? make_int2(idx % GEMM_BK, idx / GEMM_BK) : make_int2(idx / GEMM_BN, idx % GEMM_BN);
+    };
+    float ra[4], rb[4];
+    auto fetch = [&](int k0) {
+        for (int r = 0; r < 4; ++r) {
+            const int2 ea = a_at(r), eb = b_at(r);
+            const int gm = m0 + ea.x, gk = k0 + ea.y, gn = n0 + eb.y, gkb = k0 + eb.x;
+            ra[r] = 0.0f;
+            if (gm < m && gk < k_end) ra[r] = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
+            rb[r] = 0.0f;
+            if (gn < n && gkb < k_end) rb[r] = trans_b ? b[(long long)gn * ldb + gkb] : b[(long long)gkb * ldb + gn];
+        }
+    };
+    if (k_begin < k_end) fetch(k_begin);
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_BK) {
         for (int r = 0; r < 4; ++r) {
-            int idx = threadIdx.x + 256 * r;
-            // A tile (64 rows of op(A) x 16 ks): walk memory contiguously in either layout.
-            int am, ak;
-            if (trans_a) { am = idx % GEMM_BM; ak = idx / GEMM_BM; }
-            else { ak = idx % GEMM_BK; am = idx / GEMM_BK; }
-            int gm = m0 + am, gk = k0 + ak;
-            float av = 0.0f;
-            if (gm < m && gk < k_end) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
-            as[ak][am] = av;
-            // B tile (16 ks x 64 columns of op(B)).
-            int bk, bn;
-            if (trans_b) { bk = idx % GEMM_BK; bn = idx / GEMM_BK; }
-            else { bn = idx % GEMM_BN; bk = idx / GEMM_BN; }
-            int gn = n0 + bn;
-            gk = k0 + bk;
-            float bv = 0.0f;
-            if (gn < n && gk < k_end) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
-            bs[bk][bn] = bv;
+            const int2 ea = a_at(r), eb = b_at(r);
+            as[ea.y][ea.x] = ra[r];
+            bs[eb.x][eb.y] = rb[r];
         }
         __syncthreads();
+        if (k0 + GEMM_BK < k_end) fetch(k0 + GEMM_BK);
         float part[4][4];
         for (int i = 0; i < 4; ++i)
             for (int j = 0; j < 4; ++j) part[i][j] = 0.0f;
