@@ -8,12 +8,19 @@
 // Each pass is a matrix product whose operands are gathered from the tensors as they are
 // staged in shared memory (no im2col buffer in memory), K = C·KH·KW:
 //   forward:         Y[o][(n,p,q)]  = Σ_k W[o][k] · X̂[k][(n,p,q)]        M = O, N = batch·P·Q
-//   input gradient:  dX[c][(n,h,w)] = Σ_(o,i,j) W[o][c][i][j] · dŶ[(o,i,j)][(n,h,w)]
-//                    M = C, N = batch·H·W, reduction O·KH·KW; dŶ is dy at the output pixel
-//                    whose window put tap (i, j) on (h, w), zero where there is none
+//                    (with a 2x2 pool after it: only the pixels the pool's windows read)
+//   input gradient:  by planes where they fit shared memory (conv_backward_input_planes):
+//                    D[(c,i,j)][(n,p,q)] = Σ_o W[o][(c,i,j)] · dY[o][(n,p,q)], M = G·KH·KW for
+//                    a group of G channels, N = an image's output pixels, reduction O; then
+//                    dX[c][(n,h,w)] = Σ_(i,j) D[(c,i,j)][(n,p,q)] at the pixel each tap came
+//                    from (col2im in shared memory): no product with a tap off the plane.
+//                    Else the implicit GEMM dX[c][(n,h,w)] = Σ_(o,i,j) W[o][c][i][j] ·
+//                    dŶ[(o,i,j)][(n,h,w)], M = C, N = batch·H·W, reduction O·KH·KW; dŶ is dy at
+//                    the output pixel whose window put tap (i, j) on (h, w), zero where none.
 //   filter gradient: dW[o][k] = Σ_(n,p,q) dY[o][(n,p,q)] · X̂[k][(n,p,q)]   M = O, N = K,
-//                    reduction batch·P·Q, split over images (below); the bias gradient
-//                    db[o] = Σ dY[o][:] comes from the same loads of dY.
+//                    reduction batch·P·Q (with a pool: its windows' pixels), split over
+//                    slices of the pixels (below); the bias gradient db[o] = Σ dY[o][:] comes
+//                    from the same loads of dY.
 //
 // The tile (struct Tile): a block computes a BM x BN tile of the product, 16 reduction
 // steps at a time. Both operands' 16-step slices are staged in shared memory (converted to
@@ -21,38 +28,40 @@
 // outputs at rows ty·TM + i and columns tx·TN + j (contiguous, so each step's TM and TN
 // operands come in one vector load each: a warp's A reads broadcast, its B reads fill
 // 128-byte phases without conflicts). Per step a thread issues 2 shared loads for TM·TN FMAs.
-// In pooled order a thread's four columns are one pool window.
+// The slices are pipelined: the next slice's global loads go out before this slice's
+// products and are stored after them. In pooled order a thread's four columns are one
+// pool window.
 // Configurations (the launcher picks by shape): 64x64 with 4x4 per thread (256 threads)
 // for M > 32; 32x128 with 4x4 (256 threads) for M ≤ 32; 32x16 with 2x2 (128 threads) for
-// the filter gradient of a layer with K ≤ 16 (LeNet's conv1: 20 x 9).
+// the filter gradient of a layer with K ≤ 16 (LeNet's conv1: 20 x 9); 128x64 with 8x4
+// (256 threads) for the input gradient by planes (LeNet's conv2: 5 channels' 125 taps by
+// the 64 pixels of a plane's pool windows).
 //
 // Gathering: each thread loads fixed rows or columns of the staged slices; the positions
 // they stand for ((c, i, j) of a filter tap, (n, p, q) of a pixel) advance with the
 // reduction by carries, not divisions.
 //
-// Work at LeNet's conv2 (batch 256: O 50, C 20, 5x5 on 13x13 → 9x9): 1.04 GFLOP per pass,
-// compulsory bytes 7.7 MB, 134 FLOP/B: compute-bound on an H100 (ridge ~20 FLOP/B). The
-// tiles pad M (50 of 64 rows, 20 of 32) and the input gradient's reduction includes the
-// taps that fall off the output plane (zeros: 52% of them at 13x13 from 9x9), so the
-// kernels execute 1.41, 3.5 and 1.38 GFLOP for forward, input and filter gradient.
-// Measured on an H100 (ncu, fp32, one training step; docs/kernels.md): forward with its
-// pool 107 µs (9.7 TFLOP/s useful, 14% of the fp32 FMA rate), input gradient 258 µs (4.0,
-// 6%), filter and bias gradients through the pool 179 µs (5.8, 9%); conv1's forward 29 µs,
-// its filter and bias gradients 139 µs (latency-bound: 20 x 9 outputs). Those were the
-// kernels before the vector shared loads; for these the stand-in's launch profile
-// (docs/kernel-profile.md: an estimate, not a measurement) counts 1.98, 2.03 and 2.66 PTX
-// instructions per FFMA (2.46, 2.41, 3.03 before) and estimates 82, 208 and 141 µs
-// (102, 246, 161 before).
+// Work at LeNet's conv2 (batch 256: O 50, C 20, 5x5 on 13x13 → 9x9, pooled to 4x4 from its
+// top-left 8x8): 0.82 GFLOP per pass over the 64 pixels the pool reads (1.04 over all 81),
+// compulsory bytes 7.7 MB, ~110 FLOP/B: compute-bound on an H100 (ridge ~20 FLOP/B). The
+// tiles pad M (50 of 64 rows, 125 of 128), so the kernels execute 1.08, 0.88 and 1.25 GFLOP
+// for forward, input and filter gradient (the stand-in's profile).
+// Measured on an H100 SXM (ncu --clock-control none, fp32, one training step at batch 256;
+// docs/kernels.md has the history): forward with bias, ReLU and pool 48 µs (17.0 TFLOP/s
+// useful: 25% of the 67 TFLOP/s fp32 FMA rate), input gradient by planes 59 µs (13.9, 21%),
+// filter and bias gradients through the pool 96 µs (8.5, 13%); conv1's forward 19 µs, its
+// filter and bias gradients 43 µs (20 x 9 outputs over 173,056 pixels: 1,024 slices).
 //
 // Summation: the forward and input-gradient dot products (500 and 1,250 terms for LeNet's
 // conv2) are blocked: each 16-step slice sums into fresh registers, added to the total once.
 // The filter and bias gradients reduce over batch·P·Q terms (173,056 for conv1 at batch
 // 256): blocked and compensated (Kahan over the slices' sums), so an element's error stays
-// near that of 16 additions however long the reduction.
+// near that of 16 additions however long the reduction. The input gradient by planes sums
+// its O products blocked too, then each dx element's KH·KW taps in (i, j) order.
 //
-// The filter gradient's split: S slices of the batch's pixels (S a function of the shape only:
-// enough blocks for a GPU, never the GPU's own size, so results are the same bits on every
-// GPU). Each block writes its slice's partial tile into `scratch`; the partials are then
+// The filter gradient's split: S slices of the batch's pixels (S a function of the shape
+// only: enough blocks to fill an H100, never the GPU's own size, so results are the same bits
+// on every GPU). Each block writes its slice's partial tile into `scratch`; the partials are then
 // added in slice order, compensated, in two levels of about √S each by the last blocks to
 // finish (split_sum.cuh), which write dw and db. Deterministic: the order never depends on
 // which block finishes last. With S = 1 the blocks write dw and db directly.

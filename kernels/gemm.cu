@@ -16,7 +16,9 @@
 //   C at rows ty + 16i, columns tx + 16j (strided, so a warp's shared-memory reads of a B row
 //   hit 16 consecutive banks and its A reads broadcast). Per K step each thread loads 4
 //   elements of A and 4 of B into shared memory (zero past the edges, transposes applied
-//   here so the inner loop never branches) and does 16·16 = 256 FMAs from registers.
+//   here so the inner loop never branches; rows padded by a float so that a transposed
+//   store's lanes spread over the banks) and does 16·16 = 256 FMAs from registers. The
+//   loads are pipelined: the next K step's go out before this step's products.
 //   Arithmetic intensity per block tile: 2·64·64·16 FLOPs / (2·64·16·4) B = 16 FLOP/B.
 //   Summation is blocked and compensated: each K tile's 16 products go to fresh registers,
 //   and those sums join the total through a Kahan sum (a carry register per element), so an
@@ -25,7 +27,9 @@
 //   60,000 same-sign terms: 2.0e-7 relative with the tiles' sums added plainly even in two
 //   levels, 4e-8 compensated). 32 more registers and 64 adds per 256 FMAs; needs IEEE adds
 //   as written (no -use_fast_math).
-//   Launch: grid (ceil(N/64), ceil(M/64), K ranges), block 256.
+//   Launch: grid (ceil(N/64), ceil(M/64), K ranges), block 256 (114 registers: two blocks
+//   an SM). On an H100 (ncu, one LeNet training step): fc1's forward 24 µs, its weight and
+//   input gradients 20 µs each: latency, not arithmetic (2 to 13 K ranges of 4 steps a block).
 //
 // gemm_{f16,bf16}_wmma_{f32,f16,bf16}out — tensor cores through nvcuda::wmma, 16-bit in
 //   (fp16 or bf16, both exact in the f32 accumulators' products), float accumulate, out in

@@ -261,25 +261,14 @@ __device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* _
                               if (into >= 0) partials[(long long)into * elems + e] = s;
                               else head_result(dw, db, dh_bias, hidden, classes, e, s);
                           });
-        if (into < 0) {
-            // The blocks' statistics, loaded by every thread at once into the rows of h (read
-            // no more), then added in block order by one: an L2 round trip per chunk, not per
-            // statistic.
-            const int room = HEAD_ROWS * pitch / 3 * 3;
+        if (into < 0 && tid == 0) {
             double sum = 0.0;
             int right = 0;
-            for (int s0 = 0; s0 < 3 * splits; s0 += room) {
-                const int count = min(room, 3 * splits - s0);
-                for (int e = tid; e < count; e += blockDim.x) hs[e] = __ldcg(partial_stats + s0 + e);
-                __syncthreads();
-                if (tid == 0)
-                    for (int e = 0; e < count; e += 3) {
-                        sum += (double)hs[e] + (double)hs[e + 1];
-                        right += (int)hs[e + 2];
-                    }
-                __syncthreads();
+            for (int s = 0; s < splits; ++s) {
+                sum += (double)__ldcg(partial_stats + s * 3) + (double)__ldcg(partial_stats + s * 3 + 1);
+                right += (int)__ldcg(partial_stats + s * 3 + 2);
             }
-            if (tid == 0) write_stats(sum, right);
+            write_stats(sum, right);
         }
     });
 }

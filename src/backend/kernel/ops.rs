@@ -666,7 +666,9 @@ impl<D: KernelDevice> BackendImpl for D {
         // zero past them): the input gradient reads those.
         let windows = pool_windows(op.conv);
         match op.input {
-            Some((w, dx)) => launch_conv_backward_input(self, op.conv, op.workspace, w, dx, windows),
+            Some((w, dx)) => {
+                launch_conv_backward_input(self, op.conv, op.workspace, w, dx, windows)
+            }
             None => Ok(()),
         }
     }
