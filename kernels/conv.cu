@@ -470,7 +470,8 @@ __device__ __forceinline__ void conv_backward_input_planes(const T* __restrict__
 // (p < 2·⌊P/2⌋, q < 2·⌊Q/2⌋: the output gradient is zero past them). Block (bx, by, s)
 // reduces r in [s·per, min(batch·R, (s + 1)·per)), per = ceil(batch·R / S) rounded up to
 // CONV_BK: A = dy[o][r], B = x̂[r][k], entry(r) = (n·C·H·W + (p·s - pad)·W + q·s - pad,
-// p·s - pad, q·s - pad, n·O·P·Q + p·Q + q, the pixel's window in the pooled gradient or -1);
+// p·s - pad, q·s - pad, n·O·P·Q + p·Q + q, the pixel's window in the pooled gradient, read
+// only with a pool);
 // each thread's B column is one filter tap (c, i, j). With `y_or_null`, `dy` is the gradient
 // at a 2x2, stride-2 average pool of the ReLU output y, and A is the convolution's output
 // gradient through both (through_pool), which `dy_out_or_null` receives at the windows'
