@@ -79,11 +79,14 @@ fn fuses_pool(pool: &Pool2dShape) -> bool {
     pool.k_h == 2 && pool.k_w == 2 && pool.stride == 2
 }
 
-/// The rows and columns of `s`'s output plane that a fused pool's windows cover, from the
-/// top left (all but the last row and column of an odd plane): the output gradient through
-/// the pool is zero past them.
-fn pool_windows(s: &Conv2dShape) -> (usize, usize) {
-    (s.out_h() / 2 * 2, s.out_w() / 2 * 2)
+/// The rows and columns of `s`'s output plane a pass computes over, from the top left: the
+/// plane, or with a fused pool (`pooled`) the pixels its windows cover (all but the last row
+/// and column of an odd plane: the output gradient through the pool is zero past them).
+fn output_region(s: &Conv2dShape, pooled: bool) -> (usize, usize) {
+    match pooled {
+        true => (s.out_h() / 2 * 2, s.out_w() / 2 * 2),
+        false => (s.out_h(), s.out_w()),
+    }
 }
 
 /// A convolution's input, filter and bias.
@@ -108,10 +111,7 @@ fn launch_conv_forward<D: KernelDevice, T: Precision>(
     } else {
         (PrecisionOp::Conv2dForward32x128, TILE_32X128)
     };
-    let (rows, cols) = match pooled {
-        Some(_) => pool_windows(s),
-        None => (s.out_h(), s.out_w()),
-    };
+    let (rows, cols) = output_region(s, pooled.is_some());
     let columns = rows * cols;
     let mut args = vec![
         KernelArg::buffer(x),
@@ -222,10 +222,7 @@ fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
         FilterDy::Pooled { d_pooled, y, out } => (d_pooled, Some(y), out),
     };
     // The pixels of a plane the reduction runs over: with a pool, its windows'.
-    let (rows, cols) = match y {
-        Some(_) => pool_windows(s),
-        None => (s.out_h(), s.out_w()),
-    };
+    let (rows, cols) = output_region(s, y.is_some());
     let region = rows * cols;
     let splits = filter_splits(s, tile, region);
     let mut args = vec![
@@ -629,7 +626,7 @@ impl<D: KernelDevice> BackendImpl for D {
         op: Checked<Conv2dBackwardInput<'_, D, T>>,
     ) -> OpResult {
         let op = op.into_inner();
-        let plane = (op.shape.out_h(), op.shape.out_w());
+        let plane = output_region(op.shape, false);
         launch_conv_backward_input(self, op.shape, op.dy, op.w, op.dx, plane)
     }
 
@@ -664,7 +661,7 @@ impl<D: KernelDevice> BackendImpl for D {
         launch_conv_backward_filter(self, op.conv, op.x, dy, op.dw, Some(op.db))?;
         // The filter gradient's kernel wrote the output gradient at the windows' pixels (it is
         // zero past them): the input gradient reads those.
-        let windows = pool_windows(op.conv);
+        let windows = output_region(op.conv, true);
         match op.input {
             Some((w, dx)) => {
                 launch_conv_backward_input(self, op.conv, op.workspace, w, dx, windows)
