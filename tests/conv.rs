@@ -165,6 +165,10 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         (shape(batch(9), 1, (28, 28), 20, (3, 3), 1, 0), 2, 2),
         (shape(batch(17), 20, (13, 13), channels, (5, 5), 1, 0), 2, 2),
         (shape(3, 2, (9, 10), 7, (3, 3), 1, 1), 3, 2),
+        // A one-channel layer of few taps (the kernels' direct convolution where they have
+        // one), padded, with odd planes (11x9: the pool's windows leave the last row and
+        // column) and 6 channels (a partial group of the filter gradient's four).
+        (shape(5, 1, (11, 9), 6, (3, 3), 1, 1), 2, 2),
     ];
     for (s, k, stride) in cases {
         let pool = Pool2dShape {

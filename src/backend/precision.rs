@@ -8,7 +8,7 @@ use half::{bf16, f16};
 use super::{BackendError, DeviceScalar};
 use crate::dtype::DType;
 use crate::kernels::{
-    collective, conv, elementwise, gemm, loss, optim, pool, step, KernelSignature,
+    collective, conv, conv_direct, elementwise, gemm, loss, optim, pool, step, KernelSignature,
 };
 
 /// The kernels that exist per storage precision.
@@ -30,6 +30,10 @@ pub enum PrecisionOp {
     Conv2dBackwardFilter32x16,
     /// `conv2d_backward_bias_*`
     Conv2dBackwardBias,
+    /// `conv_direct_relu_pool_forward_*` (few filter taps, with the ReLU and a 2x2 pool)
+    ConvDirectReluPoolForward,
+    /// `conv_direct_relu_pool_filter_*` (its filter and bias gradients through them)
+    ConvDirectReluPoolFilter,
     /// `max_pool_forward_*`
     MaxPoolForward,
     /// `max_pool_backward_*`
@@ -75,6 +79,8 @@ impl PrecisionOp {
             Self::Conv2dBackwardFilter64x64 => &conv::CONV2D_BACKWARD_FILTER_64X64,
             Self::Conv2dBackwardFilter32x16 => &conv::CONV2D_BACKWARD_FILTER_32X16,
             Self::Conv2dBackwardBias => &conv::CONV2D_BACKWARD_BIAS,
+            Self::ConvDirectReluPoolForward => &conv_direct::CONV_DIRECT_RELU_POOL_FORWARD,
+            Self::ConvDirectReluPoolFilter => &conv_direct::CONV_DIRECT_RELU_POOL_FILTER,
             Self::MaxPoolForward => &pool::MAX_POOL_FORWARD,
             Self::MaxPoolBackward => &pool::MAX_POOL_BACKWARD,
             Self::AvgPoolForward => &pool::AVG_POOL_FORWARD,

@@ -244,6 +244,99 @@ fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
     unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
 }
 
+/// Filter taps (C·KH·KW) `kernels/conv_direct.cu` keeps in registers (`DIRECT_MAX_TAPS`).
+const DIRECT_MAX_TAPS: usize = 9;
+
+/// Output channels per block of `conv_direct_relu_pool_filter` (`DIRECT_WARPS`: a warp each).
+const DIRECT_WARPS: usize = 4;
+
+/// Most slices of the batch the direct filter gradient is cut into: an image a slice up to
+/// this. A constant, so the split, and every bit of the result, is the same on every GPU.
+const DIRECT_SLICES: usize = 256;
+
+/// Floats of shared memory `kernels/conv_direct.cu` stages an image of `s` in (with a zero
+/// border of the padding).
+fn direct_image_floats(s: &Conv2dShape) -> usize {
+    s.in_c * (s.in_h + 2 * s.pad) * (s.in_w + 2 * s.pad)
+}
+
+/// Whether `kernels/conv_direct.cu` runs `s` with its fused 2x2 pool: a filter of at most
+/// [`DIRECT_MAX_TAPS`] taps (LeNet's conv1: 9), whose image, filter and bias fit the 48 KiB
+/// of shared memory every GPU grants without opting in.
+fn direct_fits(s: &Conv2dShape) -> bool {
+    let taps = s.in_c * s.k_h * s.k_w;
+    taps <= DIRECT_MAX_TAPS && (direct_image_floats(s) + s.out_c * (taps + 1)) * 4 <= 48 << 10
+}
+
+/// Launches `kernels/conv_direct.cu`'s forward: `y` at the pool windows' pixels, and `pooled`.
+fn launch_direct_forward<D: KernelDevice, T: Precision>(
+    device: &D,
+    s: &Conv2dShape,
+    (x, w, bias): ConvOperands<'_, D, T>,
+    y: &mut D::Buffer<T>,
+    pooled: &mut D::Buffer<T>,
+) -> OpResult {
+    let mut args = vec![
+        KernelArg::buffer(x),
+        KernelArg::buffer(w),
+        KernelArg::optional(bias),
+        KernelArg::buffer_mut(y),
+        KernelArg::buffer_mut(pooled),
+    ];
+    args.extend(conv_dims(s));
+    let taps = s.in_c * s.k_h * s.k_w;
+    let cfg = LaunchConfig {
+        grid: (s.batch as u32, 1, 1),
+        block: (256, 1, 1),
+        shared_bytes: ((direct_image_floats(s) + s.out_c * (taps + 1)) * 4) as u32,
+    };
+    let kernel = PrecisionOp::ConvDirectReluPoolForward.kernel(T::DTYPE);
+    // SAFETY: the arguments were checked as the operation's (module docs): `pooled` has the
+    // size of a 2x2, stride-2 pool of `y`; the shared memory is what the kernel stages
+    // (direct_fits).
+    unsafe { device.launch(kernel, cfg, &args) }
+}
+
+/// Launches `kernels/conv_direct.cu`'s filter and bias gradients through the pool and ReLU:
+/// slices of whole images (an image each, up to [`DIRECT_SLICES`]) whose partial sums the
+/// scratch area holds.
+fn launch_direct_filter<D: KernelDevice, T: Precision>(
+    device: &D,
+    s: &Conv2dShape,
+    (x, y, d_pooled): (&D::Buffer<T>, &D::Buffer<T>, &D::Buffer<T>),
+    dw: &mut D::Buffer<f32>,
+    db: &mut D::Buffer<f32>,
+) -> OpResult {
+    let taps = s.in_c * s.k_h * s.k_w;
+    let groups = s.out_c.div_ceil(DIRECT_WARPS);
+    let partial = s.out_c * (taps + 1);
+    let mut slices = s.batch.clamp(1, DIRECT_SLICES);
+    while slices > 1 && !split_fits(slices, groups, partial) {
+        slices -= 1;
+    }
+    // No empty slice: the kernel gives each ⌈batch / slices⌉ images.
+    let slices = s.batch.max(1).div_ceil(s.batch.max(1).div_ceil(slices));
+    let mut args = vec![
+        KernelArg::buffer(x),
+        KernelArg::buffer(y),
+        KernelArg::buffer(d_pooled),
+        KernelArg::buffer_mut(dw),
+        KernelArg::buffer_mut(db),
+    ];
+    args.extend(device.scratch()?);
+    args.extend(conv_dims(s));
+    let cfg = LaunchConfig {
+        grid: (slices as u32, groups as u32, 1),
+        block: (32 * DIRECT_WARPS as u32, 1, 1),
+        shared_bytes: (direct_image_floats(s) * 4) as u32,
+    };
+    let kernel = PrecisionOp::ConvDirectReluPoolFilter.kernel(T::DTYPE);
+    // SAFETY: the arguments were checked as the operation's (module docs): `d_pooled` has the
+    // size of a 2x2, stride-2 pool of `y`; the scratch area holds `slices` partial gradients
+    // and the counters of `groups` tiles (split_fits).
+    unsafe { device.launch(kernel, cfg, &args) }
+}
+
 /// A block tile of `kernels/conv.cu`'s implicit GEMMs: `rows` x `cols` outputs of the
 /// product, `threads` per block, `resident` blocks an H100 SM holds at once (its registers
 /// and threads: the kernel's `__launch_bounds__` minimum).
@@ -608,7 +701,8 @@ impl<D: KernelDevice> BackendImpl for D {
     }
 
     /// One launch where the pool is LeNet's kind (2x2, stride 2: the convolution's epilogue
-    /// pools), else the convolution, then the pool.
+    /// pools; `kernels/conv_direct.cu` for a filter of few taps, [`direct_fits`]), else the
+    /// convolution, then the pool.
     fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolForward<'_, D, T>>,
@@ -618,6 +712,9 @@ impl<D: KernelDevice> BackendImpl for D {
         }
         let op = op.into_inner();
         let inputs = (op.x, op.w, op.bias);
+        if direct_fits(op.conv) {
+            return launch_direct_forward(self, op.conv, inputs, op.y, op.pooled);
+        }
         launch_conv_forward(self, op.conv, inputs, op.y, Some(op.pooled), true)
     }
 
@@ -643,8 +740,9 @@ impl<D: KernelDevice> BackendImpl for D {
     /// Where the pool is 2x2 with stride 2, the filter gradient's kernel reads the pool's
     /// output gradient and the ReLU's output itself, and, when the input gradient is wanted,
     /// writes the convolution's output gradient it computed at the pool windows' pixels into
-    /// `workspace` for the input gradient's kernel to read there: one launch, or two. Other
-    /// pools: the trait's default.
+    /// `workspace` for the input gradient's kernel to read there: one launch, or two. A first
+    /// layer (no input gradient) of few taps takes `kernels/conv_direct.cu`'s filter
+    /// gradient ([`direct_fits`]). Other pools: the trait's default.
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, D, T>>,
@@ -653,6 +751,10 @@ impl<D: KernelDevice> BackendImpl for D {
             return unpool_then_backward(self, op);
         }
         let op = op.into_inner();
+        if op.input.is_none() && direct_fits(op.conv) {
+            let inputs = (op.x, op.y, op.d_pooled);
+            return launch_direct_filter(self, op.conv, inputs, op.dw, op.db);
+        }
         let dy = FilterDy::Pooled {
             d_pooled: op.d_pooled,
             y: op.y,
