@@ -15,30 +15,34 @@
 // Out-of-range taps read zero: each image is staged in shared memory with a zero border of
 // `pad`, so no tap is bounds-tested.
 //
-// conv_direct_relu_pool_forward: grid (batch), block 256, dynamic shared memory for the
-//   image (C·(H + 2·pad)·(W + 2·pad) floats) and the filter and bias (O·K + O floats). A
-//   thread per pooled output (o, a, b) at a time: its window's four pixels share each tap's
-//   weight (one shared load for four FMAs). At LeNet's conv1 (batch 256): 62.3 MFLOP,
-//   compulsory bytes 0.8 MB of images in, 13.8 MB of y and 3.5 MB pooled out (f32): 18.1 MB,
-//   3.4 FLOP/B, memory-bound: 5.4 µs at an H100's 3.35 TB/s.
-// conv_direct_relu_pool_filter: grid (S slices of the batch's images, ⌈O / 4⌉), block 128:
-//   warp w takes channel o = 4·blockIdx.y + w, its lanes the windows' pixels of each image
-//   in turn (the image staged in shared memory as above), each lane holding the K + 1 sums
-//   (dw's row and db) in registers. At conv1: 2·62.3 MFLOP (the products and db), bytes
-//   0.8 MB of images, 13.8 MB of y and 3.5 MB of d_pooled in: 18.1 MB, memory-bound like the
-//   forward (5.4 µs).
-//   Summation: each image's terms of a lane (⌈P·Q / 32⌉ of them: 22 at conv1) in a fresh
-//   register, added to the lane's total compensated (Kahan); the 32 lanes' totals by a
-//   butterfly of shuffles in a fixed order; the S slices' partials (scratch slot s, in
-//   conv.cu's layout: O·K + O floats a slot, dw then db) in slice order, compensated, in two
-//   levels by the last blocks to finish (split_sum.cuh): the same bits on every run and GPU.
-//   S is chosen by the host from the shape alone (`direct_filter_slices`).
+// The blocks: a warp takes DIRECT_CHANNELS = 4 output channels (their filters in registers
+// in the forward), up to 8 warps a block, blockIdx.y the next 8; the image is staged in
+// dynamic shared memory (C·(H + 2·pad)·(W + 2·pad) floats: 3.1 KB at conv1), so each staged
+// value a lane loads feeds 4 channels' FMAs.
+// conv_direct_relu_pool_forward: grid (batch, ⌈O / 32⌉, Z): lane e of the block's warps takes
+//   the pool windows e, e + 32·Z, ... from e = lane + 32·blockIdx.z (Z splits an image's
+//   windows for more blocks: 3 at conv1's batch 256, 768 blocks of 5 warps); per tap one
+//   weight register and four staged pixels feed 16 FMAs. At LeNet's conv1 (batch 256):
+//   62.3 MFLOP, compulsory bytes 0.8 MB of images in, 13.8 MB of y and 3.5 MB pooled out
+//   (f32): 18.1 MB, 3.4 FLOP/B, memory-bound: 5.4 µs at an H100's 3.35 TB/s.
+// conv_direct_relu_pool_filter: grid (S slices, ⌈O / 32⌉): the batch's images cut into
+//   pieces, bands of `band_rows` pooled rows (the host aims for 1,024 pieces: conv1 at batch
+//   256 takes 4 bands of 4, 4, 4 and 1 of its 13 pooled rows), S slices of consecutive pieces
+//   (a piece each where the scratch area holds them). Lane q of a warp takes column q of the
+//   windows' pixels down the band's pooled rows: per pooled row, its channels' pooled
+//   gradient and two pixels' ReLU outputs (12 loads in flight), then 2 x 9 staged pixels
+//   into 80 FMAs. At conv1: 2·62.3 MFLOP (the products and db), bytes 0.8 MB of images,
+//   13.8 MB of y and 3.5 MB of d_pooled in: 18.1 MB, memory-bound like the forward (5.4 µs).
+//   Summation: a piece's terms of a lane (up to 2·band_rows) in fresh registers; the 32
+//   lanes' by a butterfly of shuffles in a fixed order; the pieces of a slice compensated
+//   (Kahan); the S slices' partials (scratch slot s, in conv.cu's layout: O·K + O floats a
+//   slot, dw then db) in slice order, compensated, in two levels by the last blocks to finish
+//   (split_sum.cuh): the same bits on every run and GPU. S depends on the shape alone.
 #include "simt.cuh"
 #include "split_sum.cuh"
 
 #define DIRECT_MAX_TAPS 9
-#define DIRECT_WARPS 4  // conv_direct_relu_pool_filter's channels per block
-#define DIRECT_BATCH 4  // pixels whose loads a lane of it issues together
+#define DIRECT_CHANNELS 4  // output channels a warp takes: each staged x value feeds 4 of them
 
 // Stages image n's C planes into `xs`, converted to float, with a zero border of `pad`:
 // plane c at c·hp·wp, row r at r·wp (hp = H + 2·pad, wp = W + 2·pad).
@@ -59,48 +63,72 @@ __device__ __forceinline__ int tap_offset(int t, int k_h, int k_w, int hp, int w
     return (c * hp + i) * wp + j;
 }
 
+// The first output channel of this thread's warp: warps take DIRECT_CHANNELS channels each,
+// blockIdx.y the next group of warps.
+__device__ __forceinline__ int direct_first_channel() {
+    return (blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32) * DIRECT_CHANNELS;
+}
+
 template <class T>
 __device__ __forceinline__ void conv_direct_relu_pool_forward(
     const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias, T* __restrict__ y,
     T* __restrict__ pooled, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
     int out_h, int out_w) {
-    SIMT_DYNAMIC_SHARED(float, direct_shared);
+    SIMT_DYNAMIC_SHARED(float, xs);  // [C][hp][wp]
+    __shared__ int offset_s[DIRECT_MAX_TAPS];
     const int hp = in_h + 2 * pad, wp = in_w + 2 * pad, taps = in_c * k_h * k_w;
-    float* xs = direct_shared;            // [C][hp][wp]
-    float* ws = xs + in_c * hp * wp;      // [O][K]
-    float* bs = ws + out_c * taps;        // [O]
-    __shared__ int offsets[DIRECT_MAX_TAPS];
-    const int n = blockIdx.x;
+    const int n = blockIdx.x, lane = threadIdx.x % 32, o0 = direct_first_channel();
     stage_image(x, xs, n, in_c, in_h, in_w, pad);
-    for (int e = threadIdx.x; e < out_c * taps; e += blockDim.x) ws[e] = (float)w[e];
-    for (int e = threadIdx.x; e < out_c; e += blockDim.x) bs[e] = bias ? bias[e] : 0.0f;
-    if ((int)threadIdx.x < taps) offsets[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, hp, wp);
+    if ((int)threadIdx.x < taps) offset_s[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, hp, wp);
     __syncthreads();
+    if (o0 >= out_c) return;  // no barrier follows
+    // The warp's filters and biases, in registers.
+    float wr[DIRECT_CHANNELS][DIRECT_MAX_TAPS], br[DIRECT_CHANNELS];
+    int off[DIRECT_MAX_TAPS];
+    SIMT_UNROLL
+    for (int t = 0; t < DIRECT_MAX_TAPS; ++t) off[t] = t < taps ? offset_s[t] : 0;
+    SIMT_UNROLL
+    for (int c = 0; c < DIRECT_CHANNELS; ++c) {
+        const bool here = o0 + c < out_c;
+        br[c] = here && bias ? bias[o0 + c] : 0.0f;
+        SIMT_UNROLL
+        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) wr[c][t] = here && t < taps ? (float)w[(o0 + c) * taps + t] : 0.0f;
+    }
 
     const int ph = out_h / 2, pw = out_w / 2, windows = ph * pw, pixels = out_h * out_w;
-    for (int e = threadIdx.x; e < out_c * windows; e += blockDim.x) {
-        const int o = e / windows, a = e % windows / pw, b = e % pw;
+    for (int e = lane + 32 * blockIdx.z; e < windows; e += 32 * gridDim.z) {
+        const int a = e / pw, b = e - a * pw;
         // The window's top-left pixel (2a, 2b) in the staged image; its right neighbour is
         // `stride` columns on, the one below `stride` rows.
         const float* at = xs + (2 * a * stride) * wp + 2 * b * stride;
-        const float* wo = ws + o * taps;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int t = 0; t < taps; ++t) {
-            const float wt = wo[t];
-            const float* p = at + offsets[t];
-            v[0] = fmaf(wt, p[0], v[0]);
-            v[1] = fmaf(wt, p[stride], v[1]);
-            v[2] = fmaf(wt, p[stride * wp], v[2]);
-            v[3] = fmaf(wt, p[stride * wp + stride], v[3]);
+        float v[DIRECT_CHANNELS][4];
+        SIMT_UNROLL
+        for (int c = 0; c < DIRECT_CHANNELS; ++c)
+            SIMT_UNROLL
+            for (int u = 0; u < 4; ++u) v[c][u] = 0.0f;
+        SIMT_UNROLL
+        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) {
+            if (t >= taps) break;
+            const float* p = at + off[t];
+            const float xv[4] = {p[0], p[stride], p[stride * wp], p[stride * wp + stride]};
+            SIMT_UNROLL
+            for (int c = 0; c < DIRECT_CHANNELS; ++c)
+                SIMT_UNROLL
+                for (int u = 0; u < 4; ++u) v[c][u] = fmaf(wr[c][t], xv[u], v[c][u]);
         }
         SIMT_UNROLL
-        for (int u = 0; u < 4; ++u) v[u] = fmaxf(v[u] + bs[o], 0.0f);
-        const long long plane = ((long long)n * out_c + o) * pixels + (2 * a) * out_w + 2 * b;
-        y[plane] = (T)v[0];
-        y[plane + 1] = (T)v[1];
-        y[plane + out_w] = (T)v[2];
-        y[plane + out_w + 1] = (T)v[3];
-        pooled[((long long)n * out_c + o) * windows + e % windows] = (T)(((v[0] + v[1]) + (v[2] + v[3])) * 0.25f);
+        for (int c = 0; c < DIRECT_CHANNELS; ++c) {
+            if (o0 + c >= out_c) break;
+            SIMT_UNROLL
+            for (int u = 0; u < 4; ++u) v[c][u] = fmaxf(v[c][u] + br[c], 0.0f);
+            const long long plane = (long long)n * out_c + o0 + c;
+            T* yo = y + plane * pixels + (2 * a) * out_w + 2 * b;
+            yo[0] = (T)v[c][0];
+            yo[1] = (T)v[c][1];
+            yo[out_w] = (T)v[c][2];
+            yo[out_w + 1] = (T)v[c][3];
+            pooled[plane * windows + e] = (T)(((v[c][0] + v[c][1]) + (v[c][2] + v[c][3])) * 0.25f);
+        }
     }
 }
 
@@ -110,106 +138,148 @@ NANODDP_ENTRY_EACH_TYPE(conv_direct_relu_pool_forward, (256),
      int pad, int out_h, int out_w),
     (x, w, bias_or_null, y, pooled, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
 
-// The filter gradient: see the header. `scratch` and `counters` as conv.cu's filter gradient
-// (split_sum.cuh), unused with one slice (gridDim.x = 1).
+// The filter gradient: see the header. A piece is a band of `band_rows` pooled rows of an
+// image (the pixel rows 2a and 2a + 1 of each pooled row a); block s takes pieces
+// [s·per, (s + 1)·per) of the batch's, in order. `scratch` and `counters` as conv.cu's filter
+// gradient (split_sum.cuh), unused with one slice (gridDim.x = 1).
 template <class T>
 __device__ __forceinline__ void conv_direct_relu_pool_filter(
     const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ d_pooled, float* __restrict__ dw,
     float* __restrict__ db, float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h,
-    int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w) {
-    SIMT_DYNAMIC_SHARED(float, direct_shared);
+    int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int band_rows) {
+    SIMT_DYNAMIC_SHARED(float, xs);  // [C][hp][wp]
+    __shared__ int offset_s[DIRECT_MAX_TAPS];
     const int hp = in_h + 2 * pad, wp = in_w + 2 * pad, taps = in_c * k_h * k_w;
-    const int lane = threadIdx.x % 32, o = blockIdx.y * DIRECT_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, o0 = direct_first_channel();
+    const int ph = out_h / 2, pw = out_w / 2, region_w = 2 * pw, pixels = out_h * out_w;
+    const int bands = (ph + band_rows - 1) / band_rows, pieces = batch * bands;
     const int splits = gridDim.x, s = blockIdx.x;
-    const int per = (batch + splits - 1) / splits, n0 = min(batch, s * per), n1 = min(batch, n0 + per);
-    const int ph = out_h / 2, pw = out_w / 2, region_w = 2 * pw, region = 2 * ph * region_w;
-    const int pixels = out_h * out_w;
-    __shared__ int offset[DIRECT_MAX_TAPS];
-    if ((int)threadIdx.x < taps) offset[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, hp, wp);
-    float acc[DIRECT_MAX_TAPS + 1], carry[DIRECT_MAX_TAPS + 1];
-    SIMT_UNROLL
-    for (int t = 0; t <= DIRECT_MAX_TAPS; ++t) acc[t] = carry[t] = 0.0f;
+    const int per = (pieces + splits - 1) / splits, k0 = min(pieces, s * per), k1 = min(pieces, k0 + per);
+    // A warp's elements: its channels' K taps and bias, row by row; lane j holds elements j
+    // and j + 32 (DIRECT_CHANNELS·(K + 1) ≤ 40), each a compensated sum over the pieces.
+    const int row = taps + 1, share = DIRECT_CHANNELS * row;
+    float acc[2] = {0.0f, 0.0f}, carry[2] = {0.0f, 0.0f};
+    if ((int)threadIdx.x < taps) offset_s[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, hp, wp);
 
-    for (int n = n0; n < n1; ++n) {
-        __syncthreads();  // the previous image's readers are done with xs
-        stage_image(x, direct_shared, n, in_c, in_h, in_w, pad);
-        __syncthreads();
-        if (o >= out_c) continue;
-        const long long plane = (long long)n * out_c + o;
-        const T* yo = y + plane * pixels;
-        const T* dpo = d_pooled + plane * ph * pw;
-        float part[DIRECT_MAX_TAPS + 1];
+    int staged = -1;  // the image in xs (the same for every thread)
+    for (int k = k0; k < k1; ++k) {
+        const int n = k / bands, a0 = k % bands * band_rows, a1 = min(ph, a0 + band_rows);
+        if (n != staged) {
+            __syncthreads();  // the previous image's readers are done with xs (and offset_s is written)
+            stage_image(x, xs, n, in_c, in_h, in_w, pad);
+            __syncthreads();
+            staged = n;
+        }
+        if (o0 >= out_c) continue;
+        int off[DIRECT_MAX_TAPS];
         SIMT_UNROLL
-        for (int t = 0; t <= DIRECT_MAX_TAPS; ++t) part[t] = 0.0f;
-        // DIRECT_BATCH pixels a lane at a time: their loads in flight together.
-        for (int r0 = lane; r0 < region; r0 += 32 * DIRECT_BATCH) {
-            float dy[DIRECT_BATCH];
-            int at[DIRECT_BATCH];
+        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) off[t] = t < taps ? offset_s[t] : 0;
+        // The warp's channels' planes (a channel past out_c reads channel o0's: its sums are
+        // never written).
+        const T* yc[DIRECT_CHANNELS];
+        const T* dc[DIRECT_CHANNELS];
+        SIMT_UNROLL
+        for (int c = 0; c < DIRECT_CHANNELS; ++c) {
+            const long long plane = (long long)n * out_c + (o0 + c < out_c ? o0 + c : o0);
+            yc[c] = y + plane * pixels;
+            dc[c] = d_pooled + plane * ph * pw;
+        }
+        float part[DIRECT_CHANNELS][DIRECT_MAX_TAPS + 1];
+        SIMT_UNROLL
+        for (int c = 0; c < DIRECT_CHANNELS; ++c)
             SIMT_UNROLL
-            for (int u = 0; u < DIRECT_BATCH; ++u) {
-                const int r = r0 + 32 * u, p = r / region_w, q = r % region_w;
-                dy[u] = 0.0f;
-                at[u] = 0;
-                if (r < region) {
-                    const float d = (float)dpo[(p / 2) * pw + q / 2] * 0.25f;
-                    dy[u] = (float)yo[p * out_w + q] > 0.0f ? d : 0.0f;
-                    at[u] = p * stride * wp + q * stride;
+            for (int t = 0; t <= DIRECT_MAX_TAPS; ++t) part[c][t] = 0.0f;
+        // Lane q a column of the windows' pixels, down the band's pooled rows: each a pooled
+        // gradient and two pixels' ReLU outputs per channel, loaded together.
+        for (int q = lane; q < region_w; q += 32) {
+            for (int a = a0; a < a1; ++a) {
+                float dy[2][DIRECT_CHANNELS];
+                SIMT_UNROLL
+                for (int c = 0; c < DIRECT_CHANNELS; ++c) {
+                    const float d = (float)dc[c][a * pw + q / 2] * 0.25f;
+                    const float y0 = (float)yc[c][2 * a * out_w + q], y1 = (float)yc[c][(2 * a + 1) * out_w + q];
+                    dy[0][c] = y0 > 0.0f ? d : 0.0f;
+                    dy[1][c] = y1 > 0.0f ? d : 0.0f;
+                }
+                SIMT_UNROLL
+                for (int u = 0; u < 2; ++u) {
+                    const float* at = xs + (2 * a + u) * stride * wp + q * stride;
+                    float xv[DIRECT_MAX_TAPS];
+                    SIMT_UNROLL
+                    for (int t = 0; t < DIRECT_MAX_TAPS; ++t) xv[t] = t < taps ? at[off[t]] : 0.0f;
+                    SIMT_UNROLL
+                    for (int c = 0; c < DIRECT_CHANNELS; ++c) {
+                        SIMT_UNROLL
+                        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) part[c][t] = fmaf(dy[u][c], xv[t], part[c][t]);
+                        part[c][DIRECT_MAX_TAPS] += dy[u][c];
+                    }
                 }
             }
-            SIMT_UNROLL
-            for (int u = 0; u < DIRECT_BATCH; ++u) {
-                SIMT_UNROLL
-                for (int t = 0; t < DIRECT_MAX_TAPS; ++t)
-                    if (t < taps) part[t] = fmaf(dy[u], direct_shared[at[u] + offset[t]], part[t]);
-                part[DIRECT_MAX_TAPS] += dy[u];
-            }
         }
+        // The piece's sums over the warp's lanes, by a butterfly of shuffles (a fixed order:
+        // every lane ends with the same sums); lane j keeps elements j and j + 32.
+        float mine[2] = {0.0f, 0.0f};
         SIMT_UNROLL
-        for (int t = 0; t <= DIRECT_MAX_TAPS; ++t) {
-            const float v = part[t] - carry[t], sum = acc[t] + v;
-            carry[t] = (sum - acc[t]) - v;
-            acc[t] = sum;
+        for (int c = 0; c < DIRECT_CHANNELS; ++c)
+            SIMT_UNROLL
+            for (int t = 0; t <= DIRECT_MAX_TAPS; ++t) {
+                if (t >= taps && t < DIRECT_MAX_TAPS) continue;  // no such tap (uniform)
+                float v = part[c][t];
+                for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+                const int j = c * row + (t < DIRECT_MAX_TAPS ? t : taps);
+                if (j == lane) mine[0] = v;
+                if (j == lane + 32) mine[1] = v;
+            }
+        SIMT_UNROLL
+        for (int h = 0; h < 2; ++h) {
+            const float v = mine[h] - carry[h], sum = acc[h] + v;
+            carry[h] = (sum - acc[h]) - v;
+            acc[h] = sum;
         }
     }
 
-    // The warp's lanes' totals, by a butterfly (every lane ends with the same sum); lane t
-    // keeps tap t's (lane K: db's).
-    const int row = taps + 1;  // a channel's elements in a slot: K taps, then db
-    float mine = 0.0f;
-    SIMT_UNROLL
-    for (int t = 0; t <= DIRECT_MAX_TAPS; ++t) {
-        if (t >= taps && t < DIRECT_MAX_TAPS) continue;  // no such tap (uniform over the warp)
-        float v = acc[t] - carry[t];
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == (t < DIRECT_MAX_TAPS ? t : taps)) mine = v;
-    }
-    const int t = lane;
-    auto write = [&](int oc, int tap, float v) {
-        if (tap < taps) dw[oc * taps + tap] = v;
-        else db[oc] = v;
+    // Element e of this block's channels (a row of K taps and the bias each) to its place in
+    // a slot (conv.cu's layout: dw, O·K floats, then db), or -1 past the channels.
+    const int first = blockIdx.y * (blockDim.x / 32) * DIRECT_CHANNELS;
+    auto place = [&](int e) -> long long {
+        const int o = first + e / row, tap = e % row;
+        if (o >= out_c) return -1;
+        return tap < taps ? (long long)o * taps + tap : (long long)out_c * taps + o;
     };
+    auto write = [&](int e, float v) {
+        const int o = first + e / row, tap = e % row;
+        if (tap < taps) dw[o * taps + tap] = v;
+        else db[o] = v;
+    };
+    const int warp_first = (threadIdx.x / 32) * share;  // the warp's elements among the block's
     if (splits == 1) {
-        if (o < out_c && t < row) write(o, t, mine);
+        SIMT_UNROLL
+        for (int h = 0; h < 2; ++h) {
+            const int j = lane + 32 * h;
+            if (j < share && place(warp_first + j) >= 0) write(warp_first + j, acc[h] - carry[h]);
+        }
         return;
     }
-    const long long slot = (long long)out_c * row;  // conv.cu's layout: dw (O·K), then db (O)
-    auto place = [&](int e) -> long long {  // element e of this block's channels
-        const int oc = blockIdx.y * DIRECT_WARPS + e / row, tap = e % row;
-        if (oc >= out_c) return -1;
-        return tap < taps ? (long long)oc * taps + tap : (long long)out_c * taps + oc;
-    };
-    if (o < out_c && t < row) scratch[s * slot + place((threadIdx.x / 32) * row + t)] = mine;
-    split_reduce(counters, blockIdx.y, s, splits, [&](int first, int count, int into) {
-        split_sum_each<4>(scratch, slot, first, count, (int)threadIdx.x, DIRECT_WARPS * row, (int)blockDim.x, place,
+    const long long slot = (long long)out_c * row;
+    SIMT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+        const int j = lane + 32 * h;
+        const long long at = j < share ? place(warp_first + j) : -1;
+        if (at >= 0) scratch[s * slot + at] = acc[h] - carry[h];
+    }
+    const int elems = (blockDim.x / 32) * share;
+    split_reduce(counters, blockIdx.y, s, splits, [&](int first_slot, int count, int into) {
+        split_sum_each<4>(scratch, slot, first_slot, count, (int)threadIdx.x, elems, (int)blockDim.x, place,
                           [&](int e, float sum) {
                               if (into >= 0) scratch[into * slot + place(e)] = sum;
-                              else write(blockIdx.y * DIRECT_WARPS + e / row, e % row, sum);
+                              else write(e, sum);
                           });
     });
 }
 
-NANODDP_ENTRY_EACH_TYPE(conv_direct_relu_pool_filter, (128),
+NANODDP_ENTRY_EACH_TYPE(conv_direct_relu_pool_filter, (256, 2),
     (const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ d_pooled, float* __restrict__ dw,
      float* __restrict__ db, float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h,
-     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w),
-    (x, y, d_pooled, dw, db, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
+     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int band_rows),
+    (x, y, d_pooled, dw, db, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w,
+     band_rows))

@@ -371,6 +371,56 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
     out
 }
 
+/// A first layer's filter and bias gradients through the pool and ReLU when the batch has
+/// more pieces than the scratch area holds partial sums: 128 channels (1,280 floats a
+/// partial) over 1,040 images (the kernels' direct convolution then sums several images'
+/// bands a block, restaging the image between them).
+fn first_layer_over_a_long_batch<B: Backend>(dev: &B) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut g = rng(16);
+    let s = shape(1040, 1, (4, 4), 128, (3, 3), 1, 1);
+    let pool = Pool2dShape {
+        planes: s.batch * s.out_c,
+        in_h: s.out_h(),
+        in_w: s.out_w(),
+        k_h: 2,
+        k_w: 2,
+        stride: 2,
+    };
+    let (xs, ws, ys) = s.sizes();
+    let ps = pool.sizes().1;
+    let (x, act, d_pooled): (Vec<f32>, Vec<f32>, Vec<f32>) =
+        (random(&mut g, xs), random(&mut g, ys), random(&mut g, ps));
+    let spread = r::avg_pool_backward(&pool, &wide(&d_pooled));
+    let dy: Vec<f64> = (0..ys)
+        .map(|i| if act[i] > 0.0 { spread.value[i] } else { 0.0 })
+        .collect();
+    let up = |v: &[f32]| dev.upload(v).unwrap();
+    let (x_, act_, dp_) = (up(&x), up(&act), up(&d_pooled));
+    let (mut dw, mut db, mut workspace) = (
+        up(&vec![f32::NAN; ws]),
+        up(&vec![f32::NAN; s.out_c]),
+        up(&vec![f32::NAN; ys]),
+    );
+    dev.conv2d_relu_avg_pool_backward(
+        &s,
+        &pool,
+        &x_,
+        &act_,
+        &dp_,
+        &mut dw,
+        &mut db,
+        None,
+        &mut workspace,
+    )
+    .unwrap();
+    let want = r::conv_backward_filter(&s, &wide(&x), &dy);
+    check_download(dev, &dw, "long-batch filter", &want, F32_LONG, &mut out);
+    let want = r::conv_backward_bias(&s, &dy);
+    check_download(dev, &db, "long-batch bias", &want, F32_LONG, &mut out);
+    out
+}
+
 fn fused_f32<B: Backend>(dev: &B) -> Vec<u8> {
     fused_all::<B, f32>(dev, 12, F32, F32_LONG)
 }
@@ -390,7 +440,8 @@ per_backend!(
     bad_conv_shapes_are_errors,
     fused_f32,
     fused_f16,
-    fused_bf16
+    fused_bf16,
+    first_layer_over_a_long_batch
 );
 
 /// A device given a level computes with it, whatever the process uses: the portable engine

@@ -247,12 +247,21 @@ fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
 /// Filter taps (C·KH·KW) `kernels/conv_direct.cu` keeps in registers (`DIRECT_MAX_TAPS`).
 const DIRECT_MAX_TAPS: usize = 9;
 
-/// Output channels per block of `conv_direct_relu_pool_filter` (`DIRECT_WARPS`: a warp each).
-const DIRECT_WARPS: usize = 4;
+/// Output channels a warp of `kernels/conv_direct.cu` takes (`DIRECT_CHANNELS`).
+const DIRECT_CHANNELS: usize = 4;
 
-/// Most slices of the batch the direct filter gradient is cut into: an image a slice up to
-/// this. A constant, so the split, and every bit of the result, is the same on every GPU.
-const DIRECT_SLICES: usize = 256;
+/// The blocks of `kernels/conv_direct.cu`'s kernels for `s`: a warp per [`DIRECT_CHANNELS`]
+/// output channels, up to 8 warps a block, `depth` blocks along x (an image or a slice of
+/// images each), the shared memory `shared` floats.
+fn direct_launch(s: &Conv2dShape, depth: usize, shared: usize) -> LaunchConfig {
+    let groups = s.out_c.div_ceil(DIRECT_CHANNELS);
+    let warps = groups.min(8);
+    LaunchConfig {
+        grid: (depth as u32, groups.div_ceil(warps) as u32, 1),
+        block: (32 * warps as u32, 1, 1),
+        shared_bytes: (shared * 4) as u32,
+    }
+}
 
 /// Floats of shared memory `kernels/conv_direct.cu` stages an image of `s` in (with a zero
 /// border of the padding).
@@ -261,12 +270,16 @@ fn direct_image_floats(s: &Conv2dShape) -> usize {
 }
 
 /// Whether `kernels/conv_direct.cu` runs `s` with its fused 2x2 pool: a filter of at most
-/// [`DIRECT_MAX_TAPS`] taps (LeNet's conv1: 9), whose image, filter and bias fit the 48 KiB
-/// of shared memory every GPU grants without opting in.
+/// [`DIRECT_MAX_TAPS`] taps (LeNet's conv1: 9), whose image fits the 48 KiB of shared memory
+/// every GPU grants without opting in (with 1 KiB for the kernels' static shared memory).
 fn direct_fits(s: &Conv2dShape) -> bool {
     let taps = s.in_c * s.k_h * s.k_w;
-    taps <= DIRECT_MAX_TAPS && (direct_image_floats(s) + s.out_c * (taps + 1)) * 4 <= 48 << 10
+    taps <= DIRECT_MAX_TAPS && direct_image_floats(s) * 4 + 1024 <= 48 << 10
 }
+
+/// Blocks the direct forward aims for: about four an H100 SM (a constant; the split does not
+/// change any result).
+const DIRECT_FORWARD_BLOCKS: usize = 528;
 
 /// Launches `kernels/conv_direct.cu`'s forward: `y` at the pool windows' pixels, and `pooled`.
 fn launch_direct_forward<D: KernelDevice, T: Precision>(
@@ -284,12 +297,13 @@ fn launch_direct_forward<D: KernelDevice, T: Precision>(
         KernelArg::buffer_mut(pooled),
     ];
     args.extend(conv_dims(s));
-    let taps = s.in_c * s.k_h * s.k_w;
-    let cfg = LaunchConfig {
-        grid: (s.batch as u32, 1, 1),
-        block: (256, 1, 1),
-        shared_bytes: ((direct_image_floats(s) + s.out_c * (taps + 1)) * 4) as u32,
-    };
+    // The windows of an image split over grid.z blocks, for about four blocks an H100 SM.
+    let mut cfg = direct_launch(s, s.batch, direct_image_floats(s));
+    let windows = (s.out_h() / 2) * (s.out_w() / 2);
+    let blocks = (cfg.grid.0 * cfg.grid.1) as usize;
+    cfg.grid.2 = DIRECT_FORWARD_BLOCKS
+        .div_ceil(blocks)
+        .clamp(1, windows.div_ceil(32).max(1)) as u32;
     let kernel = PrecisionOp::ConvDirectReluPoolForward.kernel(T::DTYPE);
     // SAFETY: the arguments were checked as the operation's (module docs): `pooled` has the
     // size of a 2x2, stride-2 pool of `y`; the shared memory is what the kernel stages
@@ -297,9 +311,14 @@ fn launch_direct_forward<D: KernelDevice, T: Precision>(
     unsafe { device.launch(kernel, cfg, &args) }
 }
 
+/// Pieces (bands of an image's pooled rows) the direct filter gradient aims to cut a batch
+/// into: about eight blocks an H100 SM, so that enough warps hide the loads' latency. A
+/// constant, so the split, and every bit of the result, is the same on every GPU.
+const DIRECT_PIECES: usize = 1024;
+
 /// Launches `kernels/conv_direct.cu`'s filter and bias gradients through the pool and ReLU:
-/// slices of whole images (an image each, up to [`DIRECT_SLICES`]) whose partial sums the
-/// scratch area holds.
+/// the batch's images cut into bands of pooled rows for about [`DIRECT_PIECES`] pieces, a
+/// piece a block where the scratch area holds that many partial sums ([`split_fits`]).
 fn launch_direct_filter<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
@@ -307,15 +326,18 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     dw: &mut D::Buffer<f32>,
     db: &mut D::Buffer<f32>,
 ) -> OpResult {
-    let taps = s.in_c * s.k_h * s.k_w;
-    let groups = s.out_c.div_ceil(DIRECT_WARPS);
-    let partial = s.out_c * (taps + 1);
-    let mut slices = s.batch.clamp(1, DIRECT_SLICES);
-    while slices > 1 && !split_fits(slices, groups, partial) {
+    let pooled_rows = (s.out_h() / 2).max(1);
+    let bands = DIRECT_PIECES.div_ceil(s.batch.max(1)).min(pooled_rows);
+    let band_rows = pooled_rows.div_ceil(bands);
+    let pieces = s.batch.max(1) * pooled_rows.div_ceil(band_rows);
+    let partial = s.out_c * (s.in_c * s.k_h * s.k_w + 1);
+    let tiles = direct_launch(s, 1, 0).grid.1 as usize;
+    let mut slices = pieces;
+    while slices > 1 && !split_fits(slices, tiles, partial) {
         slices -= 1;
     }
-    // No empty slice: the kernel gives each ⌈batch / slices⌉ images.
-    let slices = s.batch.max(1).div_ceil(s.batch.max(1).div_ceil(slices));
+    // No empty slice: the kernel gives each ⌈pieces / slices⌉ pieces.
+    let slices = pieces.div_ceil(pieces.div_ceil(slices));
     let mut args = vec![
         KernelArg::buffer(x),
         KernelArg::buffer(y),
@@ -325,15 +347,12 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     ];
     args.extend(device.scratch()?);
     args.extend(conv_dims(s));
-    let cfg = LaunchConfig {
-        grid: (slices as u32, groups as u32, 1),
-        block: (32 * DIRECT_WARPS as u32, 1, 1),
-        shared_bytes: (direct_image_floats(s) * 4) as u32,
-    };
+    args.push(i32_arg(band_rows));
+    let cfg = direct_launch(s, slices, direct_image_floats(s));
     let kernel = PrecisionOp::ConvDirectReluPoolFilter.kernel(T::DTYPE);
     // SAFETY: the arguments were checked as the operation's (module docs): `d_pooled` has the
     // size of a 2x2, stride-2 pool of `y`; the scratch area holds `slices` partial gradients
-    // and the counters of `groups` tiles (split_fits).
+    // and the counters of `tiles` tiles (split_fits).
     unsafe { device.launch(kernel, cfg, &args) }
 }
 
