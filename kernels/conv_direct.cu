@@ -19,22 +19,22 @@
 // in the forward), up to 8 warps a block, blockIdx.y the next 8; the image is staged in
 // dynamic shared memory (C·(H + 2·pad)·(W + 2·pad) floats: 3.1 KB at conv1), so each staged
 // value a lane loads feeds 4 channels' FMAs.
-// conv_direct_relu_pool_forward: grid (batch, ⌈O / 32⌉, Z): lane e of the block's warps takes
-//   the pool windows e, e + 32·Z, ... from e = lane + 32·blockIdx.z (Z splits an image's
-//   windows for more blocks: 3 at conv1's batch 256, 768 blocks of 5 warps); per tap one
-//   weight register and four staged pixels feed 16 FMAs. At LeNet's conv1 (batch 256):
-//   62.3 MFLOP, compulsory bytes 0.8 MB of images in, 13.8 MB of y and 3.5 MB pooled out
-//   (f32): 18.1 MB, 3.4 FLOP/B, memory-bound: 5.4 µs at an H100's 3.35 TB/s.
+// conv_direct_relu_pool_forward: grid (batch, ⌈O / 32⌉): lane e of the block's warps takes
+//   the pool windows e, e + 32, ... of the image (conv1: 169 windows, 256 blocks of 5 warps);
+//   per tap one weight register and four staged pixels feed 16 FMAs. At LeNet's conv1
+//   (batch 256): 62.3 MFLOP, compulsory bytes 0.8 MB of images in, 13.8 MB of y and 3.5 MB
+//   pooled out (f32): 18.1 MB, 3.4 FLOP/B, memory-bound: 5.4 µs at an H100's 3.35 TB/s.
 // conv_direct_relu_pool_filter: grid (S slices, ⌈O / 32⌉): the batch's images cut into
 //   pieces, bands of `band_rows` pooled rows (the host aims for 1,024 pieces: conv1 at batch
 //   256 takes 4 bands of 4, 4, 4 and 1 of its 13 pooled rows), S slices of consecutive pieces
-//   (a piece each where the scratch area holds them). Lane q of a warp takes column q of the
+//   (a piece each where the scratch area holds them), each piece's input rows staged alone.
+//   Lane q of a warp takes column q of the
 //   windows' pixels down the band's pooled rows: per pooled row, its channels' pooled
 //   gradient and two pixels' ReLU outputs (12 loads in flight), then 2 x 9 staged pixels
 //   into 80 FMAs. At conv1: 2·62.3 MFLOP (the products and db), bytes 0.8 MB of images,
 //   13.8 MB of y and 3.5 MB of d_pooled in: 18.1 MB, memory-bound like the forward (5.4 µs).
 //   Summation: a piece's terms of a lane (up to 2·band_rows) in fresh registers; the 32
-//   lanes' by a butterfly of shuffles in a fixed order; the pieces of a slice compensated
+//   lanes' by a reduce-scatter of shuffles in a fixed order (reduce_scatter_64); the pieces of a slice compensated
 //   (Kahan); the S slices' partials (scratch slot s, in conv.cu's layout: O·K + O floats a
 //   slot, dw then db) in slice order, compensated, in two levels by the last blocks to finish
 //   (split_sum.cuh): the same bits on every run and GPU. S depends on the shape alone.
@@ -44,15 +44,15 @@
 #define DIRECT_MAX_TAPS 9
 #define DIRECT_CHANNELS 4  // output channels a warp takes: each staged x value feeds 4 of them
 
-// Stages image n's C planes into `xs`, converted to float, with a zero border of `pad`:
-// plane c at c·hp·wp, row r at r·wp (hp = H + 2·pad, wp = W + 2·pad).
+// Stages rows [r0, r0 + rows) of image n's C planes, as padded with a zero border of `pad`,
+// into `xs`, converted to float: plane c at c·rows·wp, row r0 + i at i·wp (wp = W + 2·pad).
 template <class T>
-__device__ __forceinline__ void stage_image(const T* __restrict__ x, float* __restrict__ xs, int n, int in_c,
-                                            int in_h, int in_w, int pad) {
-    const int hp = in_h + 2 * pad, wp = in_w + 2 * pad, all = in_c * hp * wp;
+__device__ __forceinline__ void stage_rows(const T* __restrict__ x, float* __restrict__ xs, int n, int in_c, int in_h,
+                                           int in_w, int pad, int r0, int rows) {
+    const int wp = in_w + 2 * pad, all = in_c * rows * wp;
     const T* img = x + (long long)n * in_c * in_h * in_w;
     for (int e = threadIdx.x; e < all; e += blockDim.x) {
-        const int c = e / (hp * wp), r = e / wp % hp - pad, q = e % wp - pad;
+        const int c = e / (rows * wp), r = r0 + e / wp % rows - pad, q = e % wp - pad;
         xs[e] = r >= 0 && r < in_h && q >= 0 && q < in_w ? (float)img[(c * in_h + r) * in_w + q] : 0.0f;
     }
 }
@@ -78,7 +78,7 @@ __device__ __forceinline__ void conv_direct_relu_pool_forward(
     __shared__ int offset_s[DIRECT_MAX_TAPS];
     const int hp = in_h + 2 * pad, wp = in_w + 2 * pad, taps = in_c * k_h * k_w;
     const int n = blockIdx.x, lane = threadIdx.x % 32, o0 = direct_first_channel();
-    stage_image(x, xs, n, in_c, in_h, in_w, pad);
+    stage_rows(x, xs, n, in_c, in_h, in_w, pad, 0, hp);
     if ((int)threadIdx.x < taps) offset_s[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, hp, wp);
     __syncthreads();
     if (o0 >= out_c) return;  // no barrier follows
@@ -96,7 +96,7 @@ __device__ __forceinline__ void conv_direct_relu_pool_forward(
     }
 
     const int ph = out_h / 2, pw = out_w / 2, windows = ph * pw, pixels = out_h * out_w;
-    for (int e = lane + 32 * blockIdx.z; e < windows; e += 32 * gridDim.z) {
+    for (int e = lane; e < windows; e += 32) {
         const int a = e / pw, b = e - a * pw;
         // The window's top-left pixel (2a, 2b) in the staged image; its right neighbour is
         // `stride` columns on, the one below `stride` rows.
@@ -138,38 +138,59 @@ NANODDP_ENTRY_EACH_TYPE(conv_direct_relu_pool_forward, (256),
      int pad, int out_h, int out_w),
     (x, w, bias_or_null, y, pooled, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
 
+// Sums v over the warp's 32 lanes, leaving lane L the sums of elements 2L and 2L + 1 in
+// v[0] and v[1] (a reduce-scatter: at each level a lane sends the half of its elements it
+// gives away and adds the partner's half of those it keeps; 62 shuffles for 64 elements where
+// a butterfly per element takes 320). Fixed order: the same bits on every run.
+template <int H>  // one level: elements [0, 2H) to [0, H), partners lane ^ (H / 2)
+__device__ __forceinline__ void reduce_scatter_level(float (&v)[64], int lane) {
+    const bool upper = (lane & (H / 2)) != 0;
+    SIMT_UNROLL
+    for (int i = 0; i < H; ++i) {
+        const float give = upper ? v[i] : v[i + H], keep = upper ? v[i + H] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, give, H / 2);
+    }
+}
+__device__ __forceinline__ void reduce_scatter_64(float (&v)[64], int lane) {
+    reduce_scatter_level<32>(v, lane);
+    reduce_scatter_level<16>(v, lane);
+    reduce_scatter_level<8>(v, lane);
+    reduce_scatter_level<4>(v, lane);
+    reduce_scatter_level<2>(v, lane);
+}
+
+// Elements of a warp's share in the filter gradient: DIRECT_CHANNELS rows of
+// DIRECT_MAX_TAPS + 1 (taps, then the bias; taps past K unused).
+#define DIRECT_ROW (DIRECT_MAX_TAPS + 1)
+#define DIRECT_SHARE (DIRECT_CHANNELS * DIRECT_ROW)
+
 // The filter gradient: see the header. A piece is a band of `band_rows` pooled rows of an
 // image (the pixel rows 2a and 2a + 1 of each pooled row a); block s takes pieces
-// [s·per, (s + 1)·per) of the batch's, in order. `scratch` and `counters` as conv.cu's filter
+// [s·per, (s + 1)·per) of the batch's, in order, each staged alone (its input rows, at most
+// (2·band_rows - 1)·stride + KH of them). `scratch` and `counters` as conv.cu's filter
 // gradient (split_sum.cuh), unused with one slice (gridDim.x = 1).
 template <class T>
 __device__ __forceinline__ void conv_direct_relu_pool_filter(
     const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ d_pooled, float* __restrict__ dw,
     float* __restrict__ db, float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h,
     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int band_rows) {
-    SIMT_DYNAMIC_SHARED(float, xs);  // [C][hp][wp]
+    SIMT_DYNAMIC_SHARED(float, xs);  // [C][band's input rows][wp]
     __shared__ int offset_s[DIRECT_MAX_TAPS];
-    const int hp = in_h + 2 * pad, wp = in_w + 2 * pad, taps = in_c * k_h * k_w;
+    const int wp = in_w + 2 * pad, taps = in_c * k_h * k_w, rows = (2 * band_rows - 1) * stride + k_h;
     const int lane = threadIdx.x % 32, o0 = direct_first_channel();
     const int ph = out_h / 2, pw = out_w / 2, region_w = 2 * pw, pixels = out_h * out_w;
     const int bands = (ph + band_rows - 1) / band_rows, pieces = batch * bands;
     const int splits = gridDim.x, s = blockIdx.x;
     const int per = (pieces + splits - 1) / splits, k0 = min(pieces, s * per), k1 = min(pieces, k0 + per);
-    // A warp's elements: its channels' K taps and bias, row by row; lane j holds elements j
-    // and j + 32 (DIRECT_CHANNELS·(K + 1) ≤ 40), each a compensated sum over the pieces.
-    const int row = taps + 1, share = DIRECT_CHANNELS * row;
+    // Lane L holds elements 2L and 2L + 1 of its warp's share, compensated sums over the pieces.
     float acc[2] = {0.0f, 0.0f}, carry[2] = {0.0f, 0.0f};
-    if ((int)threadIdx.x < taps) offset_s[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, hp, wp);
+    if ((int)threadIdx.x < taps) offset_s[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, rows, wp);
 
-    int staged = -1;  // the image in xs (the same for every thread)
     for (int k = k0; k < k1; ++k) {
         const int n = k / bands, a0 = k % bands * band_rows, a1 = min(ph, a0 + band_rows);
-        if (n != staged) {
-            __syncthreads();  // the previous image's readers are done with xs (and offset_s is written)
-            stage_image(x, xs, n, in_c, in_h, in_w, pad);
-            __syncthreads();
-            staged = n;
-        }
+        __syncthreads();  // the previous piece's readers are done with xs (and offset_s is written)
+        stage_rows(x, xs, n, in_c, in_h, in_w, pad, 2 * a0 * stride, rows);
+        __syncthreads();
         if (o0 >= out_c) continue;
         int off[DIRECT_MAX_TAPS];
         SIMT_UNROLL
@@ -184,11 +205,9 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
             yc[c] = y + plane * pixels;
             dc[c] = d_pooled + plane * ph * pw;
         }
-        float part[DIRECT_CHANNELS][DIRECT_MAX_TAPS + 1];
+        float part[64];  // the share (DIRECT_SHARE) and zeros, for reduce_scatter_64
         SIMT_UNROLL
-        for (int c = 0; c < DIRECT_CHANNELS; ++c)
-            SIMT_UNROLL
-            for (int t = 0; t <= DIRECT_MAX_TAPS; ++t) part[c][t] = 0.0f;
+        for (int i = 0; i < 64; ++i) part[i] = 0.0f;
         // Lane q a column of the windows' pixels, down the band's pooled rows: each a pooled
         // gradient and two pixels' ReLU outputs per channel, loaded together.
         for (int q = lane; q < region_w; q += 32) {
@@ -203,71 +222,54 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
                 }
                 SIMT_UNROLL
                 for (int u = 0; u < 2; ++u) {
-                    const float* at = xs + (2 * a + u) * stride * wp + q * stride;
+                    const float* at = xs + (2 * (a - a0) + u) * stride * wp + q * stride;
                     float xv[DIRECT_MAX_TAPS];
                     SIMT_UNROLL
                     for (int t = 0; t < DIRECT_MAX_TAPS; ++t) xv[t] = t < taps ? at[off[t]] : 0.0f;
                     SIMT_UNROLL
                     for (int c = 0; c < DIRECT_CHANNELS; ++c) {
                         SIMT_UNROLL
-                        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) part[c][t] = fmaf(dy[u][c], xv[t], part[c][t]);
-                        part[c][DIRECT_MAX_TAPS] += dy[u][c];
+                        for (int t = 0; t < DIRECT_MAX_TAPS; ++t)
+                            part[c * DIRECT_ROW + t] = fmaf(dy[u][c], xv[t], part[c * DIRECT_ROW + t]);
+                        part[c * DIRECT_ROW + DIRECT_MAX_TAPS] += dy[u][c];
                     }
                 }
             }
         }
-        // The piece's sums over the warp's lanes, by a butterfly of shuffles (a fixed order:
-        // every lane ends with the same sums); lane j keeps elements j and j + 32.
-        float mine[2] = {0.0f, 0.0f};
-        SIMT_UNROLL
-        for (int c = 0; c < DIRECT_CHANNELS; ++c)
-            SIMT_UNROLL
-            for (int t = 0; t <= DIRECT_MAX_TAPS; ++t) {
-                if (t >= taps && t < DIRECT_MAX_TAPS) continue;  // no such tap (uniform)
-                float v = part[c][t];
-                for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-                const int j = c * row + (t < DIRECT_MAX_TAPS ? t : taps);
-                if (j == lane) mine[0] = v;
-                if (j == lane + 32) mine[1] = v;
-            }
+        reduce_scatter_64(part, lane);
         SIMT_UNROLL
         for (int h = 0; h < 2; ++h) {
-            const float v = mine[h] - carry[h], sum = acc[h] + v;
+            const float v = part[h] - carry[h], sum = acc[h] + v;
             carry[h] = (sum - acc[h]) - v;
             acc[h] = sum;
         }
     }
 
-    // Element e of this block's channels (a row of K taps and the bias each) to its place in
-    // a slot (conv.cu's layout: dw, O·K floats, then db), or -1 past the channels.
+    // Element e of this block's warps' shares to its place in a slot (conv.cu's layout: dw,
+    // O·K floats, then db), or -1 (past the channels, or a tap past K).
     const int first = blockIdx.y * (blockDim.x / 32) * DIRECT_CHANNELS;
     auto place = [&](int e) -> long long {
-        const int o = first + e / row, tap = e % row;
-        if (o >= out_c) return -1;
-        return tap < taps ? (long long)o * taps + tap : (long long)out_c * taps + o;
+        const int o = first + e / DIRECT_ROW, t = e % DIRECT_ROW;
+        if (o >= out_c || (t >= taps && t < DIRECT_MAX_TAPS)) return -1;
+        return t < DIRECT_MAX_TAPS ? (long long)o * taps + t : (long long)out_c * taps + o;
     };
     auto write = [&](int e, float v) {
-        const int o = first + e / row, tap = e % row;
-        if (tap < taps) dw[o * taps + tap] = v;
+        const int o = first + e / DIRECT_ROW, t = e % DIRECT_ROW;
+        if (t < DIRECT_MAX_TAPS) dw[o * taps + t] = v;
         else db[o] = v;
     };
-    const int warp_first = (threadIdx.x / 32) * share;  // the warp's elements among the block's
-    if (splits == 1) {
-        SIMT_UNROLL
-        for (int h = 0; h < 2; ++h) {
-            const int j = lane + 32 * h;
-            if (j < share && place(warp_first + j) >= 0) write(warp_first + j, acc[h] - carry[h]);
-        }
-        return;
-    }
-    const long long slot = (long long)out_c * row;
+    const int warp_first = (threadIdx.x / 32) * DIRECT_SHARE;  // the warp's share among the block's
+    const long long slot = (long long)out_c * (taps + 1);
     SIMT_UNROLL
     for (int h = 0; h < 2; ++h) {
-        const int j = lane + 32 * h;
-        const long long at = j < share ? place(warp_first + j) : -1;
-        if (at >= 0) scratch[s * slot + at] = acc[h] - carry[h];
+        const int j = 2 * lane + h, e = warp_first + j;
+        const long long at = j < DIRECT_SHARE ? place(e) : -1;
+        if (at < 0) continue;
+        if (splits == 1) write(e, acc[h] - carry[h]);
+        else scratch[s * slot + at] = acc[h] - carry[h];
     }
-    const int elems = (blockDim.x / 32) * share;
+    if (splits == 1) return;
+    const int elems = (blockDim.x / 32) * DIRECT_SHARE;
     split_reduce(counters, blockIdx.y, s, splits, [&](int first_slot, int count, int into) {
         split_sum_each<4>(scratch, slot, first_slot, count, (int)threadIdx.x, elems, (int)blockDim.x, place,
                           [&](int e, float sum) {

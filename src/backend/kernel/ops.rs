@@ -277,10 +277,6 @@ fn direct_fits(s: &Conv2dShape) -> bool {
     taps <= DIRECT_MAX_TAPS && direct_image_floats(s) * 4 + 1024 <= 48 << 10
 }
 
-/// Blocks the direct forward aims for: about four an H100 SM (a constant; the split does not
-/// change any result).
-const DIRECT_FORWARD_BLOCKS: usize = 528;
-
 /// Launches `kernels/conv_direct.cu`'s forward: `y` at the pool windows' pixels, and `pooled`.
 fn launch_direct_forward<D: KernelDevice, T: Precision>(
     device: &D,
@@ -297,13 +293,7 @@ fn launch_direct_forward<D: KernelDevice, T: Precision>(
         KernelArg::buffer_mut(pooled),
     ];
     args.extend(conv_dims(s));
-    // The windows of an image split over grid.z blocks, for about four blocks an H100 SM.
-    let mut cfg = direct_launch(s, s.batch, direct_image_floats(s));
-    let windows = (s.out_h() / 2) * (s.out_w() / 2);
-    let blocks = (cfg.grid.0 * cfg.grid.1) as usize;
-    cfg.grid.2 = DIRECT_FORWARD_BLOCKS
-        .div_ceil(blocks)
-        .clamp(1, windows.div_ceil(32).max(1)) as u32;
+    let cfg = direct_launch(s, s.batch, direct_image_floats(s));
     let kernel = PrecisionOp::ConvDirectReluPoolForward.kernel(T::DTYPE);
     // SAFETY: the arguments were checked as the operation's (module docs): `pooled` has the
     // size of a 2x2, stride-2 pool of `y`; the shared memory is what the kernel stages
@@ -348,7 +338,9 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     args.extend(device.scratch()?);
     args.extend(conv_dims(s));
     args.push(i32_arg(band_rows));
-    let cfg = direct_launch(s, slices, direct_image_floats(s));
+    // The input rows a band's pixels read, staged.
+    let rows = (2 * band_rows - 1) * s.stride + s.k_h;
+    let cfg = direct_launch(s, slices, s.in_c * rows * (s.in_w + 2 * s.pad));
     let kernel = PrecisionOp::ConvDirectReluPoolFilter.kernel(T::DTYPE);
     // SAFETY: the arguments were checked as the operation's (module docs): `d_pooled` has the
     // size of a 2x2, stride-2 pool of `y`; the scratch area holds `slices` partial gradients
