@@ -41,7 +41,8 @@
 #include "simt.cuh"
 #include "split_sum.cuh"
 
-#define DIRECT_MAX_TAPS 9
+#define DIRECT_K 3                       // the filter: one input channel, 3x3, stride 1
+#define DIRECT_MAX_TAPS (DIRECT_K * DIRECT_K)
 #define DIRECT_CHANNELS 4  // output channels a warp takes: each staged x value feeds 4 of them
 
 // Stages rows [r0, r0 + rows) of image n's C planes, as padded with a zero border of `pad`,
@@ -57,12 +58,6 @@ __device__ __forceinline__ void stage_rows(const T* __restrict__ x, float* __res
     }
 }
 
-// Offsets of a filter's K taps (c, i, j) in a staged image, in (c, i, j) order.
-__device__ __forceinline__ int tap_offset(int t, int k_h, int k_w, int hp, int wp) {
-    const int window = k_h * k_w, c = t / window, i = t % window / k_w, j = t % k_w;
-    return (c * hp + i) * wp + j;
-}
-
 // The first output channel of this thread's warp: warps take DIRECT_CHANNELS channels each,
 // blockIdx.y the next group of warps.
 __device__ __forceinline__ int direct_first_channel() {
@@ -74,60 +69,51 @@ __device__ __forceinline__ void conv_direct_relu_pool_forward(
     const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias, T* __restrict__ y,
     T* __restrict__ pooled, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
     int out_h, int out_w) {
-    SIMT_DYNAMIC_SHARED(float, xs);  // [C][hp][wp]
-    __shared__ int offset_s[DIRECT_MAX_TAPS];
-    const int hp = in_h + 2 * pad, wp = in_w + 2 * pad, taps = in_c * k_h * k_w;
+    SIMT_DYNAMIC_SHARED(float, xs);  // [hp][wp]
+    const int hp = in_h + 2 * pad, wp = in_w + 2 * pad;
     const int n = blockIdx.x, lane = threadIdx.x % 32, o0 = direct_first_channel();
-    stage_rows(x, xs, n, in_c, in_h, in_w, pad, 0, hp);
-    if ((int)threadIdx.x < taps) offset_s[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, hp, wp);
+    stage_rows(x, xs, n, 1, in_h, in_w, pad, 0, hp);
     __syncthreads();
     if (o0 >= out_c) return;  // no barrier follows
     // The warp's filters and biases, in registers.
     float wr[DIRECT_CHANNELS][DIRECT_MAX_TAPS], br[DIRECT_CHANNELS];
-    int off[DIRECT_MAX_TAPS];
-    SIMT_UNROLL
-    for (int t = 0; t < DIRECT_MAX_TAPS; ++t) off[t] = t < taps ? offset_s[t] : 0;
     SIMT_UNROLL
     for (int c = 0; c < DIRECT_CHANNELS; ++c) {
         const bool here = o0 + c < out_c;
         br[c] = here && bias ? bias[o0 + c] : 0.0f;
         SIMT_UNROLL
-        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) wr[c][t] = here && t < taps ? (float)w[(o0 + c) * taps + t] : 0.0f;
+        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) wr[c][t] = here ? (float)w[(o0 + c) * DIRECT_MAX_TAPS + t] : 0.0f;
     }
 
     const int ph = out_h / 2, pw = out_w / 2, windows = ph * pw, pixels = out_h * out_w;
     for (int e = lane; e < windows; e += 32) {
         const int a = e / pw, b = e - a * pw;
-        // The window's top-left pixel (2a, 2b) in the staged image; its right neighbour is
-        // `stride` columns on, the one below `stride` rows.
-        const float* at = xs + (2 * a * stride) * wp + 2 * b * stride;
-        float v[DIRECT_CHANNELS][4];
+        // The 4x4 staged pixels under the window's four 3x3 filters, from (2a, 2b).
+        float xp[DIRECT_K + 1][DIRECT_K + 1];
+        const float* at = xs + (2 * a) * wp + 2 * b;
         SIMT_UNROLL
-        for (int c = 0; c < DIRECT_CHANNELS; ++c)
+        for (int i = 0; i <= DIRECT_K; ++i)
             SIMT_UNROLL
-            for (int u = 0; u < 4; ++u) v[c][u] = 0.0f;
-        SIMT_UNROLL
-        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) {
-            if (t >= taps) break;
-            const float* p = at + off[t];
-            const float xv[4] = {p[0], p[stride], p[stride * wp], p[stride * wp + stride]};
-            SIMT_UNROLL
-            for (int c = 0; c < DIRECT_CHANNELS; ++c)
-                SIMT_UNROLL
-                for (int u = 0; u < 4; ++u) v[c][u] = fmaf(wr[c][t], xv[u], v[c][u]);
-        }
+            for (int j = 0; j <= DIRECT_K; ++j) xp[i][j] = at[i * wp + j];
         SIMT_UNROLL
         for (int c = 0; c < DIRECT_CHANNELS; ++c) {
             if (o0 + c >= out_c) break;
+            float v[4];  // pixels (2a, 2b), (2a, 2b + 1), (2a + 1, 2b), (2a + 1, 2b + 1)
             SIMT_UNROLL
-            for (int u = 0; u < 4; ++u) v[c][u] = fmaxf(v[c][u] + br[c], 0.0f);
+            for (int u = 0; u < 4; ++u) {
+                float sum = 0.0f;
+                SIMT_UNROLL
+                for (int t = 0; t < DIRECT_MAX_TAPS; ++t)
+                    sum = fmaf(wr[c][t], xp[u / 2 + t / DIRECT_K][u % 2 + t % DIRECT_K], sum);
+                v[u] = fmaxf(sum + br[c], 0.0f);
+            }
             const long long plane = (long long)n * out_c + o0 + c;
             T* yo = y + plane * pixels + (2 * a) * out_w + 2 * b;
-            yo[0] = (T)v[c][0];
-            yo[1] = (T)v[c][1];
-            yo[out_w] = (T)v[c][2];
-            yo[out_w + 1] = (T)v[c][3];
-            pooled[plane * windows + e] = (T)(((v[c][0] + v[c][1]) + (v[c][2] + v[c][3])) * 0.25f);
+            yo[0] = (T)v[0];
+            yo[1] = (T)v[1];
+            yo[out_w] = (T)v[2];
+            yo[out_w + 1] = (T)v[3];
+            pooled[plane * windows + e] = (T)(((v[0] + v[1]) + (v[2] + v[3])) * 0.25f);
         }
     }
 }
@@ -160,7 +146,7 @@ __device__ __forceinline__ void reduce_scatter_64(float (&v)[64], int lane) {
 }
 
 // Elements of a warp's share in the filter gradient: DIRECT_CHANNELS rows of
-// DIRECT_MAX_TAPS + 1 (taps, then the bias; taps past K unused).
+// DIRECT_MAX_TAPS + 1 (the taps, then the bias).
 #define DIRECT_ROW (DIRECT_MAX_TAPS + 1)
 #define DIRECT_SHARE (DIRECT_CHANNELS * DIRECT_ROW)
 
@@ -174,9 +160,8 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
     const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ d_pooled, float* __restrict__ dw,
     float* __restrict__ db, float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h,
     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int band_rows) {
-    SIMT_DYNAMIC_SHARED(float, xs);  // [C][band's input rows][wp]
-    __shared__ int offset_s[DIRECT_MAX_TAPS];
-    const int wp = in_w + 2 * pad, taps = in_c * k_h * k_w, rows = (2 * band_rows - 1) * stride + k_h;
+    SIMT_DYNAMIC_SHARED(float, xs);  // [band's input rows][wp]
+    const int wp = in_w + 2 * pad, rows = 2 * band_rows + DIRECT_K - 1;
     const int lane = threadIdx.x % 32, o0 = direct_first_channel();
     const int ph = out_h / 2, pw = out_w / 2, region_w = 2 * pw, pixels = out_h * out_w;
     const int bands = (ph + band_rows - 1) / band_rows, pieces = batch * bands;
@@ -184,17 +169,13 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
     const int per = (pieces + splits - 1) / splits, k0 = min(pieces, s * per), k1 = min(pieces, k0 + per);
     // Lane L holds elements 2L and 2L + 1 of its warp's share, compensated sums over the pieces.
     float acc[2] = {0.0f, 0.0f}, carry[2] = {0.0f, 0.0f};
-    if ((int)threadIdx.x < taps) offset_s[threadIdx.x] = tap_offset((int)threadIdx.x, k_h, k_w, rows, wp);
 
     for (int k = k0; k < k1; ++k) {
         const int n = k / bands, a0 = k % bands * band_rows, a1 = min(ph, a0 + band_rows);
-        __syncthreads();  // the previous piece's readers are done with xs (and offset_s is written)
-        stage_rows(x, xs, n, in_c, in_h, in_w, pad, 2 * a0 * stride, rows);
+        __syncthreads();  // the previous piece's readers are done with xs
+        stage_rows(x, xs, n, 1, in_h, in_w, pad, 2 * a0, rows);
         __syncthreads();
         if (o0 >= out_c) continue;
-        int off[DIRECT_MAX_TAPS];
-        SIMT_UNROLL
-        for (int t = 0; t < DIRECT_MAX_TAPS; ++t) off[t] = t < taps ? offset_s[t] : 0;
         // The warp's channels' planes (a channel past out_c reads channel o0's: its sums are
         // never written).
         const T* yc[DIRECT_CHANNELS];
@@ -209,7 +190,8 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
         SIMT_UNROLL
         for (int i = 0; i < 64; ++i) part[i] = 0.0f;
         // Lane q a column of the windows' pixels, down the band's pooled rows: each a pooled
-        // gradient and two pixels' ReLU outputs per channel, loaded together.
+        // gradient and two pixels' ReLU outputs per channel, loaded together, and the 4x3
+        // staged pixels under the two pixels' filters.
         for (int q = lane; q < region_w; q += 32) {
             for (int a = a0; a < a1; ++a) {
                 float dy[2][DIRECT_CHANNELS];
@@ -220,20 +202,22 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
                     dy[0][c] = y0 > 0.0f ? d : 0.0f;
                     dy[1][c] = y1 > 0.0f ? d : 0.0f;
                 }
+                float xp[DIRECT_K + 1][DIRECT_K];
+                const float* at = xs + 2 * (a - a0) * wp + q;
                 SIMT_UNROLL
-                for (int u = 0; u < 2; ++u) {
-                    const float* at = xs + (2 * (a - a0) + u) * stride * wp + q * stride;
-                    float xv[DIRECT_MAX_TAPS];
+                for (int i = 0; i <= DIRECT_K; ++i)
                     SIMT_UNROLL
-                    for (int t = 0; t < DIRECT_MAX_TAPS; ++t) xv[t] = t < taps ? at[off[t]] : 0.0f;
+                    for (int j = 0; j < DIRECT_K; ++j) xp[i][j] = at[i * wp + j];
+                SIMT_UNROLL
+                for (int u = 0; u < 2; ++u)
                     SIMT_UNROLL
                     for (int c = 0; c < DIRECT_CHANNELS; ++c) {
                         SIMT_UNROLL
                         for (int t = 0; t < DIRECT_MAX_TAPS; ++t)
-                            part[c * DIRECT_ROW + t] = fmaf(dy[u][c], xv[t], part[c * DIRECT_ROW + t]);
+                            part[c * DIRECT_ROW + t] =
+                                fmaf(dy[u][c], xp[u + t / DIRECT_K][t % DIRECT_K], part[c * DIRECT_ROW + t]);
                         part[c * DIRECT_ROW + DIRECT_MAX_TAPS] += dy[u][c];
                     }
-                }
             }
         }
         reduce_scatter_64(part, lane);
@@ -246,20 +230,20 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
     }
 
     // Element e of this block's warps' shares to its place in a slot (conv.cu's layout: dw,
-    // O·K floats, then db), or -1 (past the channels, or a tap past K).
+    // O·K floats, then db), or -1 past the channels.
     const int first = blockIdx.y * (blockDim.x / 32) * DIRECT_CHANNELS;
     auto place = [&](int e) -> long long {
         const int o = first + e / DIRECT_ROW, t = e % DIRECT_ROW;
-        if (o >= out_c || (t >= taps && t < DIRECT_MAX_TAPS)) return -1;
-        return t < DIRECT_MAX_TAPS ? (long long)o * taps + t : (long long)out_c * taps + o;
+        if (o >= out_c) return -1;
+        return t < DIRECT_MAX_TAPS ? (long long)o * DIRECT_MAX_TAPS + t : (long long)out_c * DIRECT_MAX_TAPS + o;
     };
     auto write = [&](int e, float v) {
         const int o = first + e / DIRECT_ROW, t = e % DIRECT_ROW;
-        if (t < DIRECT_MAX_TAPS) dw[o * taps + t] = v;
+        if (t < DIRECT_MAX_TAPS) dw[o * DIRECT_MAX_TAPS + t] = v;
         else db[o] = v;
     };
     const int warp_first = (threadIdx.x / 32) * DIRECT_SHARE;  // the warp's share among the block's
-    const long long slot = (long long)out_c * (taps + 1);
+    const long long slot = (long long)out_c * (DIRECT_MAX_TAPS + 1);
     SIMT_UNROLL
     for (int h = 0; h < 2; ++h) {
         const int j = 2 * lane + h, e = warp_first + j;

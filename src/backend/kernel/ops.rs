@@ -244,9 +244,6 @@ fn launch_conv_backward_filter<D: KernelDevice, T: Precision>(
     unsafe { device.launch(kernel.kernel(T::DTYPE), cfg, &args) }
 }
 
-/// Filter taps (C·KH·KW) `kernels/conv_direct.cu` keeps in registers (`DIRECT_MAX_TAPS`).
-const DIRECT_MAX_TAPS: usize = 9;
-
 /// Output channels a warp of `kernels/conv_direct.cu` takes (`DIRECT_CHANNELS`).
 const DIRECT_CHANNELS: usize = 4;
 
@@ -266,15 +263,14 @@ fn direct_launch(s: &Conv2dShape, depth: usize, shared: usize) -> LaunchConfig {
 /// Floats of shared memory `kernels/conv_direct.cu` stages an image of `s` in (with a zero
 /// border of the padding).
 fn direct_image_floats(s: &Conv2dShape) -> usize {
-    s.in_c * (s.in_h + 2 * s.pad) * (s.in_w + 2 * s.pad)
+    (s.in_h + 2 * s.pad) * (s.in_w + 2 * s.pad)
 }
 
-/// Whether `kernels/conv_direct.cu` runs `s` with its fused 2x2 pool: a filter of at most
-/// [`DIRECT_MAX_TAPS`] taps (LeNet's conv1: 9), whose image fits the 48 KiB of shared memory
-/// every GPU grants without opting in (with 1 KiB for the kernels' static shared memory).
+/// Whether `kernels/conv_direct.cu` runs `s` with its fused 2x2 pool: one input channel, a
+/// 3x3 filter at stride 1 (LeNet's conv1; `DIRECT_K`), and an image that fits the 48 KiB of
+/// shared memory every GPU grants without opting in (with 1 KiB for static shared memory).
 fn direct_fits(s: &Conv2dShape) -> bool {
-    let taps = s.in_c * s.k_h * s.k_w;
-    taps <= DIRECT_MAX_TAPS && direct_image_floats(s) * 4 + 1024 <= 48 << 10
+    (s.in_c, s.k_h, s.k_w, s.stride) == (1, 3, 3, 1) && direct_image_floats(s) * 4 + 1024 <= 48 << 10
 }
 
 /// Launches `kernels/conv_direct.cu`'s forward: `y` at the pool windows' pixels, and `pooled`.
@@ -320,7 +316,7 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     let bands = DIRECT_PIECES.div_ceil(s.batch.max(1)).min(pooled_rows);
     let band_rows = pooled_rows.div_ceil(bands);
     let pieces = s.batch.max(1) * pooled_rows.div_ceil(band_rows);
-    let partial = s.out_c * (s.in_c * s.k_h * s.k_w + 1);
+    let partial = s.out_c * (s.k_h * s.k_w + 1);
     let tiles = direct_launch(s, 1, 0).grid.1 as usize;
     let mut slices = pieces;
     while slices > 1 && !split_fits(slices, tiles, partial) {
@@ -338,9 +334,9 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     args.extend(device.scratch()?);
     args.extend(conv_dims(s));
     args.push(i32_arg(band_rows));
-    // The input rows a band's pixels read, staged.
-    let rows = (2 * band_rows - 1) * s.stride + s.k_h;
-    let cfg = direct_launch(s, slices, s.in_c * rows * (s.in_w + 2 * s.pad));
+    // The input rows a band's pixels read (stride 1), staged.
+    let rows = 2 * band_rows + s.k_h - 1;
+    let cfg = direct_launch(s, slices, rows * (s.in_w + 2 * s.pad));
     let kernel = PrecisionOp::ConvDirectReluPoolFilter.kernel(T::DTYPE);
     // SAFETY: the arguments were checked as the operation's (module docs): `d_pooled` has the
     // size of a 2x2, stride-2 pool of `y`; the scratch area holds `slices` partial gradients
