@@ -13,11 +13,12 @@
 //
 // gemm_f32 — shared-memory tiling with register blocking.
 //   Block tile 64 x 64, K step 16, 256 threads as 16 x 16; each thread owns a 4 x 4 block of
-//   C at rows ty + 16i, columns tx + 16j (strided, so a warp's shared-memory reads of a B row
-//   hit 16 consecutive banks and its A reads broadcast). Per K step each thread loads 4
-//   elements of A and 4 of B into shared memory (zero past the edges, transposes applied
-//   here so the inner loop never branches; rows padded by a float so that a transposed
-//   store's lanes spread over the banks) and does 16·16 = 256 FMAs from registers. The
+//   C at rows 4·ty + i, columns 4·tx + j (contiguous: each K step's four A and four B values
+//   come in one vector load each, 2 shared loads for 16 FMAs; a warp's A loads broadcast,
+//   its B loads fill two 128-byte phases). Per K step each thread loads 4 elements of A and
+//   4 of B into shared memory (zero past the edges, transposes applied here so the inner
+//   loop never branches; rows padded by four floats so that a transposed store's lanes
+//   spread over the banks) and does 16·16 = 256 FMAs from registers. The
 //   loads are pipelined: the next K step's go out before this step's products.
 //   Arithmetic intensity per block tile: 2·64·64·16 FLOPs / (2·64·16·4) B = 16 FLOP/B.
 //   Summation is blocked and compensated: each K tile's 16 products go to fresh registers,
@@ -97,10 +98,11 @@ extern "C" __global__ void __launch_bounds__(256, 2)
              const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc, int trans_a,
              int trans_b, float alpha, float beta, int relu, float* __restrict__ scratch,
              int* __restrict__ counters, int k_per_split) {
-    // Rows one float longer than the tile: the transposed loads store 16 consecutive lanes
-    // down a column, which a 64-float row stride would put in one bank (16-way conflicts).
-    __shared__ float as[GEMM_BK][GEMM_BM + 1];
-    __shared__ float bs[GEMM_BK][GEMM_BN + 1];
+    // Rows four floats longer than the tile: the transposed loads store 16 consecutive lanes
+    // down a column, which a 64-float row stride would put in one bank (16-way conflicts; 2-way
+    // with 68), and a multiple of four keeps the inner loop's vector loads 16-byte aligned.
+    __shared__ __align__(16) float as[GEMM_BK][GEMM_BM + 4];
+    __shared__ __align__(16) float bs[GEMM_BK][GEMM_BN + 4];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
     // Blocked, compensated summation (see the header): part sums one K tile's 16 products,
@@ -145,9 +147,10 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         for (int i = 0; i < 4; ++i)
             for (int j = 0; j < 4; ++j) part[i][j] = 0.0f;
         for (int kk = 0; kk < GEMM_BK; ++kk) {
-            float ar[4], br[4];
-            for (int i = 0; i < 4; ++i) ar[i] = as[kk][ty + 16 * i];
-            for (int j = 0; j < 4; ++j) br[j] = bs[kk][tx + 16 * j];
+            // This thread's 4 rows and 4 columns, one vector load each.
+            const float4 av = *reinterpret_cast<const float4*>(&as[kk][4 * ty]);
+            const float4 bv = *reinterpret_cast<const float4*>(&bs[kk][4 * tx]);
+            const float ar[4] = {av.x, av.y, av.z, av.w}, br[4] = {bv.x, bv.y, bv.z, bv.w};
             for (int i = 0; i < 4; ++i)
                 for (int j = 0; j < 4; ++j) part[i][j] = fmaf(ar[i], br[j], part[i][j]);
         }
@@ -163,10 +166,10 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 
     const bool split = gridDim.z > 1;
     for (int i = 0; i < 4; ++i) {
-        int gm = m0 + ty + 16 * i;
+        int gm = m0 + 4 * ty + i;
         if (gm >= m) continue;
         for (int j = 0; j < 4; ++j) {
-            int gn = n0 + tx + 16 * j;
+            int gn = n0 + 4 * tx + j;
             if (gn >= n) continue;
             const float sum = acc[i][j] - carry[i][j];
             if (split) scratch[((long long)blockIdx.z * m + gm) * n + gn] = sum;
