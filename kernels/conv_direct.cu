@@ -1,43 +1,46 @@
-// conv_direct.cu — direct convolutions for a layer with few filter taps (K = C·KH·KW ≤ 9:
-// LeNet's conv1, one channel, 3x3), followed by a ReLU and a 2x2, stride-2 average pool:
-// the forward with both fused, and the filter and bias gradients through them. Same
-// operations as conv.cu's pooled kernels, for the shapes where an implicit GEMM has no
+// conv_direct.cu — direct convolutions for a layer of one input channel and a 3x3 filter at
+// stride 1 (LeNet's conv1; any padding), followed by a ReLU and a 2x2, stride-2 average pool:
+// the forward with both fused, and the filter and bias gradients through them. The same
+// operations as conv.cu's pooled kernels, for the shape where an implicit GEMM has no
 // reduction to tile: 9 taps are less than one of its 16-step slices, and its 32-row tiles
-// held conv1's 20 channels at 35% use.
+// held conv1's 20 channels at 35% use. The host sends other shapes to conv.cu (direct_fits
+// in src/backend/kernel/ops.rs).
 //
-//   y[n][o][p][q]      = relu(bias[o] + Σ_(c,i,j) w[o][c][i][j] · x[n][c][p·s - pad + i][q·s - pad + j])
+//   y[n][o][p][q]      = relu(bias[o] + Σ_(i,j) w[o][i][j] · x[n][p - pad + i][q - pad + j])
 //   pooled[n][o][a][b] = ((y[2a][2b] + y[2a][2b+1]) + (y[2a+1][2b] + y[2a+1][2b+1])) · 0.25,
 //                        from the f32 values (before y is rounded to T), as conv.cu's epilogue
 //   dY[n][o][p][q]     = d_pooled[n][o][p/2][q/2] · 0.25 where y > 0, else 0 (conv.cu's
 //                        through_pool), over the windows' pixels only
-//   dw[o][(c,i,j)]     = Σ_(n,p,q) dY · x̂[(c,i,j)][(n,p,q)],   db[o] = Σ_(n,p,q) dY
+//   dw[o][(i,j)]       = Σ_(n,p,q) dY · x[n][p - pad + i][q - pad + j],   db[o] = Σ_(n,p,q) dY
 // y is written (and read back) only at the pixels the pool's windows cover, as conv.cu's.
-// Out-of-range taps read zero: each image is staged in shared memory with a zero border of
-// `pad`, so no tap is bounds-tested.
+// Each image is staged in shared memory with a zero border of `pad` (rows of an even pitch),
+// so no tap is bounds-tested.
 //
-// The blocks: a warp takes DIRECT_CHANNELS = 4 output channels (their filters in registers
-// in the forward), up to 8 warps a block, blockIdx.y the next 8; the image is staged in
-// dynamic shared memory (C·(H + 2·pad)·(W + 2·pad) floats: 3.1 KB at conv1), so each staged
-// value a lane loads feeds 4 channels' FMAs.
-// conv_direct_relu_pool_forward: grid (batch, ⌈O / 32⌉): lane e of the block's warps takes
-//   the pool windows e, e + 32, ... of the image (conv1: 169 windows, 256 blocks of 5 warps);
-//   per tap one weight register and four staged pixels feed 16 FMAs. At LeNet's conv1
-//   (batch 256): 62.3 MFLOP, compulsory bytes 0.8 MB of images in, 13.8 MB of y and 3.5 MB
-//   pooled out (f32): 18.1 MB, 3.4 FLOP/B, memory-bound: 5.4 µs at an H100's 3.35 TB/s.
+// The blocks: a warp takes DIRECT_CHANNELS = 4 output channels, up to 8 warps a block,
+// blockIdx.y the next 8, so each staged pixel a lane loads feeds 4 channels' FMAs.
+// conv_direct_relu_pool_forward: grid (batch, ⌈O / 32⌉), the image staged whole (28 x 28
+//   floats at conv1); lane e of a warp takes the pool windows e, e + 32, ... (conv1: 169
+//   windows, 256 blocks of 5 warps): the 4x4 staged pixels under a window's four filters
+//   (two 8-byte loads a row), each channel's 9 weights in registers, 144 FMAs. At LeNet's
+//   conv1 (batch 256): 62.3 MFLOP, compulsory bytes 0.8 MB of images in, 13.8 MB of y and
+//   3.5 MB pooled out (f32): 18.1 MB, 3.4 FLOP/B, memory-bound: 5.4 µs at an H100's
+//   3.35 TB/s. Measured (H100, ncu): 13.3 µs, 41% of that bound; 5 warps an SM limit it.
 // conv_direct_relu_pool_filter: grid (S slices, ⌈O / 32⌉): the batch's images cut into
-//   pieces, bands of `band_rows` pooled rows (the host aims for 1,024 pieces: conv1 at batch
-//   256 takes 4 bands of 4, 4, 4 and 1 of its 13 pooled rows), S slices of consecutive pieces
-//   (a piece each where the scratch area holds them), each piece's input rows staged alone.
-//   Lane q of a warp takes column q of the
-//   windows' pixels down the band's pooled rows: per pooled row, its channels' pooled
-//   gradient and two pixels' ReLU outputs (12 loads in flight), then 2 x 9 staged pixels
-//   into 80 FMAs. At conv1: 2·62.3 MFLOP (the products and db), bytes 0.8 MB of images,
-//   13.8 MB of y and 3.5 MB of d_pooled in: 18.1 MB, memory-bound like the forward (5.4 µs).
+//   pieces, bands of `band_rows` pooled rows (the host aims for 512 pieces: conv1 at batch
+//   256 takes 2 bands, of 7 and 6 of its 13 pooled rows), S slices of consecutive pieces (a
+//   piece each where the scratch area holds them), each piece's input rows staged alone.
+//   Lane q of a warp takes column q of the windows' pixels down the band's pooled rows: per
+//   pooled row, its channels' pooled gradient and two pixels' ReLU outputs (12 loads in
+//   flight), the 4x3 staged pixels under the two pixels' filters, 72 FMAs and 8 adds. At
+//   conv1: 2·62.3 MFLOP (the products and db), bytes 0.8 MB of images, 13.8 MB of y and
+//   3.5 MB of d_pooled in: 18.1 MB, memory-bound like the forward (5.4 µs). Measured (H100,
+//   ncu): 30.7 µs, 18% of that bound: latency (21% of the warps, 122 registers).
 //   Summation: a piece's terms of a lane (up to 2·band_rows) in fresh registers; the 32
-//   lanes' by a reduce-scatter of shuffles in a fixed order (reduce_scatter_64); the pieces of a slice compensated
-//   (Kahan); the S slices' partials (scratch slot s, in conv.cu's layout: O·K + O floats a
-//   slot, dw then db) in slice order, compensated, in two levels by the last blocks to finish
-//   (split_sum.cuh): the same bits on every run and GPU. S depends on the shape alone.
+//   lanes' by a reduce-scatter of shuffles in a fixed order (reduce_scatter_64); the pieces
+//   of a slice compensated (Kahan); the S slices' partials (scratch slot s, in conv.cu's
+//   layout: O·9 + O floats a slot, dw then db) in slice order, compensated, in two levels by
+//   the last blocks to finish (split_sum.cuh): the same bits on every run and GPU. S depends
+//   on the shape alone.
 #include "simt.cuh"
 #include "split_sum.cuh"
 
@@ -45,16 +48,19 @@
 #define DIRECT_MAX_TAPS (DIRECT_K * DIRECT_K)
 #define DIRECT_CHANNELS 4  // output channels a warp takes: each staged x value feeds 4 of them
 
-// Stages rows [r0, r0 + rows) of image n's C planes, as padded with a zero border of `pad`,
-// into `xs`, converted to float: plane c at c·rows·wp, row r0 + i at i·wp (wp = W + 2·pad).
+// Stages rows [r0, r0 + rows) of image n (one channel), as padded with a zero border of
+// `pad`, into `xs`, converted to float: row r0 + i at i·pitch, pitch = W + 2·pad rounded up
+// to even (direct_pitch: the forward's pairs of pixels are 8-byte aligned), zero past W + 2·pad.
+__device__ __forceinline__ int direct_pitch(int in_w, int pad) { return (in_w + 2 * pad + 1) / 2 * 2; }
+
 template <class T>
-__device__ __forceinline__ void stage_rows(const T* __restrict__ x, float* __restrict__ xs, int n, int in_c, int in_h,
-                                           int in_w, int pad, int r0, int rows) {
-    const int wp = in_w + 2 * pad, all = in_c * rows * wp;
-    const T* img = x + (long long)n * in_c * in_h * in_w;
+__device__ __forceinline__ void stage_rows(const T* __restrict__ x, float* __restrict__ xs, int n, int in_h, int in_w,
+                                           int pad, int r0, int rows) {
+    const int pitch = direct_pitch(in_w, pad), all = rows * pitch;
+    const T* img = x + (long long)n * in_h * in_w;
     for (int e = threadIdx.x; e < all; e += blockDim.x) {
-        const int c = e / (rows * wp), r = r0 + e / wp % rows - pad, q = e % wp - pad;
-        xs[e] = r >= 0 && r < in_h && q >= 0 && q < in_w ? (float)img[(c * in_h + r) * in_w + q] : 0.0f;
+        const int r = r0 + e / pitch - pad, q = e % pitch - pad;
+        xs[e] = r >= 0 && r < in_h && q >= 0 && q < in_w ? (float)img[r * in_w + q] : 0.0f;
     }
 }
 
@@ -69,10 +75,10 @@ __device__ __forceinline__ void conv_direct_relu_pool_forward(
     const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias, T* __restrict__ y,
     T* __restrict__ pooled, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride, int pad,
     int out_h, int out_w) {
-    SIMT_DYNAMIC_SHARED(float, xs);  // [hp][wp]
-    const int hp = in_h + 2 * pad, wp = in_w + 2 * pad;
+    SIMT_DYNAMIC_SHARED(float, xs);  // [H + 2·pad][pitch]
+    const int pitch = direct_pitch(in_w, pad);
     const int n = blockIdx.x, lane = threadIdx.x % 32, o0 = direct_first_channel();
-    stage_rows(x, xs, n, 1, in_h, in_w, pad, 0, hp);
+    stage_rows(x, xs, n, in_h, in_w, pad, 0, in_h + 2 * pad);
     __syncthreads();
     if (o0 >= out_c) return;  // no barrier follows
     // The warp's filters and biases, in registers.
@@ -88,13 +94,16 @@ __device__ __forceinline__ void conv_direct_relu_pool_forward(
     const int ph = out_h / 2, pw = out_w / 2, windows = ph * pw, pixels = out_h * out_w;
     for (int e = lane; e < windows; e += 32) {
         const int a = e / pw, b = e - a * pw;
-        // The 4x4 staged pixels under the window's four 3x3 filters, from (2a, 2b).
+        // The 4x4 staged pixels under the window's four 3x3 filters, from (2a, 2b): two
+        // 8-byte loads a row (a warp's lanes, two pixels apart, read 256 contiguous bytes).
         float xp[DIRECT_K + 1][DIRECT_K + 1];
-        const float* at = xs + (2 * a) * wp + 2 * b;
+        const float* at = xs + (2 * a) * pitch + 2 * b;
         SIMT_UNROLL
-        for (int i = 0; i <= DIRECT_K; ++i)
-            SIMT_UNROLL
-            for (int j = 0; j <= DIRECT_K; ++j) xp[i][j] = at[i * wp + j];
+        for (int i = 0; i <= DIRECT_K; ++i) {
+            const float2 l = *reinterpret_cast<const float2*>(at + i * pitch);
+            const float2 r = *reinterpret_cast<const float2*>(at + i * pitch + 2);
+            xp[i][0] = l.x, xp[i][1] = l.y, xp[i][2] = r.x, xp[i][3] = r.y;
+        }
         SIMT_UNROLL
         for (int c = 0; c < DIRECT_CHANNELS; ++c) {
             if (o0 + c >= out_c) break;
@@ -160,8 +169,8 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
     const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ d_pooled, float* __restrict__ dw,
     float* __restrict__ db, float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h,
     int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int band_rows) {
-    SIMT_DYNAMIC_SHARED(float, xs);  // [band's input rows][wp]
-    const int wp = in_w + 2 * pad, rows = 2 * band_rows + DIRECT_K - 1;
+    SIMT_DYNAMIC_SHARED(float, xs);  // [band's input rows][pitch]
+    const int pitch = direct_pitch(in_w, pad), rows = 2 * band_rows + DIRECT_K - 1;
     const int lane = threadIdx.x % 32, o0 = direct_first_channel();
     const int ph = out_h / 2, pw = out_w / 2, region_w = 2 * pw, pixels = out_h * out_w;
     const int bands = (ph + band_rows - 1) / band_rows, pieces = batch * bands;
@@ -173,7 +182,7 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
     for (int k = k0; k < k1; ++k) {
         const int n = k / bands, a0 = k % bands * band_rows, a1 = min(ph, a0 + band_rows);
         __syncthreads();  // the previous piece's readers are done with xs
-        stage_rows(x, xs, n, 1, in_h, in_w, pad, 2 * a0, rows);
+        stage_rows(x, xs, n, in_h, in_w, pad, 2 * a0, rows);
         __syncthreads();
         if (o0 >= out_c) continue;
         // The warp's channels' planes (a channel past out_c reads channel o0's: its sums are
@@ -203,11 +212,11 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
                     dy[1][c] = y1 > 0.0f ? d : 0.0f;
                 }
                 float xp[DIRECT_K + 1][DIRECT_K];
-                const float* at = xs + 2 * (a - a0) * wp + q;
+                const float* at = xs + 2 * (a - a0) * pitch + q;
                 SIMT_UNROLL
                 for (int i = 0; i <= DIRECT_K; ++i)
                     SIMT_UNROLL
-                    for (int j = 0; j < DIRECT_K; ++j) xp[i][j] = at[i * wp + j];
+                    for (int j = 0; j < DIRECT_K; ++j) xp[i][j] = at[i * pitch + j];
                 SIMT_UNROLL
                 for (int u = 0; u < 2; ++u)
                     SIMT_UNROLL

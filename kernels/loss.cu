@@ -88,13 +88,13 @@ NANODDP_ENTRY_EACH_TYPE(softmax_cross_entropy, (256),
 // logits (one thread per (row, class)), one warp per row for the softmax, then dh (one
 // thread per (row, k)) and its rows' share of dw, db and dh_bias. With more than one block, each
 // writes its share and its statistics to the scratch area and the last to finish adds them
-// in block order (split_sum.cuh): the same bits on every run. At LeNet's batch 256: 16
-// blocks; FLOPs 3·2·256·10·128 = 2 M, bytes ~200 KB (h read, dh written, 5 KB of w per
+// in block order (split_sum.cuh): the same bits on every run. At LeNet's batch 256: 32
+// blocks of 8 rows; FLOPs 3·2·256·10·128 = 2 M, bytes ~200 KB (h read, dh written, 5 KB of w per
 // block): launch latency is the whole cost, as for the kernels it replaces, once instead of
 // seven times.
 #include "split_sum.cuh"
 
-#define HEAD_ROWS 16
+#define HEAD_ROWS 8
 
 // Floats of dynamic shared memory a block of softmax_head uses.
 __host__ __device__ __forceinline__ int head_shared_floats(int hidden, int classes) {

@@ -260,17 +260,24 @@ fn direct_launch(s: &Conv2dShape, depth: usize, shared: usize) -> LaunchConfig {
     }
 }
 
+/// Floats a staged row of `s`'s image takes in `kernels/conv_direct.cu` (`direct_pitch`:
+/// the padded width rounded up to even).
+fn direct_pitch(s: &Conv2dShape) -> usize {
+    (s.in_w + 2 * s.pad).next_multiple_of(2)
+}
+
 /// Floats of shared memory `kernels/conv_direct.cu` stages an image of `s` in (with a zero
 /// border of the padding).
 fn direct_image_floats(s: &Conv2dShape) -> usize {
-    (s.in_h + 2 * s.pad) * (s.in_w + 2 * s.pad)
+    (s.in_h + 2 * s.pad) * direct_pitch(s)
 }
 
 /// Whether `kernels/conv_direct.cu` runs `s` with its fused 2x2 pool: one input channel, a
 /// 3x3 filter at stride 1 (LeNet's conv1; `DIRECT_K`), and an image that fits the 48 KiB of
 /// shared memory every GPU grants without opting in (with 1 KiB for static shared memory).
 fn direct_fits(s: &Conv2dShape) -> bool {
-    (s.in_c, s.k_h, s.k_w, s.stride) == (1, 3, 3, 1) && direct_image_floats(s) * 4 + 1024 <= 48 << 10
+    (s.in_c, s.k_h, s.k_w, s.stride) == (1, 3, 3, 1)
+        && direct_image_floats(s) * 4 + 1024 <= 48 << 10
 }
 
 /// Launches `kernels/conv_direct.cu`'s forward: `y` at the pool windows' pixels, and `pooled`.
@@ -298,9 +305,10 @@ fn launch_direct_forward<D: KernelDevice, T: Precision>(
 }
 
 /// Pieces (bands of an image's pooled rows) the direct filter gradient aims to cut a batch
-/// into: about eight blocks an H100 SM, so that enough warps hide the loads' latency. A
-/// constant, so the split, and every bit of the result, is the same on every GPU.
-const DIRECT_PIECES: usize = 1024;
+/// into: about four blocks an H100 SM (more, smaller pieces measured slower: each piece
+/// stages its rows and reduces its lanes once). A constant, so the split, and every bit of
+/// the result, is the same on every GPU.
+const DIRECT_PIECES: usize = 512;
 
 /// Launches `kernels/conv_direct.cu`'s filter and bias gradients through the pool and ReLU:
 /// the batch's images cut into bands of pooled rows for about [`DIRECT_PIECES`] pieces, a
@@ -336,7 +344,7 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     args.push(i32_arg(band_rows));
     // The input rows a band's pixels read (stride 1), staged.
     let rows = 2 * band_rows + s.k_h - 1;
-    let cfg = direct_launch(s, slices, rows * (s.in_w + 2 * s.pad));
+    let cfg = direct_launch(s, slices, rows * direct_pitch(s));
     let kernel = PrecisionOp::ConvDirectReluPoolFilter.kernel(T::DTYPE);
     // SAFETY: the arguments were checked as the operation's (module docs): `d_pooled` has the
     // size of a 2x2, stride-2 pool of `y`; the scratch area holds `slices` partial gradients
@@ -493,7 +501,7 @@ fn launch_gather<D: KernelDevice, T: Precision>(
 }
 
 /// Rows of the batch per block of `softmax_head` (`HEAD_ROWS` in `kernels/loss.cu`).
-const HEAD_ROWS: usize = 16;
+const HEAD_ROWS: usize = 8;
 
 /// Floats of dynamic shared memory a `softmax_head` block uses: its rows of h and of dh and
 /// all of w, rows padded by one, and its rows' logits (`head_shared_floats` in
