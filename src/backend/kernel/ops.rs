@@ -316,7 +316,9 @@ const DIRECT_PIECES: usize = 512;
 fn launch_direct_filter<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
-    (x, y, d_pooled): (&D::Buffer<T>, &D::Buffer<T>, &D::Buffer<T>),
+    x: &D::Buffer<T>,
+    y: &D::Buffer<T>,
+    d_pooled: &D::Buffer<T>,
     dw: &mut D::Buffer<f32>,
     db: &mut D::Buffer<f32>,
 ) -> OpResult {
@@ -716,7 +718,7 @@ impl<D: KernelDevice> BackendImpl for D {
     }
 
     /// One launch where the pool is LeNet's kind (2x2, stride 2: the convolution's epilogue
-    /// pools; `kernels/conv_direct.cu` for a filter of few taps, [`direct_fits`]), else the
+    /// pools; `kernels/conv_direct.cu` for a one-channel 3x3 filter at stride 1), else the
     /// convolution, then the pool.
     fn conv2d_relu_avg_pool_forward<T: Precision>(
         &self,
@@ -756,8 +758,8 @@ impl<D: KernelDevice> BackendImpl for D {
     /// output gradient and the ReLU's output itself, and, when the input gradient is wanted,
     /// writes the convolution's output gradient it computed at the pool windows' pixels into
     /// `workspace` for the input gradient's kernel to read there: one launch, or two. A first
-    /// layer (no input gradient) of few taps takes `kernels/conv_direct.cu`'s filter
-    /// gradient ([`direct_fits`]). Other pools: the trait's default.
+    /// layer (no input gradient) of one channel and a 3x3 filter at stride 1 takes `kernels/conv_direct.cu`'s filter
+    /// gradient where it runs the shape. Other pools: the trait's default.
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, D, T>>,
@@ -767,8 +769,7 @@ impl<D: KernelDevice> BackendImpl for D {
         }
         let op = op.into_inner();
         if op.input.is_none() && direct_fits(op.conv) {
-            let inputs = (op.x, op.y, op.d_pooled);
-            return launch_direct_filter(self, op.conv, inputs, op.dw, op.db);
+            return launch_direct_filter(self, op.conv, op.x, op.y, op.d_pooled, op.dw, op.db);
         }
         let dy = FilterDy::Pooled {
             d_pooled: op.d_pooled,
