@@ -33,7 +33,7 @@
 // pool window.
 // Configurations (the launcher picks by shape): 64x64 with 4x4 per thread (256 threads)
 // for M > 32; 32x128 with 4x4 (256 threads) for M ≤ 32; 32x16 with 2x2 (128 threads) for
-// the filter gradient of a layer with K ≤ 16 (LeNet's conv1: 20 x 9); 128x64 with 8x4
+// the filter gradient of a layer with K ≤ 16 (a conv1-like 20 x 9); 128x64 with 8x4
 // (256 threads) for the input gradient by planes (LeNet's conv2: 5 channels' 125 taps by
 // the 64 pixels of a plane's pool windows).
 //
@@ -49,8 +49,8 @@
 // Measured on an H100 SXM (ncu --clock-control none, fp32, one training step at batch 256;
 // docs/kernels.md has the history): forward with bias, ReLU and pool 48 µs (17.0 TFLOP/s
 // useful: 25% of the 67 TFLOP/s fp32 FMA rate), input gradient by planes 59 µs (13.9, 21%),
-// filter and bias gradients through the pool 96 µs (8.5, 13%); conv1's forward 19 µs, its
-// filter and bias gradients 43 µs (20 x 9 outputs over 173,056 pixels: 1,024 slices).
+// filter and bias gradients through the pool 96 µs (8.5, 13%). LeNet's conv1 (one channel,
+// 3x3) runs in conv_direct.cu; conv1-like shapes it does not take come here.
 //
 // Summation: the forward and input-gradient dot products (500 and 1,250 terms for LeNet's
 // conv2) are blocked: each 16-step slice sums into fresh registers, added to the total once.

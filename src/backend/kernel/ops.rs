@@ -758,8 +758,8 @@ impl<D: KernelDevice> BackendImpl for D {
     /// output gradient and the ReLU's output itself, and, when the input gradient is wanted,
     /// writes the convolution's output gradient it computed at the pool windows' pixels into
     /// `workspace` for the input gradient's kernel to read there: one launch, or two. A first
-    /// layer (no input gradient) of one channel and a 3x3 filter at stride 1 takes `kernels/conv_direct.cu`'s filter
-    /// gradient where it runs the shape. Other pools: the trait's default.
+    /// layer (no input gradient) of one channel and a 3x3 filter at stride 1 takes
+    /// `kernels/conv_direct.cu`'s filter gradient. Other pools: the trait's default.
     fn conv2d_relu_avg_pool_backward<T: Precision>(
         &self,
         op: Checked<Conv2dReluAvgPoolBackward<'_, D, T>>,
