@@ -95,7 +95,9 @@ __device__ __forceinline__ void conv_direct_relu_pool_forward(
     for (int e = lane; e < windows; e += 32) {
         const int a = e / pw, b = e - a * pw;
         // The 4x4 staged pixels under the window's four 3x3 filters, from (2a, 2b): two
-        // 8-byte loads a row (a warp's lanes, two pixels apart, read 256 contiguous bytes).
+        // 8-byte loads a row (the lanes of one pooled row, two pixels apart, read contiguous
+        // bytes; the stand-in still counts 46% of the wavefronts as conflicts, where a
+        // warp's lanes span two or three pooled rows).
         float xp[DIRECT_K + 1][DIRECT_K + 1];
         const float* at = xs + (2 * a) * pitch + 2 * b;
         SIMT_UNROLL
