@@ -328,10 +328,7 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     let pieces = s.batch.max(1) * pooled_rows.div_ceil(band_rows);
     let partial = s.out_c * (s.k_h * s.k_w + 1);
     let tiles = direct_launch(s, 1, 0).grid.1 as usize;
-    let mut slices = pieces;
-    while slices > 1 && !split_fits(slices, tiles, partial) {
-        slices -= 1;
-    }
+    let slices = fitting_splits(pieces, tiles, partial);
     // No empty slice: the kernel gives each ⌈pieces / slices⌉ pieces.
     let slices = pieces.div_ceil(pieces.div_ceil(slices));
     let mut args = vec![
@@ -417,11 +414,8 @@ fn gemm_k_per_split(m: usize, n: usize, k: usize) -> usize {
     if tiles >= GEMM_BLOCKS || k < 64 {
         return whole;
     }
-    let mut splits = GEMM_BLOCKS.div_ceil(tiles).min(k / 32);
-    while splits > 1 && !split_fits(splits, tiles, m * n) {
-        splits -= 1;
-    }
-    k.div_ceil(splits.max(1)).next_multiple_of(16).min(whole)
+    let splits = fitting_splits(GEMM_BLOCKS.div_ceil(tiles).min(k / 32), tiles, m * n);
+    k.div_ceil(splits).next_multiple_of(16).min(whole)
 }
 
 /// Slots per group of a split reduction's first level: all of them up to 16, else
@@ -442,6 +436,16 @@ fn split_group(splits: usize) -> usize {
 /// counters plus one per tile (`kernels/split_sum.cuh`).
 fn split_fits(splits: usize, tiles: usize, partial: usize) -> bool {
     split_fits_with(splits, tiles, partial, SCRATCH_FLOATS)
+}
+
+/// The most splits, at most `wanted` and at least 1, whose partials of `partial` floats over
+/// `tiles` tiles the scratch area holds ([`split_fits`]; 1 needs no partials).
+fn fitting_splits(wanted: usize, tiles: usize, partial: usize) -> usize {
+    let mut splits = wanted.max(1);
+    while splits > 1 && !split_fits(splits, tiles, partial) {
+        splits -= 1;
+    }
+    splits
 }
 
 /// [`split_fits`] in `floats` of the scratch area.
@@ -549,13 +553,9 @@ fn filter_splits(s: &Conv2dShape, tile: ConvTile, region: usize) -> usize {
     let tiles = tile.count(depth, s.out_c);
     let partial = s.out_c * depth + s.out_c;
     let pixels = s.batch * region;
-    let mut splits = (FILTER_BLOCKS_PER_RESIDENT * tile.resident / tiles)
-        .min(pixels / FILTER_MIN_PIXELS)
-        .max(1);
-    while splits > 1 && !split_fits(splits, tiles, partial) {
-        splits -= 1;
-    }
-    splits
+    let wanted =
+        (FILTER_BLOCKS_PER_RESIDENT * tile.resident / tiles).min(pixels / FILTER_MIN_PIXELS);
+    fitting_splits(wanted, tiles, partial)
 }
 
 /// Launches pooling `op` on `T` storage: `buffers`, then the shape's dimensions, one thread
