@@ -34,7 +34,7 @@ use super::pairs::{
     gemm_amx, gemm_bf16, pairs, PairImage, PairOperand, PairPanels, PairRows, PairRowsA,
     PairWindows,
 };
-use super::pool::{avg_plane, avg_relu_backward_plane};
+use super::pool::{avg_plane, Activations};
 use super::summation::{pairwise_sum, Cascade};
 use super::{pair_bits, widened, write_f32};
 
@@ -269,8 +269,8 @@ fn pooled_groups<'a, 'p, T: Precision>(
 /// The forward's epilogue for one group: each image m's plane o of y is the sums
 /// `plane(m, o, scratch)` returns (or, for None, what it wrote into `scratch`, a plane of
 /// f32) plus the bias, through the ReLU when asked, and with a pool also average-pooled from
-/// the f32 values. `wide` and `wide_pooled` hold the group's y and pooled outputs in f32 for
-/// half storage, narrowed once each (a conversion call per plane cost more than converting).
+/// the f32 values. For half storage each plane is computed in f32 in `wide` (and `wide_pooled`),
+/// which stay in the L1 cache, and rounded into y (and the pooled output) plane by plane.
 #[allow(clippy::type_complexity)]
 fn write_outputs<'a, T: Precision>(
     s: &Conv2dShape,
@@ -280,24 +280,20 @@ fn write_outputs<'a, T: Precision>(
     mut plane: impl FnMut(usize, usize, &mut [f32]) -> Option<&'a [f32]>,
 ) {
     let pq = s.out_h() * s.out_w();
-    let values = write_f32(y_g, wide, |y| {
-        for (i, dst) in y.chunks_mut(pq).enumerate() {
-            let (m, o) = (i / s.out_c, i % s.out_c);
-            let src = match plane(m, o, scratch) {
-                Some(src) => src,
-                None => &scratch[..pq],
-            };
-            add_bias_relu(src, bias.map_or(0.0, |b| b[o]), relu, dst);
-        }
-    });
-    if let (Some(p), Some(pooled_g)) = (pool, pooled_g) {
-        write_f32(pooled_g, wide_pooled, |out| {
-            let out = out.chunks_mut(p.out_h() * p.out_w());
-            values
-                .chunks(pq)
-                .zip(out)
-                .for_each(|(v, o)| avg_plane(p, v, o));
+    let pooled_len = pool.map_or(1, |p| p.out_h() * p.out_w());
+    let mut pooled_planes = pooled_g.map(|p| p.chunks_mut(pooled_len));
+    for (i, dst) in y_g.chunks_mut(pq).enumerate() {
+        let (m, o) = (i / s.out_c, i % s.out_c);
+        let src = match plane(m, o, scratch) {
+            Some(src) => src,
+            None => &scratch[..pq],
+        };
+        let values = write_f32(dst, wide, |dst| {
+            add_bias_relu(src, bias.map_or(0.0, |b| b[o]), relu, dst)
         });
+        if let (Some(p), Some(out)) = (pool, pooled_planes.as_mut().and_then(Iterator::next)) {
+            write_f32(out, wide_pooled, |out| avg_plane(p, values, out));
+        }
     }
 }
 
@@ -379,9 +375,9 @@ fn gather_dy<T: Precision>(
         OutputGrad::Pooled { pool, d_pooled, y } => {
             let pooled = pool.out_h() * pool.out_w();
             let g = widened(&d_pooled[planes.start * pooled..planes.end * pooled], tmp);
-            let act = widened(&y[planes.start * pq..planes.end * pq], tmp_act);
-            for (i, (g, act)) in g.chunks(pooled).zip(act.chunks(pq)).enumerate() {
-                avg_relu_backward_plane(pool, g, act, &mut dst[row(i)..][..pq]);
+            let act = Activations::of(pool, &y[planes.start * pq..planes.end * pq], tmp_act);
+            for (i, g) in g.chunks(pooled).enumerate() {
+                act.relu_pool_backward(pool, g, i, &mut dst[row(i)..][..pq]);
             }
         }
     }

@@ -55,8 +55,10 @@ fn narrow_on(engine: EngineKind, src: &[f32], dst: &mut [f16]) {
     convert_on!(engine, narrow, portable, src, dst)
 }
 
-/// Runs `block` on each 16 elements of `src` and `dst` (equal lengths), a ragged tail through
-/// zero-padded copies (so a small plane costs no call into `half`).
+/// Runs `block` on each 16 elements of `src` and `dst` (equal lengths). A ragged tail is
+/// converted as the last 16 elements, overlapping the block before (each element converts
+/// on its own, so converting one twice writes the same value); only a slice shorter than 16
+/// goes through zero-padded copies. So a plane-sized call costs no call into `half` or libc.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn by_blocks<S: Copy + Default, D: Copy + Default>(
@@ -64,16 +66,23 @@ fn by_blocks<S: Copy + Default, D: Copy + Default>(
     dst: &mut [D],
     block: impl Fn(&[S; 16], &mut [D; 16]),
 ) {
-    let (mut s, mut d) = (src.chunks_exact(16), dst.chunks_exact_mut(16));
-    for (s, d) in (&mut s).zip(&mut d) {
+    let n = src.len();
+    if n < 16 {
+        let (mut sb, mut db) = ([S::default(); 16], [D::default(); 16]);
+        sb[..n].copy_from_slice(src);
+        block(&sb, &mut db);
+        dst.copy_from_slice(&db[..n]);
+        return;
+    }
+    for (s, d) in src.chunks_exact(16).zip(dst.chunks_exact_mut(16)) {
         block(s.try_into().expect("16"), d.try_into().expect("16"));
     }
-    let (tail, d) = (s.remainder(), d.into_remainder());
-    if !tail.is_empty() {
-        let (mut sb, mut db) = ([S::default(); 16], [D::default(); 16]);
-        sb[..tail.len()].copy_from_slice(tail);
-        block(&sb, &mut db);
-        d.copy_from_slice(&db[..tail.len()]);
+    if !n.is_multiple_of(16) {
+        let last = n - 16;
+        block(
+            src[last..].try_into().expect("16"),
+            (&mut dst[last..]).try_into().expect("16"),
+        );
     }
 }
 

@@ -95,6 +95,30 @@ fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f3
     }
 }
 
+/// [`widened`] over rayon's threads, [`FLAT_CHUNK`] elements a task: for a whole tensor
+/// that the calling thread would otherwise convert alone while the others wait (the linear
+/// layers' operands). The same bits: each element converts on its own.
+fn widened_par<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    match T::as_f32(src) {
+        Some(s) => s,
+        None => {
+            scratch.resize(src.len(), 0.0);
+            scratch
+                .par_chunks_mut(FLAT_CHUNK)
+                .zip(src.par_chunks(FLAT_CHUNK))
+                .for_each(|(d, s)| T::widen_slice(s, d));
+            scratch
+        }
+    }
+}
+
+/// [`Precision::narrow_slice`] over rayon's threads, as [`widened_par`].
+fn narrow_par<T: Precision>(src: &[f32], dst: &mut [T]) {
+    dst.par_chunks_mut(FLAT_CHUNK)
+        .zip(src.par_chunks(FLAT_CHUNK))
+        .for_each(|(d, s)| T::narrow_slice(s, d));
+}
+
 thread_local! {
     /// f32 scratch kept per thread between operations: a fresh allocation of a megabyte
     /// costs a page fault per 4 KB on every call.
@@ -360,18 +384,22 @@ impl BackendImpl for CpuDevice {
                 let mut product = |c32: &mut [f32]| match bf16_bits(a).zip(bf16_bits(b)) {
                     Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c32, ep),
                     None => {
-                        let (a32, b32) = (widened(a, wide_a), widened(b, wide_b));
+                        let (a32, b32) = (widened_par(a, wide_a), widened_par(b, wide_b));
                         gemm::gemm_f32(shape, a32, b32, bias, c32, ep);
                     }
                 };
                 match O::as_f32_mut(&mut op.c.0) {
                     Some(c32) => product(c32),
                     None => {
-                        // C is read when beta != 0: widened, computed on, rounded back.
-                        wide_c.resize(op.c.0.len(), 0.0);
-                        O::widen_slice(&op.c.0, wide_c);
+                        // C is read only when beta != 0 (then widened), computed on,
+                        // rounded back.
+                        if ep.beta == 0.0 {
+                            wide_c.resize(op.c.0.len(), 0.0);
+                        } else {
+                            widened_par(&op.c.0, wide_c);
+                        }
                         product(wide_c);
-                        O::narrow_slice(wide_c, &mut op.c.0);
+                        narrow_par(wide_c, &mut op.c.0);
                     }
                 }
             })
