@@ -116,10 +116,32 @@ fn main() {
             .collect()
     });
 
-    emulator::host_build(&modules, &kernel_dir, &out);
-    standin::standin_build(&modules, &root, &out);
+    // The emulator's fiber switch and fault handling are written for Linux on x86-64 and
+    // aarch64, and the stand-in (which links the emulator) for Linux: elsewhere (macOS) the
+    // crate builds without both, and says so at run time (`nanoddp info`; the SIMT backend's
+    // `BackendError::NoEmulator`; the tests that need them are ignored, by name).
+    println!("cargo::rustc-check-cfg=cfg(simt_emulator)");
+    let target = |var: &str| env::var(var).unwrap_or_default();
+    let emulator = target("CARGO_CFG_TARGET_OS") == "linux"
+        && ["x86_64", "aarch64"].contains(&target("CARGO_CFG_TARGET_ARCH").as_str());
+    if emulator {
+        println!("cargo::rustc-cfg=simt_emulator");
+        emulator::host_build(&modules, &kernel_dir, &out);
+        standin::standin_build(&modules, &root, &out);
+    } else {
+        println!(
+            "cargo::warning=nanoddp: the SIMT emulator and the CUDA stand-in are built for Linux \
+             on x86-64 and aarch64 only; this build for {} has neither",
+            target("TARGET")
+        );
+        println!("cargo::rustc-env=NANODDP_STANDIN_DIR=");
+    }
 
-    let generated =
-        rust_gen::generate_rust(&modules, &reports, toolchain.as_deref(), nvcc.as_deref());
+    let generated = rust_gen::generate_rust(
+        &modules,
+        &reports,
+        (toolchain.as_deref(), nvcc.as_deref()),
+        emulator,
+    );
     fs::write(out.join("kernels_generated.rs"), generated).expect("write kernels_generated.rs");
 }

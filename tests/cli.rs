@@ -116,6 +116,7 @@ fn bench_kernels_prints_one_row_per_operation_with_a_rate() {
 /// PTX executor: a row per launch in both tables, the convolutions among them with FLOPs and
 /// FMAs, and the step's total, whatever executor the environment chose.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn bench_kernels_on_the_standin_profiles_each_launch_of_a_step() {
     // The library path kept behind the stand-in's: a build without nvcc has no PTX in its
     // binary, and the PTX executor then runs what NVRTC compiles.
@@ -1257,6 +1258,7 @@ fn on_standin(args: &[&str], var: &str, value: &str) -> Output {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_bad_standin_setting_makes_the_driver_refuse_naming_the_variable() {
     let gpus = "a whole number of GPUs from 0 to 16 (default 4)";
     let table = [
@@ -1295,6 +1297,7 @@ fn a_bad_standin_setting_makes_the_driver_refuse_naming_the_variable() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_good_standin_setting_is_honoured() {
     // Three GPUs, not the default four: the value is used, not replaced.
     let out = on_standin(&["info"], "NANODDP_STANDIN_GPUS", "3");
@@ -1464,6 +1467,7 @@ const NEVER_IN_A_STEP: [&str; 14] = [
 ];
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_standin_audit_counts_a_steady_step_alike_on_every_gpu_and_one_device_neither_waits_nor_copies_in(
 ) {
     // Four ranks on four GPUs, then on one (round-robin: ranks on one GPU need no peer

@@ -110,6 +110,7 @@ fn reduce_both<D: CommDevice>(dev: &D) -> Result<Vec<u8>, BackendError> {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn simt_reduce_kernel_wraps_its_grid_stride_loop() {
     common::small_flat_grids();
     same_under_lane_orders(&[LaneOrder::Forward, LaneOrder::Reverse], reduce_both)
@@ -117,6 +118,7 @@ fn simt_reduce_kernel_wraps_its_grid_stride_loop() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn cuda_reduce_kernel_wraps_its_grid_stride_loop() {
     // On a GPU, or on the CPU stand-in for the driver (never skipped).
     common::small_flat_grids();

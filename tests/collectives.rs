@@ -152,6 +152,7 @@ fn cpu_all_reduce_is_exact_for_every_algorithm_size_and_rank_count() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn simt_all_reduce_runs_the_collective_kernel_over_peer_memory() {
     for n in [1, 2, 3, 5] {
         for count in [0, 1, 7, 100_003] {
@@ -178,6 +179,7 @@ fn simt_all_reduce_runs_the_collective_kernel_over_peer_memory() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn cuda_all_reduce_over_peer_memory_for_every_algorithm_and_rank_count() {
     // On GPUs when there are enough, else on the CPU stand-in for the driver, whose lazy
     // streams, per-GPU address ranges and peer-access checks make a missing synchronization
@@ -217,6 +219,7 @@ fn cuda_all_reduce_over_peer_memory_for_every_algorithm_and_rank_count() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn averages_and_half_precision() {
     for algo in ALGOS {
         all_reduce_exact::<CpuDevice, f32>(cpu_device, 4, 1001, algo, true, ReduceOp::Avg);

@@ -7,6 +7,7 @@ use nanoddp::backend::cuda::{self, CudaDevice};
 use nanoddp::backend::BackendError;
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn without_a_driver_every_entry_point_errors_instead_of_panicking() {
     if cuda::driver_present() {
         eprintln!("skipped: a CUDA driver is present");

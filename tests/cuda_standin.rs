@@ -101,6 +101,7 @@ fn raw_stream(gpu: usize) -> (Arc<CudaContext>, Arc<CudaStream>) {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn streams_are_lazy_and_a_pageable_download_is_not_there_until_synchronized() {
     if !on_standin() {
         return;
@@ -120,6 +121,7 @@ fn streams_are_lazy_and_a_pageable_download_is_not_there_until_synchronized() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_copy_from_pinned_memory_reads_it_when_the_stream_gets_there_and_pinning_is_checked() {
     if !on_standin() {
         return;
@@ -211,6 +213,7 @@ fn a_copy_from_pinned_memory_reads_it_when_the_stream_gets_there_and_pinning_is_
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn kernels_store_into_mapped_pinned_memory_at_its_device_address_and_only_there() {
     // What a step's record rides on (Memory::alloc_staging): cuMemHostAlloc memory is mapped,
     // cuMemHostGetDevicePointer gives where kernels see it, a kernel's stores are there once
@@ -275,6 +278,7 @@ fn kernels_store_into_mapped_pinned_memory_at_its_device_address_and_only_there(
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn download_waits_for_the_copy() {
     // The backend's download must synchronize (item 4): otherwise this reads the poison.
     let Some(dev) = standin_gpu(0) else {
@@ -286,6 +290,7 @@ fn download_waits_for_the_copy() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn pool_memory_needs_pool_access_not_just_context_peer_access() {
     if !on_standin() {
         return;
@@ -330,6 +335,7 @@ fn pool_memory_needs_pool_access_not_just_context_peer_access() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn enable_peer_access_covers_pool_and_plain_memory() {
     if !on_standin() {
         return;
@@ -358,6 +364,7 @@ fn enable_peer_access_covers_pool_and_plain_memory() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn plain_memory_without_context_peer_access_faults() {
     // GPU 4 reads GPU 5's cuMemAlloc memory with no peer access at all. Sticky for GPU 4.
     let Some(a) = standin_gpu(4) else {
@@ -375,6 +382,7 @@ fn plain_memory_without_context_peer_access_faults() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn unordered_streams_touching_one_buffer_are_a_hazard() {
     // GPU 6: one handle writes y, a fork (its own queue) reads it. Ordered by a fence: fine.
     let Some(a) = standin_gpu(6) else {
@@ -427,6 +435,7 @@ fn raw_function(
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn launches_are_checked_against_the_limits() {
     if !on_standin() {
         return;
@@ -519,6 +528,7 @@ fn launches_are_checked_against_the_limits() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_backend_opts_in_to_large_dynamic_shared_memory() {
     // Item 5: the backend raises the kernel's limit when a launch asks for more than 48 KiB.
     let Some(dev) = standin_gpu(1) else {
@@ -564,12 +574,14 @@ fn the_backend_opts_in_to_large_dynamic_shared_memory() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn launch_bounds_refuse_bigger_blocks_before_the_driver_sees_them() {
     // The backend's own check, on the stand-in or a GPU alike.
     common::launch_bounds_are_enforced(&common::cuda_device(2));
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn modules_load_once_per_gpu_whatever_the_handles() {
     // Item 6: GPU 3's module loads, before and after clones and forks launch kernels.
     let Some(dev) = standin_gpu(3) else {
@@ -596,6 +608,7 @@ fn modules_load_once_per_gpu_whatever_the_handles() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_collective_never_reads_buffers_before_they_are_finished() {
     if !on_standin() {
         return;
@@ -624,6 +637,7 @@ fn a_collective_never_reads_buffers_before_they_are_finished() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn an_endless_kernel_times_out_with_where_its_threads_are() {
     // GPU 7: a 0.5 s watchdog. Sticky for GPU 7 (a timed-out kernel kills its context).
     let Some(dev) = standin_gpu(7) else {
@@ -646,6 +660,7 @@ fn an_endless_kernel_times_out_with_where_its_threads_are() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn an_old_driver_is_named_before_anything_runs() {
     if !on_standin() {
         return;
@@ -788,6 +803,7 @@ fn htod_raw(stream: &Arc<CudaStream>, dst: u64, src: *const f32, n: usize) -> sy
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_captured_graph_replays_as_eager_work_does_with_arguments_frozen_and_pinned_memory_read_at_launch(
 ) {
     if !on_standin() {
@@ -850,6 +866,7 @@ fn a_captured_graph_replays_as_eager_work_does_with_arguments_frozen_and_pinned_
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_forked_capture_keeps_its_nodes_edges_and_captured_arguments_and_replays_both_branches() {
     if !on_standin() {
         return;
@@ -1000,6 +1017,7 @@ fn a_forked_capture_keeps_its_nodes_edges_and_captured_arguments_and_replays_bot
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn each_capture_rule_is_the_drivers_error_and_a_broken_one_invalidates_the_capture() {
     if !on_standin() {
         return;
@@ -1260,6 +1278,7 @@ fn each_capture_rule_is_the_drivers_error_and_a_broken_one_invalidates_the_captu
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_replayed_graph_meets_every_check_eager_work_meets() {
     if !on_standin() {
         return;
@@ -1386,6 +1405,7 @@ fn a_replayed_graph_meets_every_check_eager_work_meets() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_audit_counts_a_replay_as_one_graph_launch_not_as_kernel_launches() {
     if !on_standin() {
         return;

@@ -15,6 +15,7 @@ fn expect_nvrtc() -> bool {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_example_kernel_is_right_and_its_bugs_are_caught() {
     let found = custom_kernel::run(false).expect("the example's checks pass");
     assert_eq!(found.shapes, 7);
@@ -43,6 +44,7 @@ fn write_kernel(name: &str, text: &str) -> std::path::PathBuf {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn user_mistakes_give_errors_that_name_the_file_and_the_argument() {
     // A compile error names the user's file and line.
     let bad = write_kernel(
@@ -120,6 +122,7 @@ fn user_mistakes_give_errors_that_name_the_file_and_the_argument() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_user_kernels_launch_bounds_are_read_and_enforced() {
     let path = write_kernel(
         "bounded.cu",
@@ -188,6 +191,7 @@ fn a_user_kernels_launch_bounds_are_read_and_enforced() {
 /// exactly, and f32 narrows by rounding to nearest even (checked against `half::bf16` and,
 /// for the ties and the overflow boundary, by hand), NaN to the canonical 0x7fff.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn bfloat16_conversions_round_to_nearest_even_over_every_bit_pattern() {
     let path = write_kernel(
         "bf16.cu",

@@ -328,22 +328,26 @@ fn gpu() -> CudaDevice {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn simt_forward_elementwise_matches_float64() {
     elementwise_matches_float64(&simt(LaneOrder::Forward), &SIZES);
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn simt_reverse_elementwise_matches_float64() {
     elementwise_matches_float64(&simt(LaneOrder::Reverse), &SIZES);
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn simt_casts_round_to_nearest_even() {
     casts_round_to_nearest_even(&simt(LaneOrder::Random(3)));
     bf16_casts_round_to_nearest_even(&simt(LaneOrder::Random(3)));
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn simt_length_mismatch_is_an_error() {
     length_mismatch_is_an_error(&simt(LaneOrder::Forward));
 }
@@ -358,6 +362,7 @@ fn cpu_elementwise_matches_float64() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn cuda_elementwise_matches_float64() {
     let dev = gpu();
     elementwise_matches_float64(&dev, &SIZES);
@@ -401,6 +406,7 @@ fn relu_backward_passes_gradient_where_the_output_is_positive<D: Backend>(dev: &
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn relu_backward_on_every_backend() {
     relu_backward_passes_gradient_where_the_output_is_positive(&CpuDevice::new());
     relu_backward_passes_gradient_where_the_output_is_positive(&simt(LaneOrder::Forward));

@@ -246,6 +246,7 @@ fn one_warp(threads: u32) -> LaunchConfig {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn misaligned_wmma_tiles_are_reported_at_the_kernels_line() {
     // The self-test kernel computes D = A·B + C from four 16x16 tiles; raw launches at
     // byte offsets into larger buffers hand it tiles that are 16- but not 32-byte aligned.
@@ -299,6 +300,7 @@ fn misaligned_wmma_tiles_are_reported_at_the_kernels_line() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn wmma_ldm_and_lanes_disagreeing_are_reported() {
     // A user's kernel, built for the emulator at run time, with every argument of the tile
     // operations in the test's hands.

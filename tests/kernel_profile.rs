@@ -27,6 +27,7 @@ fn standin_gpu(ordinal: usize, executor: &str) -> Option<CudaDevice> {
 /// `bank_stride` words apart (2 lanes a bank when it is 2, all 32 in bank 0 when it is 32),
 /// a barrier, a coalesced store; and the distinct sectors read and written.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_launch_profile_counts_requests_sectors_and_bank_conflicts() {
     let Some(dev) = standin_gpu(0, "ptx") else {
         return;
@@ -117,6 +118,7 @@ fn the_launch_profile_counts_requests_sectors_and_bank_conflicts() {
 /// Only the PTX executor counts: a GPU whose modules already run under the SIMT emulator is
 /// refused with the way out in the message.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_launch_profile_is_refused_under_the_simt_executor() {
     let Some(dev) = standin_gpu(1, "simt") else {
         return;

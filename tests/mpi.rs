@@ -150,6 +150,7 @@ fn training_across_processes_equals_training_in_one() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn cuda_ranks_as_processes_each_seeing_only_its_own_gpu() {
     // `--comm mpi --backend cuda` on the CPU stand-in for the driver, with every process
     // shown only "its" GPU (CUDA_VISIBLE_DEVICES=0, as under Slurm's GPU binding): 2

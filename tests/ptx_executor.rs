@@ -75,6 +75,7 @@ fn spellings(lib: &libloading::Library, image: &[u8]) -> Result<Vec<String>, Str
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_executor_asked_for_is_the_one_that_runs() {
     let driver = common::cuda_driver();
     if !cuda::is_standin() {
@@ -100,6 +101,7 @@ fn the_executor_asked_for_is_the_one_that_runs() {
 /// NVRTC compiles it for sm_80 and sm_90, is one the PTX executor implements; together they
 /// are exactly the table in docs/ptx-coverage.md.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn every_instruction_nvcc_and_nvrtc_emit_is_implemented() {
     let lib = standin_library();
     let mut all = BTreeSet::new();
@@ -191,6 +193,7 @@ fn caught(what: &str, result: Result<(), BackendError>, dev: &CudaDevice) -> Str
 /// Each broken selftest kernel the SIMT emulator reports as an error, under each executor:
 /// the same diagnosis, from the C++ source and from the PTX nvcc emitted.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn each_broken_selftest_kernel_is_caught_by_both_executors() {
     for (first, executor) in [(0, "simt"), (6, "ptx")] {
         let gpu = |i: usize| standin_gpu(first + i, executor, false);
@@ -276,6 +279,7 @@ fn each_broken_selftest_kernel_is_caught_by_both_executors() {
 /// The missing barrier: the PTX executor run forwards and backwards gives different results
 /// (and reads of the shared slot not yet written see the 0xff poison: NaN).
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_missing_barrier_shows_as_lane_order_dependence_in_the_ptx_executor() {
     let run = |gpu: usize, reverse: bool| {
         let dev = standin_gpu(gpu, "ptx", reverse)?;
@@ -308,6 +312,7 @@ fn a_missing_barrier_shows_as_lane_order_dependence_in_the_ptx_executor() {
 /// rejected (-1) and the kernel looks right; nvcc's cvt.rzi.s32.f32 gives 0, as a GPU would,
 /// and the PTX executor shows the NaN label silently becoming class 0.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_bug_only_the_compiled_code_has_is_caught_by_the_ptx_executor_alone() {
     let labels = [3.0f32, f32::NAN, -1.0, 12.0, 9.0, f32::NAN, 1e10, 0.0];
     let want = [3, -1, -1, -1, 9, -1, -1, 0];
@@ -336,6 +341,7 @@ fn a_bug_only_the_compiled_code_has_is_caught_by_the_ptx_executor_alone() {
 /// One element past the end of 1000 floats lies inside the allocation's last 4 KiB page: the
 /// SIMT executor's page-granular check cannot see it, the PTX executor's byte-exact one does.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_ptx_executor_sees_a_write_one_past_the_end_inside_the_last_page() {
     let Some(dev) = standin_gpu(15, "ptx", false) else {
         return;

@@ -63,6 +63,7 @@ fn emulator_error(result: Result<(), BackendError>) -> EmulatorError {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn vector_add_with_grid_stride_loops_over_many_sizes() {
     let mut sizes: Vec<usize> = vec![
         1, 2, 3, 31, 32, 33, 255, 256, 257, 1000, 4097, 65_535, 65_536, 65_537, 69_999, 70_000,
@@ -90,6 +91,7 @@ fn vector_add_with_grid_stride_loops_over_many_sizes() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn block_reduction_through_shared_memory_for_awkward_block_sizes() {
     for threads in [1u32, 31, 32, 33, 255, 256, 1024] {
         let blocks = 5u32;
@@ -118,6 +120,7 @@ fn block_reduction_through_shared_memory_for_awkward_block_sizes() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn warp_reductions_with_shfl_down_and_shfl_xor() {
     let (blocks, threads) = (3u32, 128u32);
     let n = (blocks * threads) as usize;
@@ -189,6 +192,7 @@ fn cuda_shuffle(
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn shuffles_follow_cudas_rules_for_every_width() {
     let threads = 64u32;
     let input: Vec<i32> = (0..threads as i32).map(|i| 1000 + i * 7).collect();
@@ -228,6 +232,7 @@ fn shuffles_follow_cudas_rules_for_every_width() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn ballot_any_and_all() {
     let threads = 32 * 6;
     let mut r = rng(3);
@@ -290,6 +295,7 @@ fn ballot_any_and_all() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn atomic_add_from_many_blocks_is_exact() {
     let n = 100_003usize;
     let mut r = rng(4);
@@ -317,6 +323,7 @@ fn atomic_add_from_many_blocks_is_exact() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_other_atomics_are_atomic() {
     let (blocks, threads) = (7u32, 96u32);
     let n = (blocks * threads) as usize;
@@ -396,6 +403,7 @@ fn the_other_atomics_are_atomic() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn half_arithmetic_rounds_once_to_nearest_even() {
     let n = 50_000usize;
     let mut r = rng(12);
@@ -428,6 +436,7 @@ fn half_arithmetic_rounds_once_to_nearest_even() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn syncwarp_orders_a_warp_exchange_through_shared_memory() {
     let (blocks, threads) = (2u32, 96u32);
     let n = (blocks * threads) as usize;
@@ -475,6 +484,7 @@ fn assert_gemm_16(
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn wmma_16x16x16_matches_float64() {
     let mut r = rng(5);
     let a = random_halves(&mut r, 256);
@@ -518,6 +528,7 @@ fn wmma_16x16x16_matches_float64() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn dynamic_shared_memory_is_per_block() {
     for threads in [1u32, 33, 256] {
         let blocks = 4u32;
@@ -547,6 +558,7 @@ fn dynamic_shared_memory_is_per_block() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn barrier_heavy_launch_gives_exact_results() {
     let (blocks, threads, rounds) = (16u32, 256u32, 4i32);
     let got = same_under_lane_orders(&THREE_ORDERS, |dev| {
@@ -567,6 +579,7 @@ fn barrier_heavy_launch_gives_exact_results() {
 // ------------------------------------------------------------------ the broken kernels
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_missing_barrier_is_exposed_by_lane_order_and_poison() {
     let run = |dev: &SimtDevice| -> Result<Vec<f32>, BackendError> {
         let mut out = dev.upload(&vec![0.0f32; 256])?;
@@ -594,6 +607,7 @@ fn a_missing_barrier_is_exposed_by_lane_order_and_poison() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn divergent_barrier_is_an_error_not_a_hang() {
     let (result, took) = finishes_within(HANG, || {
         let dev = SimtDevice::new(0);
@@ -615,6 +629,7 @@ fn divergent_barrier_is_an_error_not_a_hang() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn early_exit_before_a_barrier_is_an_error() {
     let (result, _) = finishes_within(HANG, || {
         let dev = SimtDevice::with_config(
@@ -635,6 +650,7 @@ fn early_exit_before_a_barrier_is_an_error() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn out_of_bounds_write_names_the_kernel_block_and_thread() {
     let dev = SimtDevice::new(0);
     let n = 1000u32;
@@ -657,6 +673,7 @@ fn out_of_bounds_write_names_the_kernel_block_and_thread() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn warp_misuse_is_reported() {
     let dev = SimtDevice::new(0);
     let mut out = dev.upload(&[0i32; 32]).unwrap();
@@ -677,6 +694,7 @@ fn warp_misuse_is_reported() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn deadlock_is_reported_with_every_waiting_site() {
     let (result, _) = finishes_within(HANG, || {
         let dev = SimtDevice::new(0);
@@ -693,6 +711,7 @@ fn deadlock_is_reported_with_every_waiting_site() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn an_endless_kernel_times_out_and_the_device_stays_usable() {
     let ((e, after), _) = finishes_within(HANG, || {
         let dev = SimtDevice::with_config(
@@ -745,6 +764,7 @@ fn an_endless_kernel_times_out_and_the_device_stays_usable() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_default_launch_time_limit_is_generous() {
     assert!(DEFAULT_LAUNCH_TIMEOUT >= Duration::from_secs(60));
     assert_eq!(
@@ -784,6 +804,7 @@ fn the_default_launch_time_limit_is_generous() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn emulated_devices_launch_concurrently_and_read_each_other() {
     // Four "GPUs" on four threads, as the collectives will use them; each reduces its own
     // data, then one kernel reads a peer's buffer directly (P2P).
@@ -831,6 +852,7 @@ fn emulated_devices_launch_concurrently_and_read_each_other() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn launch_bounds_refuse_bigger_blocks_before_the_kernel_runs() {
     common::launch_bounds_are_enforced(&SimtDevice::new(0));
 }

@@ -176,6 +176,7 @@ fn assert_trains_like_the_cpu(
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_simt_backend_trains_like_the_cpu_backend() {
     let mut data = subset();
     data.keep_test_images(32); // the emulator is slow; 32 images prove the evaluation
@@ -186,6 +187,7 @@ fn the_simt_backend_trains_like_the_cpu_backend() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn the_cuda_backend_trains_like_the_cpu_on_1_2_and_4_gpus_and_4_ranks_on_one() {
     // On the CPU stand-in for the driver when there is no GPU: lazy streams, the gradients'
     // reduction on its own queue overlapping backward (one tensor per bucket, the most
@@ -415,6 +417,7 @@ fn resume_matches(cfg: TrainConfig) {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn mixed_precision_trains_and_the_loss_scale_backs_off_on_overflow() {
     let data = subset();
     let cfg = TrainConfig {
@@ -456,6 +459,7 @@ fn mixed_precision_trains_and_the_loss_scale_backs_off_on_overflow() {
 /// identical, the emulator's bf16 kernels agree with the CPU backend's bf16 path, and a step
 /// whose gradients are not finite is skipped rather than poisoning the weights.
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn bf16_trains_without_loss_scaling_and_skips_non_finite_steps() {
     let data = subset();
     let cfg = TrainConfig {
@@ -614,6 +618,7 @@ fn the_plot_draws_the_curves_the_metrics_record() {
 }
 
 #[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn a_graph_replays_the_streams_steps_bit_for_bit_in_fp32_and_fp16() {
     // 12 training images in batches of 8: a full batch and one of 4 an epoch, three epochs.
     // Each batch shape's step runs from the stream in epoch 1, is captured in epoch 2 and

@@ -123,6 +123,13 @@ pub enum BackendError {
     /// The SIMT emulator caught a kernel misbehaving.
     #[error(transparent)]
     Emulator(Box<crate::backend::simt::EmulatorError>),
+    /// This build has no SIMT emulator (and no CUDA stand-in): they are built for Linux on
+    /// x86-64 and aarch64 only.
+    #[error(
+        "the SIMT emulator is not part of this build: its fiber switch and fault handling are \
+         written for Linux on x86-64 and aarch64 (use the CPU backend here)"
+    )]
+    NoEmulator,
     /// A device allocation failed.
     #[error("cannot allocate {bytes} bytes of device memory")]
     OutOfMemory {

@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use nanoddp::backend::{cuda, nvrtc};
+use nanoddp::backend::{cuda, nvrtc, simt, BackendError};
 use nanoddp::kernels::{fatbin, resources, MODULES, PREBUILT};
 use nanoddp::system;
 
@@ -91,6 +91,13 @@ fn kernels(out: &mut impl Write) -> io::Result<()> {
 }
 
 fn emulator(out: &mut impl Write) -> io::Result<()> {
+    if !simt::EMULATOR_BUILT {
+        return writeln!(
+            out,
+            "SIMT emulator and CUDA stand-in: not in this build ({})",
+            BackendError::NoEmulator
+        );
+    }
     writeln!(
         out,
         "SIMT emulator: built in; runs the same kernels on the CPU ({} worker threads per launch),\n  \
@@ -101,7 +108,12 @@ fn emulator(out: &mut impl Write) -> io::Result<()> {
 
 fn gpus(out: &mut impl Write) -> io::Result<()> {
     write!(out, "CUDA: ")?;
-    if !cuda::driver_present() {
+    if !cuda::driver_present() && !simt::EMULATOR_BUILT {
+        writeln!(
+            out,
+            "no CUDA driver found; GPU backends are unavailable, everything runs on the CPU"
+        )?;
+    } else if !cuda::driver_present() {
         writeln!(
             out,
             "no CUDA driver found (libcuda.so / libcuda.so.1 is not on the library path).\n  \

@@ -259,6 +259,7 @@ macro_rules! per_backend {
             }
 
             #[test]
+            #[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
             fn simt_forward_and_reverse_lane_order() {
                 use nanoddp::backend::simt::{same_under_lane_orders, LaneOrder};
                 crate::common::small_flat_grids();
@@ -267,6 +268,7 @@ macro_rules! per_backend {
             }
 
             #[test]
+            #[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
             fn cuda() {
                 crate::common::small_flat_grids();
                 let _lean = crate::common::Lean::on_the_ptx_executor();

@@ -288,11 +288,15 @@ multiversion!(
 );
 
 /// Whether [`avx512`]'s 2x2 kernels serve pools of shape `s` on this CPU.
+#[cfg(target_arch = "x86_64")]
 fn avx512_2x2(s: &Pool2dShape) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return is_2x2(s) && isa().avx512;
-    #[cfg(not(target_arch = "x86_64"))]
-    return false;
+    is_2x2(s) && isa().avx512
+}
+
+/// Whether AVX-512's 2x2 kernels serve pools of shape `s` on this CPU: never off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_2x2(_: &Pool2dShape) -> bool {
+    false
 }
 
 /// One plane of [`avg_relu_backward`]: `dx = (act > 0) ⊙ avg_backward(g)`, all f32.

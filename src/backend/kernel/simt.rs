@@ -184,11 +184,29 @@ struct RawError {
     message: [c_char; 512],
 }
 
+#[cfg(simt_emulator)]
 extern "C" {
     fn simt_launch(desc: *const LaunchDesc, err: *mut RawError) -> c_int;
     fn simt_alloc(bytes: usize, align: usize) -> *mut c_void;
     fn simt_free(p: *mut c_void);
 }
+
+/// Whether this build has the emulator (`build/main.rs`: Linux on x86-64 and aarch64).
+pub const EMULATOR_BUILT: bool = cfg!(simt_emulator);
+
+// Without the emulator no buffer is ever allocated and no launch starts
+// ([`BackendError::NoEmulator`] first), so these are never called: they stand in for the
+// runtime's symbols so that the crate links.
+#[cfg(not(simt_emulator))]
+unsafe fn simt_launch(_: *const LaunchDesc, _: *mut RawError) -> c_int {
+    unreachable!("no SIMT emulator in this build")
+}
+#[cfg(not(simt_emulator))]
+unsafe fn simt_alloc(_: usize, _: usize) -> *mut c_void {
+    std::ptr::null_mut()
+}
+#[cfg(not(simt_emulator))]
+unsafe fn simt_free(_: *mut c_void) {}
 
 /// One emulated GPU.
 #[derive(Debug, Default)]
@@ -255,6 +273,9 @@ unsafe impl<T: DeviceScalar> Sync for SimtBuffer<T> {}
 
 impl<T: DeviceScalar> SimtBuffer<T> {
     fn zeroed(len: usize) -> Result<Self, BackendError> {
+        if !EMULATOR_BUILT {
+            return Err(BackendError::NoEmulator);
+        }
         let bytes = len
             .checked_mul(size_of::<T>())
             .ok_or(BackendError::OutOfMemory { bytes: usize::MAX })?;
@@ -390,6 +411,9 @@ impl SimtDevice {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), BackendError> {
+        if !EMULATOR_BUILT {
+            return Err(BackendError::NoEmulator);
+        }
         check_launch(kernel, &cfg, args)?;
         // kernelParams: one pointer per argument, to that argument's value. Every argument
         // is at most 8 bytes; smaller ones sit in the low bytes (little-endian).

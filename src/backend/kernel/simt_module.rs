@@ -58,8 +58,16 @@ use crate::kernels::{simt_entries::Entry, KernelSignature, Param, ParamKind};
 /// The emulator header, as shipped in `kernels/simt.cuh`.
 pub const SIMT_HEADER: &str = include_str!("../../../kernels/simt.cuh");
 
+#[cfg(simt_emulator)]
 extern "C" {
     fn simt_runtime_table() -> *const c_void;
+}
+
+/// Without the emulator no module is built ([`ModuleError::NoEmulator`] first), so this is
+/// never called: it stands in for the runtime's symbol so that the crate links.
+#[cfg(not(simt_emulator))]
+unsafe fn simt_runtime_table() -> *const c_void {
+    std::ptr::null()
 }
 
 /// What can go wrong building or loading a module.
@@ -118,6 +126,9 @@ pub enum ModuleError {
     /// Files in the build folder.
     #[error("module build folder: {0}")]
     Io(#[from] std::io::Error),
+    /// This build has no SIMT emulator to load a module into ([`BackendError::NoEmulator`]).
+    #[error("{0}")]
+    NoEmulator(BackendError),
 }
 
 struct ModuleKernel {
@@ -190,6 +201,9 @@ impl SimtModule {
     /// Builds `path` for the emulator and loads it. Takes a second or two (a C++ compile).
     /// Each kernel's signature is kept for the life of the process (a few bytes per kernel).
     pub fn compile(path: impl AsRef<Path>) -> Result<SimtModule, ModuleError> {
+        if !super::simt::EMULATOR_BUILT {
+            return Err(ModuleError::NoEmulator(BackendError::NoEmulator));
+        }
         let path = path.as_ref().to_path_buf();
         let source = std::fs::read_to_string(&path).map_err(|source| ModuleError::Read {
             path: path.clone(),
