@@ -37,7 +37,8 @@ macro_rules! convert_on {
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
             EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe { f16c::$f(src, dst) },
-            EngineKind::Portable => $portable(src, dst),
+            // NEON: through `half` (which converts with the CPU's instructions where it can).
+            EngineKind::Portable | EngineKind::Neon => $portable(src, dst),
             #[allow(unreachable_patterns)]
             _ => panic!("{engine:?} is not available on this CPU"),
         }

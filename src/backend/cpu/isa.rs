@@ -10,7 +10,8 @@
 //! Lake servers), and `NANODDP_CPU_ISA=avx512bf16` takes the bf16 products through
 //! AVX512-BF16 wherever the CPU has it, also where [`Isa::bf16_products`] would not (Intel's
 //! cores: see there), and never through AMX ([`Isa::amx`]). `NANODDP_CPU_ISA=native` (or
-//! unset) uses what the CPU has, as this module judges best. A level the CPU lacks, or a
+//! unset) uses what the CPU has, as this module judges best. On aarch64 the NEON engine
+//! serves (`NANODDP_CPU_ISA=neon` names it; `portable` forces the plain one there too). A level the CPU lacks, or a
 //! name not listed here, is an error ([`requested`]), never quietly replaced by another.
 
 use std::sync::OnceLock;
@@ -42,6 +43,8 @@ pub struct Isa {
     /// forward, input and filter gradients (`engine::amx`; Sapphire Rapids and later
     /// Xeons). Where set, `bf16_products` is not: the linear layers widen bf16.
     pub amx: bool,
+    /// aarch64's Advanced SIMD (NEON): the NEON engine (`engine::neon`).
+    pub neon: bool,
 }
 
 impl Isa {
@@ -52,6 +55,7 @@ impl Isa {
         avx512_bf16: false,
         bf16_products: false,
         amx: false,
+        neon: false,
     };
 
     /// What this CPU offers.
@@ -74,9 +78,17 @@ impl Isa {
                 avx512_bf16,
                 bf16_products: avx512_bf16 && !is_intel() && !amx,
                 amx,
+                neon: false,
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            Isa {
+                neon: std::arch::is_aarch64_feature_detected!("neon"),
+                ..Isa::PORTABLE
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             Isa::PORTABLE
         }
@@ -88,6 +100,8 @@ impl Isa {
             EngineKind::Avx512
         } else if self.avx2 {
             EngineKind::Avx2
+        } else if self.neon {
+            EngineKind::Neon
         } else {
             EngineKind::Portable
         }
@@ -101,6 +115,8 @@ pub enum EngineKind {
     Avx512,
     /// 8 lanes of f32 in 16 registers (AVX2 with FMA).
     Avx2,
+    /// 4 lanes of f32 in 32 registers (aarch64's NEON, fused multiply-adds).
+    Neon,
     /// 4 lanes as plain arrays the compiler vectorizes for the target's baseline.
     Portable,
 }
@@ -111,6 +127,7 @@ impl EngineKind {
         match self {
             EngineKind::Avx512 => "AVX-512 engine (16 lanes)",
             EngineKind::Avx2 => "AVX2+FMA engine (8 lanes)",
+            EngineKind::Neon => "NEON engine (4 lanes)",
             EngineKind::Portable => "portable engine (4 lanes)",
         }
     }
@@ -145,7 +162,8 @@ impl Isa {
             ),
             (
                 "linear layers, f32 and f16",
-                "matrixmultiply (its own choice of AVX-512, AVX2 or SSE)".to_string(),
+                "matrixmultiply (its own choice of AVX-512, AVX2 or SSE; NEON on aarch64)"
+                    .to_string(),
             ),
             ("linear layers, bf16", linear_bf16.to_string()),
             (
@@ -193,7 +211,7 @@ pub enum IsaError {
 
 /// The levels `NANODDP_CPU_ISA` names, lowest first (besides `native`, the default: what
 /// the CPU has).
-pub const LEVELS: [&str; 4] = ["portable", "avx2", "avx512", "avx512bf16"];
+pub const LEVELS: [&str; 5] = ["portable", "neon", "avx2", "avx512", "avx512bf16"];
 
 /// The values of `NANODDP_CPU_ISA` a CPU offering `cpu` accepts, as a phrase.
 fn allowed(cpu: &Isa) -> String {
@@ -230,6 +248,11 @@ fn choose(value: Option<&str>, detect: impl FnOnce() -> Isa) -> Result<Isa, IsaE
         cpu,
     };
     match value {
+        Some("neon") if !cpu.neon => Err(unsupported("NEON (aarch64's Advanced SIMD)")),
+        Some("neon") => Ok(Isa {
+            neon: true,
+            ..Isa::PORTABLE
+        }),
         Some("avx2") if !cpu.avx2 => Err(unsupported("AVX2 with FMA and F16C")),
         Some("avx2") => Ok(Isa {
             avx512: false,
@@ -360,6 +383,7 @@ mod tests {
         avx512_bf16: false,
         bf16_products: false,
         amx: false,
+        neon: false,
     };
 
     #[test]

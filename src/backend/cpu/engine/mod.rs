@@ -5,6 +5,7 @@
 //!
 //! - [`avx512`]: 16 lanes in 32 registers, a lane tile of 5 x 5 accumulators;
 //! - [`avx2`]: 8 lanes in 16 registers (AVX2 with FMA), a lane tile of 3 x 3;
+//! - `neon` (aarch64): 4 lanes in 32 registers, fused, a lane tile of 5 x 5;
 //! - [`portable`]: 4 lanes as plain arrays the compiler vectorizes for whatever the target
 //!   has (SSE2 on baseline x86-64), a lane tile of 4 x 3, multiplies and adds not fused;
 //! - [`vdpbf16ps`] (AVX512-BF16) and [`amx`] (AMX-BF16 tiles): the bf16 pair engines, whose
@@ -27,6 +28,8 @@ pub(super) mod amx;
 pub(super) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub(super) mod neon;
 pub(super) mod portable;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod vdpbf16ps;
@@ -218,6 +221,11 @@ macro_rules! with_engine {
                 type $E = $crate::backend::cpu::engine::avx2::Avx2;
                 $body
             }
+            #[cfg(target_arch = "aarch64")]
+            $crate::backend::cpu::isa::EngineKind::Neon => {
+                type $E = $crate::backend::cpu::engine::neon::Neon;
+                $body
+            }
             _ => {
                 type $E = $crate::backend::cpu::engine::portable::Portable;
                 $body
@@ -242,6 +250,14 @@ macro_rules! on_each_engine {
             if Avx2::available() {
                 println!("{}: {}", stringify!($f), Avx2::KIND.name());
                 $f::<Avx2>();
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            use $crate::backend::cpu::engine::neon::Neon;
+            if Neon::available() {
+                println!("{}: {}", stringify!($f), Neon::KIND.name());
+                $f::<Neon>();
             }
         }
         use $crate::backend::cpu::engine::portable::Portable;
@@ -283,9 +299,10 @@ macro_rules! multiversion {
                     $crate::backend::cpu::isa::EngineKind::Avx2 => {
                         return unsafe { avx2($($arg),*) }
                     }
-                    $crate::backend::cpu::isa::EngineKind::Portable => {}
+                    _ => {}
                 }
             }
+            // Elsewhere the body as compiled for the target, which on aarch64 has NEON.
             $body($($arg),*)
         }
     };
