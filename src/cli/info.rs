@@ -94,7 +94,7 @@ fn emulator(out: &mut impl Write) -> io::Result<()> {
     if !simt::EMULATOR_BUILT {
         return writeln!(
             out,
-            "SIMT emulator and CUDA stand-in: not in this build ({})",
+            "SIMT emulator and CUDA stand-in: absent; {}",
             BackendError::NoEmulator
         );
     }
