@@ -120,18 +120,21 @@ fn main() {
     // aarch64, and the stand-in (which links the emulator) for Linux: elsewhere (macOS) the
     // crate builds without both, and says so at run time (`nanoddp info`; the SIMT backend's
     // `BackendError::NoEmulator`; the tests that need them are ignored, by name).
+    // `NANODDP_NO_EMULATOR=1` builds so on Linux too, to run those paths where they can run.
     println!("cargo::rustc-check-cfg=cfg(simt_emulator)");
+    println!("cargo::rerun-if-env-changed=NANODDP_NO_EMULATOR");
     let target = |var: &str| env::var(var).unwrap_or_default();
     let emulator = target("CARGO_CFG_TARGET_OS") == "linux"
-        && ["x86_64", "aarch64"].contains(&target("CARGO_CFG_TARGET_ARCH").as_str());
+        && ["x86_64", "aarch64"].contains(&target("CARGO_CFG_TARGET_ARCH").as_str())
+        && target("NANODDP_NO_EMULATOR") != "1";
     if emulator {
         println!("cargo::rustc-cfg=simt_emulator");
         emulator::host_build(&modules, &kernel_dir, &out);
         standin::standin_build(&modules, &root, &out);
     } else {
         println!(
-            "cargo::warning=nanoddp: the SIMT emulator and the CUDA stand-in are built for Linux \
-             on x86-64 and aarch64 only; this build for {} has neither",
+            "cargo::warning=nanoddp: this build for {} has no SIMT emulator and no CUDA \
+             stand-in (built for Linux on x86-64 and aarch64 only, unless NANODDP_NO_EMULATOR=1)",
             target("TARGET")
         );
         println!("cargo::rustc-env=NANODDP_STANDIN_DIR=");

@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use nanoddp::backend::cpu::CpuDevice;
 use nanoddp::backend::cuda::CudaDevice;
 use nanoddp::backend::simt::SimtDevice;
+use nanoddp::backend::BackendError;
 use nanoddp::comm::communicator::CommConfig;
 use nanoddp::data::{find_dataset, locate, DataError, Dataset};
 use nanoddp::dtype::DType;
@@ -584,6 +585,9 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
                 mpi_gpu_ordinals(node_rank, node_size, args.devices, visible)
                     .map_err(CliError::Input)?,
             )
+        }
+        BackendArg::Simt if !nanoddp::backend::simt::EMULATOR_BUILT => {
+            return Err(CliError::Device(BackendError::NoEmulator));
         }
         _ => None,
     };
