@@ -85,28 +85,31 @@ fn pair_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
 /// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`
 /// (resized to fit).
 fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
-    match T::as_f32(src) {
-        Some(s) => s,
-        None => {
-            scratch.resize(src.len(), 0.0);
-            T::widen_slice(src, scratch);
-            scratch
-        }
-    }
+    widened_by(src, scratch, T::widen_slice)
 }
 
 /// [`widened`] over rayon's threads, [`FLAT_CHUNK`] elements a task: for a whole tensor
 /// that the calling thread would otherwise convert alone while the others wait (the linear
 /// layers' operands). The same bits: each element converts on its own.
 fn widened_par<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    widened_by(src, scratch, |src, dst| {
+        dst.par_chunks_mut(FLAT_CHUNK)
+            .zip(src.par_chunks(FLAT_CHUNK))
+            .for_each(|(d, s)| T::widen_slice(s, d))
+    })
+}
+
+/// [`widened`] with `convert` doing the widening.
+fn widened_by<'a, T: Precision>(
+    src: &'a [T],
+    scratch: &'a mut Vec<f32>,
+    convert: impl FnOnce(&[T], &mut [f32]),
+) -> &'a [f32] {
     match T::as_f32(src) {
         Some(s) => s,
         None => {
             scratch.resize(src.len(), 0.0);
-            scratch
-                .par_chunks_mut(FLAT_CHUNK)
-                .zip(src.par_chunks(FLAT_CHUNK))
-                .for_each(|(d, s)| T::widen_slice(s, d));
+            convert(src, scratch);
             scratch
         }
     }
