@@ -28,9 +28,24 @@
 //   60,000 same-sign terms: 2.0e-7 relative with the tiles' sums added plainly even in two
 //   levels, 4e-8 compensated). 32 more registers and 64 adds per 256 FMAs; needs IEEE adds
 //   as written (no -use_fast_math).
-//   Launch: grid (ceil(N/64), ceil(M/64), K ranges), block 256 (114 registers: two blocks
-//   an SM). On an H100 (ncu, one LeNet training step): fc1's forward 24 µs, its weight and
-//   input gradients 20 µs each: latency, not arithmetic (2 to 13 K ranges of 4 steps a block).
+//   Launch: grid (ceil(N/64), ceil(M/64)), block 256 (two blocks an SM), for a product with
+//   at least 128 tiles of C (the host's choice, GEMM_BLOCKS in src/backend/kernel/ops.rs).
+//
+// gemm_f32_sliced — a product with fewer tiles of C than that (LeNet's fc1: 8 to 52 tiles of
+//   64 x 64 for 132 SMs) takes 16 x 16 tiles, and cuts each tile's K among the block's 8
+//   warps instead of among blocks: no partial tiles through memory, no counters, no fences,
+//   no last block adding alone. Warp g multiplies slices g, g + 8, ... (16 steps each, each
+//   slice's products into fresh registers, compensated as above); a lane owns 2 x 4 elements
+//   (one 2-float and one 4-float shared load for 8 FMAs). A round stages eight slices, 16 x 128
+//   of A and 128 x 16 of B, 8 + 8 elements a thread, loaded a round ahead. Then the warps'
+//   sums go through shared memory and are added in warp order (compensated), one element a
+//   thread, and the epilogue applied. The order depends on the shape alone: the same bits on
+//   every run and GPU.
+//   FLOPs per round 2·16·16·128 against 2·16·128·4 B staged: 4 FLOP/B from L2, enough for
+//   products of a few µs whose operands L2 holds. LeNet at batch 256: fc1's forward
+//   (256 x 128, K 800) 128 blocks of 7 rounds, its input gradient (256 x 800, K 128) 800
+//   blocks of 1, its weight gradient (128 x 800, K 256) 400 blocks of 2.
+//   Launch: grid (ceil(N/16), ceil(M/16)), block 256.
 //
 // gemm_{f16,bf16}_wmma_{f32,f16,bf16}out — tensor cores through nvcuda::wmma, 16-bit in
 //   (fp16 or bf16, both exact in the f32 accumulators' products), float accumulate, out in
@@ -42,7 +57,7 @@
 //   wmma's 16-byte leading-dimension rule. The epilogue goes through shared memory (float) to
 //   apply alpha, beta, bias and ReLU per element with bounds checks.
 //   Launch: grid (ceil(N/64), ceil(M/64), K ranges), block 128.
-// Split K (both kernels): a product with few tiles of C (LeNet's fc layers: 2 to 52 tiles for
+// Split K (the wmma kernels): a product with few tiles of C (LeNet's fc layers: 2 to 52 tiles for
 //   132 SMs) is cut along K into gridDim.z ranges of k_per_split (a multiple of 16, chosen
 //   from the shape alone, so the bits are the same on every GPU). With one range a block
 //   applies the epilogue itself. Otherwise each block writes its partial tile (f32) into
@@ -96,8 +111,7 @@ __device__ __forceinline__ void gemm_add_partials(float* __restrict__ scratch, i
 extern "C" __global__ void __launch_bounds__(256, 2)
     gemm_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
              const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc, int trans_a,
-             int trans_b, float alpha, float beta, int relu, float* __restrict__ scratch,
-             int* __restrict__ counters, int k_per_split) {
+             int trans_b, float alpha, float beta, int relu) {
     // Rows four floats longer than the tile: the transposed loads store 16 consecutive lanes
     // down a column, which a 64-float row stride would put in one bank (16-way conflicts; 2-way
     // with 68), and a multiple of four keeps the inner loop's vector loads 16-byte aligned.
@@ -111,7 +125,6 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) acc[i][j] = carry[i][j] = 0.0f;
 
-    const int k_begin = blockIdx.z * k_per_split, k_end = min(k, k_begin + k_per_split);
     // Each thread's 4 elements of A's and of B's tile per K step (walking global memory
     // contiguously in either layout), loaded into registers a K step ahead so that their
     // latency hides behind the products (pipelined), then stored to shared memory.
@@ -129,20 +142,20 @@ extern "C" __global__ void __launch_bounds__(256, 2)
             const int2 ea = a_at(r), eb = b_at(r);
             const int gm = m0 + ea.x, gk = k0 + ea.y, gn = n0 + eb.y, gkb = k0 + eb.x;
             ra[r] = 0.0f;
-            if (gm < m && gk < k_end) ra[r] = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
+            if (gm < m && gk < k) ra[r] = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
             rb[r] = 0.0f;
-            if (gn < n && gkb < k_end) rb[r] = trans_b ? b[(long long)gn * ldb + gkb] : b[(long long)gkb * ldb + gn];
+            if (gn < n && gkb < k) rb[r] = trans_b ? b[(long long)gn * ldb + gkb] : b[(long long)gkb * ldb + gn];
         }
     };
-    if (k_begin < k_end) fetch(k_begin);
-    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_BK) {
+    if (k > 0) fetch(0);
+    for (int k0 = 0; k0 < k; k0 += GEMM_BK) {
         for (int r = 0; r < 4; ++r) {
             const int2 ea = a_at(r), eb = b_at(r);
             as[ea.y][ea.x] = ra[r];
             bs[eb.x][eb.y] = rb[r];
         }
         __syncthreads();
-        if (k0 + GEMM_BK < k_end) fetch(k0 + GEMM_BK);
+        if (k0 + GEMM_BK < k) fetch(k0 + GEMM_BK);
         float part[4][4];
         for (int i = 0; i < 4; ++i)
             for (int j = 0; j < 4; ++j) part[i][j] = 0.0f;
@@ -164,19 +177,116 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         __syncthreads();
     }
 
-    const bool split = gridDim.z > 1;
     for (int i = 0; i < 4; ++i) {
         int gm = m0 + 4 * ty + i;
         if (gm >= m) continue;
         for (int j = 0; j < 4; ++j) {
             int gn = n0 + 4 * tx + j;
             if (gn >= n) continue;
-            const float sum = acc[i][j] - carry[i][j];
-            if (split) scratch[((long long)blockIdx.z * m + gm) * n + gn] = sum;
-            else gemm_epilogue(c, bias_or_null, gm, gn, ldc, sum, alpha, beta, relu);
+            gemm_epilogue(c, bias_or_null, gm, gn, ldc, acc[i][j] - carry[i][j], alpha, beta, relu);
         }
     }
-    if (split) gemm_add_partials(scratch, counters, c, bias_or_null, m, n, ldc, alpha, beta, relu);
+}
+
+// gemm_f32_sliced: a 16 x 16 tile of C a block, its K cut among the block's 8 warps (see the
+// header). Warp g multiplies 16-step slices g, g + 8, g + 16, ... of K; each round stages
+// eight slices at once (16 x 128 of A, 128 x 16 of B: 8 + 8 elements a thread, loaded a
+// round ahead).
+#define SLICED_TILE 16
+#define SLICED_WARPS 8
+#define SLICED_SPAN (SLICED_WARPS * GEMM_BK)  // K staged per round
+#define SLICED_APITCH 18  // staged A row (16 rows of the tile): even for the 2-float loads,
+                          // 18 spreads a store's 16 steps over 16 banks
+#define SLICED_BPITCH 20  // staged B row: a multiple of 4 for the 4-float loads
+
+extern "C" __global__ void __launch_bounds__(256, 3)
+    gemm_f32_sliced(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
+                    const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
+                    int trans_a, int trans_b, float alpha, float beta, int relu) {
+    __shared__ __align__(16) float as[SLICED_WARPS][GEMM_BK][SLICED_APITCH];  // [slice][step][row]
+    __shared__ __align__(16) float bs[SLICED_WARPS][GEMM_BK][SLICED_BPITCH];  // [slice][step][column]
+    const int g = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int ty = lane / 4, tx = lane % 4;  // rows 2·ty + i (i < 2), columns 4·tx + j (j < 4)
+    const int m0 = blockIdx.y * SLICED_TILE, n0 = blockIdx.x * SLICED_TILE;
+    float acc[2][4], carry[2][4];
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = carry[i][j] = 0.0f;
+
+    // This thread's r-th element of a round's A is at (row, step) = (a_row + r·a_drow,
+    // a_step + r·a_dstep), of B at (b_step + r·b_dstep, b_col + r·b_dcol): lanes walk global
+    // memory contiguously in either layout, and both the global and the shared addresses are a
+    // base plus r times a stride.
+    const int tid = threadIdx.x;
+    const int a_row = trans_a ? tid % SLICED_TILE : tid / SLICED_SPAN, a_drow = trans_a ? 0 : 256 / SLICED_SPAN;
+    const int a_step = trans_a ? tid / SLICED_TILE : tid % SLICED_SPAN, a_dstep = trans_a ? 256 / SLICED_TILE : 0;
+    const int b_step = trans_b ? tid % SLICED_SPAN : tid / SLICED_TILE, b_dstep = trans_b ? 0 : 256 / SLICED_TILE;
+    const int b_col = trans_b ? tid / SLICED_SPAN : tid % SLICED_TILE, b_dcol = trans_b ? 256 / SLICED_SPAN : 0;
+    const long long a_rs = trans_a ? 1 : lda, a_ks = trans_a ? lda : 1;  // A's element (row, step) strides
+    const long long b_ks = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
+    const long long a_dr = a_drow * a_rs + a_dstep * a_ks, b_dr = b_dstep * b_ks + b_dcol * b_cs;
+    const float* a_base = a + (m0 + a_row) * a_rs + a_step * a_ks;
+    const float* b_base = b + b_step * b_ks + (n0 + b_col) * b_cs;
+    float* as_at = &as[0][0][0] + a_step * SLICED_APITCH + a_row;  // [slice][step] rows are consecutive
+    float* bs_at = &bs[0][0][0] + b_step * SLICED_BPITCH + b_col;
+    const int as_dr = a_dstep * SLICED_APITCH + a_drow, bs_dr = b_dstep * SLICED_BPITCH + b_dcol;
+    float ra[8], rb[8];
+    auto fetch = [&](int k0) {
+        SIMT_UNROLL
+        for (int r = 0; r < 8; ++r) {
+            const bool a_in = m0 + a_row + r * a_drow < m && k0 + a_step + r * a_dstep < k;
+            const bool b_in = n0 + b_col + r * b_dcol < n && k0 + b_step + r * b_dstep < k;
+            ra[r] = a_in ? a_base[k0 * a_ks + r * a_dr] : 0.0f;
+            rb[r] = b_in ? b_base[k0 * b_ks + r * b_dr] : 0.0f;
+        }
+    };
+    if (k > 0) fetch(0);
+    for (int k0 = 0; k0 < k; k0 += SLICED_SPAN) {
+        SIMT_UNROLL
+        for (int r = 0; r < 8; ++r) {
+            as_at[r * as_dr] = ra[r];
+            bs_at[r * bs_dr] = rb[r];
+        }
+        __syncthreads();
+        if (k0 + SLICED_SPAN < k) fetch(k0 + SLICED_SPAN);
+        if (k0 + GEMM_BK * g < k) {  // warp-uniform: this warp's slice holds steps of K
+            float part[2][4];
+            for (int i = 0; i < 2; ++i)
+                for (int j = 0; j < 4; ++j) part[i][j] = 0.0f;
+            for (int kk = 0; kk < GEMM_BK; ++kk) {
+                const float2 av = *reinterpret_cast<const float2*>(&as[g][kk][2 * ty]);
+                const float4 bv = *reinterpret_cast<const float4*>(&bs[g][kk][4 * tx]);
+                const float ar[2] = {av.x, av.y}, br[4] = {bv.x, bv.y, bv.z, bv.w};
+                for (int i = 0; i < 2; ++i)
+                    for (int j = 0; j < 4; ++j) part[i][j] = fmaf(ar[i], br[j], part[i][j]);
+            }
+            for (int i = 0; i < 2; ++i)
+                for (int j = 0; j < 4; ++j) {
+                    const float y = part[i][j] - carry[i][j];
+                    const float t = acc[i][j] + y;
+                    carry[i][j] = (t - acc[i][j]) - y;
+                    acc[i][j] = t;
+                }
+        }
+        __syncthreads();
+    }
+
+    // The warps' sums, added in warp order (compensated), one element a thread.
+    float* sums = &as[0][0][0];  // [warp][row][column], SLICED_WARPS·256 ≤ as's floats
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j)
+            sums[(g * SLICED_TILE + 2 * ty + i) * SLICED_TILE + 4 * tx + j] = acc[i][j] - carry[i][j];
+    __syncthreads();
+    const int row = threadIdx.x / SLICED_TILE, col = threadIdx.x % SLICED_TILE;
+    const int gm = m0 + row, gn = n0 + col;
+    if (gm >= m || gn >= n) return;
+    float sum = 0.0f, comp = 0.0f;
+    for (int w = 0; w < SLICED_WARPS; ++w) {
+        const float y = sums[(w * SLICED_TILE + row) * SLICED_TILE + col] - comp;
+        const float t = sum + y;
+        comp = (t - sum) - y;
+        sum = t;
+    }
+    gemm_epilogue(c, bias_or_null, gm, gn, ldc, sum - comp, alpha, beta, relu);
 }
 
 #define WMMA_LDA 24  // 16 + 8 halves: a 48-byte row stride spreads shared-memory banks

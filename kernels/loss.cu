@@ -81,24 +81,35 @@ NANODDP_ENTRY_EACH_TYPE(softmax_cross_entropy, (256),
 //     of the layer whose ReLU made h)
 // Every value the unfused operations round to T is rounded to T here, at the same place.
 //
-// Launch: one block of 256 threads per HEAD_ROWS rows, dynamic shared memory for the block's
-// rows of h and of dh, w and the logits' gradient (head_shared_floats; the host keeps it
-// under 48 KiB: classes ≤ 32, hidden up to about 300). Each block stages its rows of h and all of w
-// (rows padded by one word: the dot products' lanes walk rows hidden apart), computes its
-// logits (one thread per (row, class)), one warp per row for the softmax, then dh (one
-// thread per (row, k)) and its rows' share of dw, db and dh_bias. With more than one block, each
-// writes its share and its statistics to the scratch area and the last to finish adds them
-// in block order (split_sum.cuh): the same bits on every run. At LeNet's batch 256: 32
-// blocks of 8 rows; FLOPs 3·2·256·10·128 = 2 M, bytes ~200 KB (h read, dh written, 5 KB of w per
-// block): launch latency is the whole cost, as for the kernels it replaces, once instead of
-// seven times.
+// Launch: one block of HEAD_THREADS (512) per HEAD_ROWS (32) rows, dynamic shared memory for
+// the block's rows of h and of dh, all of w and the rows' logits (head_shared_floats; the
+// host keeps it under 48 KiB and the rows at most HEAD_MAX_PITCH: classes ≤ 32, hidden up to
+// 144). Rows are padded to a multiple of 16 floats plus four (head_pitch; zeros past hidden):
+// the logits' dot products take whole blocks of 16 in 4-float shared loads, two blocks in
+// flight, and eight lanes of a load reading eight classes' rows hit 32 different banks. Loops
+// over the block's rows run over all HEAD_ROWS (rows past the batch are zero) and unroll.
+// Then the softmax, one warp per row; dh, a thread per column for eight rows, its classes'
+// weights read once; and the block's rows added into its share of dw, db and dh_bias, an
+// element a thread at a time. With more
+// than one block, each writes its share and its statistics to the scratch area and the last
+// to finish adds them in block order (split_sum.cuh): the same bits on every run. At LeNet's
+// batch 256: 8 blocks, one level; FLOPs 3·2·256·10·128 = 2 M, bytes ~200 KB (h read, dh
+// written, w per block). Fewer, longer blocks (one for the batch) put about 400 K warp
+// instructions on one SM; 32 blocks of 8 rows repeated w's staging and the share's 1,418
+// elements per 8 rows, and spent an H100's 21 µs on it.
 #include "split_sum.cuh"
 
-#define HEAD_ROWS 8
+#define HEAD_ROWS 16
+#define HEAD_THREADS 512
+#define HEAD_MAX_PITCH 160  // a staged row's floats at most (a multiple of 32): hidden ≤ 144
+
+// A staged row's floats: hidden rounded up to a multiple of 16 (the dot products' blocks,
+// zeros past hidden), plus 4.
+__host__ __device__ __forceinline__ int head_pitch(int hidden) { return (hidden + 15) / 16 * 16 + 4; }
 
 // Floats of dynamic shared memory a block of softmax_head uses.
 __host__ __device__ __forceinline__ int head_shared_floats(int hidden, int classes) {
-    return (2 * HEAD_ROWS + classes) * (hidden + 1) + HEAD_ROWS * classes;
+    return (2 * HEAD_ROWS + classes) * head_pitch(hidden) + HEAD_ROWS * classes;
 }
 
 // Element e of a block's share (dw, then db, then dh_bias) to its place.
@@ -107,6 +118,27 @@ __device__ __forceinline__ void head_result(float* __restrict__ dw, float* __res
     if (e < classes * hidden) dw[e] = s;
     else if (e < classes * hidden + classes) db[e - classes * hidden] = s;
     else dh_bias[e - classes * hidden - classes] = s;
+}
+
+// acc += part, compensated (Kahan: carry holds what the additions rounded away).
+__device__ __forceinline__ void head_kahan(float& acc, float& carry, float part) {
+    const float y = part - carry, t = acc + y;
+    carry = (t - acc) - y;
+    acc = t;
+}
+
+// Σ a[k]·b[k] over one block of 16 floats (4 float4s from q0), into a fresh register.
+__device__ __forceinline__ float head_dot16(const float4* __restrict__ a, const float4* __restrict__ b, int q0) {
+    float p = 0.0f;
+    SIMT_UNROLL
+    for (int q = q0; q < q0 + 4; ++q) {
+        const float4 x = a[q], y = b[q];
+        p = fmaf(x.x, y.x, p);
+        p = fmaf(x.y, y.y, p);
+        p = fmaf(x.z, y.z, p);
+        p = fmaf(x.w, y.w, p);
+    }
+    return p;
 }
 
 template <class T>
@@ -121,50 +153,61 @@ __device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* _
     SIMT_DYNAMIC_SHARED(float, head_shared);
     __shared__ double row_loss[HEAD_ROWS];
     __shared__ int row_correct[HEAD_ROWS];
-    const int pitch = hidden + 1;
+    const int pitch = head_pitch(hidden), blocks16 = (hidden + 15) / 16;
     float* hs = head_shared;                          // [HEAD_ROWS][pitch]
     float* ws = hs + HEAD_ROWS * pitch;               // [classes][pitch]
     float* zs = ws + classes * pitch;                 // [HEAD_ROWS][classes]: logits, then their gradient
     float* ds = zs + HEAD_ROWS * classes;             // [HEAD_ROWS][pitch]: dh, as T rounds it
     const int r0 = blockIdx.x * HEAD_ROWS, nr = min(HEAD_ROWS, rows - r0);
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid % 32;
     const bool grad = d_logits != nullptr;
     if (grad && grad_scale_at) grad_scale = *grad_scale_at;
 
-    for (int e = tid; e < HEAD_ROWS * hidden; e += blockDim.x) {
-        const int i = e / hidden, k = e % hidden;
-        hs[i * pitch + k] = i < nr ? (float)h[(long long)(r0 + i) * hidden + k] : 0.0f;
+    // The block's rows of h, then all of w (hs and ws are one array), zero past hidden and
+    // past the last row: a warp per row, a row's loads in flight together.
+    for (int i = tid / 32; i < HEAD_ROWS + classes; i += HEAD_THREADS / 32) {
+        float v[HEAD_MAX_PITCH / 32];
+        SIMT_UNROLL
+        for (int u = 0; u < HEAD_MAX_PITCH / 32; ++u) {
+            const int k = lane + 32 * u;
+            v[u] = 0.0f;
+            if (k < hidden) {
+                if (i < nr) v[u] = (float)h[(long long)(r0 + i) * hidden + k];
+                else if (i >= HEAD_ROWS) v[u] = (float)w[(i - HEAD_ROWS) * hidden + k];
+            }
+        }
+        SIMT_UNROLL
+        for (int u = 0; u < HEAD_MAX_PITCH / 32; ++u)
+            if (lane + 32 * u < pitch) hs[i * pitch + lane + 32 * u] = v[u];
     }
-    for (int e = tid; e < classes * hidden; e += blockDim.x) ws[(e / hidden) * pitch + e % hidden] = (float)w[e];
     __syncthreads();
 
-    // Logits: blocks of 16 products into a fresh register, added with compensation.
-    for (int e = tid; e < nr * classes; e += blockDim.x) {
+    // Logits: blocks of 16 products, each into a fresh register (two in flight), added with
+    // compensation in order.
+    for (int e = tid; e < nr * classes; e += HEAD_THREADS) {
         const int i = e / classes, c = e % classes;
-        const float* hr = hs + i * pitch;
-        const float* wr = ws + c * pitch;
-        float acc = 0.0f, carry = 0.0f;
-        for (int k0 = 0; k0 < hidden; k0 += 16) {
-            float part = 0.0f;
-            const int k1 = min(hidden, k0 + 16);
-            for (int k = k0; k < k1; ++k) part = fmaf(hr[k], wr[k], part);
-            const float y = part - carry, t = acc + y;
-            carry = (t - acc) - y;
-            acc = t;
+        const float4* hr = reinterpret_cast<const float4*>(hs + i * pitch);
+        const float4* wr = reinterpret_cast<const float4*>(ws + c * pitch);
+        float sum = 0.0f, comp = 0.0f;
+        for (int j = 0; j < blocks16; j += 2) {
+            const float p0 = head_dot16(hr, wr, 4 * j), p1 = j + 1 < blocks16 ? head_dot16(hr, wr, 4 * j + 4) : 0.0f;
+            head_kahan(sum, comp, p0);
+            if (j + 1 < blocks16) head_kahan(sum, comp, p1);
         }
-        const T z = (T)(acc + b[c]);
+        const T z = (T)(sum + b[c]);
         logits[(long long)(r0 + i) * classes + c] = z;
         zs[i * classes + c] = (float)z;
     }
     __syncthreads();
 
     // Softmax cross-entropy: one warp per row, as softmax_cross_entropy.
-    const int lane = tid % 32;
-    for (int i = tid / 32; i < HEAD_ROWS; i += blockDim.x / 32) {
-        if (i >= nr) {
+    for (int i = tid / 32; i < HEAD_ROWS; i += HEAD_THREADS / 32) {
+        if (i >= nr) {  // a row past the batch: zero gradient, so that sums over all HEAD_ROWS rows skip it
+            if (lane < classes) zs[i * classes + lane] = 0.0f;
             if (lane == 0) row_loss[i] = 0.0, row_correct[i] = 0;
             continue;
         }
+        const int label = labels[r0 + i];
         const float* z = zs + i * classes;
         float best = __int_as_float(0xff800000);  // -inf
         int arg = classes;
@@ -179,7 +222,6 @@ __device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* _
         }
         float sum = lane < classes ? expf(z[lane] - best) : 0.0f;
         for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        const int label = labels[r0 + i];
         const bool valid = label < classes;
         const float zl = valid ? z[label] : 0.0f;
         __syncwarp();  // every lane has read this row's logits before they are overwritten
@@ -198,34 +240,52 @@ __device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* _
     }
     __syncthreads();
 
-    // A block's share of dw, then db, then dh_bias.
+    // dh: a thread per column k for rows g, g + 4, ..., g + 28 (g = tid / 128), its classes'
+    // weights read once for the eight.
     const int elems = grad ? classes * hidden + classes + hidden : 0;
+    if (grad) {
+        constexpr int GROUPS = HEAD_THREADS / 128, PER = HEAD_ROWS / GROUPS;
+        const int g = tid / 128;
+        for (int k = tid % 128; k < hidden; k += 128) {
+            float s[PER];
+            SIMT_UNROLL
+            for (int u = 0; u < PER; ++u) s[u] = 0.0f;
+            for (int c = 0; c < classes; ++c) {
+                const float wk = ws[c * pitch + k];
+                SIMT_UNROLL
+                for (int u = 0; u < PER; ++u) s[u] = fmaf(zs[(g + GROUPS * u) * classes + c], wk, s[u]);
+            }
+            SIMT_UNROLL
+            for (int u = 0; u < PER; ++u) {
+                const int i = g + GROUPS * u;
+                const T d = hs[i * pitch + k] > 0.0f ? (T)s[u] : (T)0.0f;
+                if (i < nr) dh[(long long)(r0 + i) * hidden + k] = d;
+                ds[i * pitch + k] = i < nr ? (float)d : 0.0f;
+            }
+        }
+        __syncthreads();
+    }
+
+    // The block's share of dw, then db, then dh_bias: its rows added in order, over all
+    // HEAD_ROWS rows (those past the batch are zero in zs, hs and ds) so that the loops unroll.
     const int splits = gridDim.x;
     float* partial_stats = scratch;                  // [splits][3]: Σ loss (hi, lo), correct
     float* partials = scratch + 3 * splits;          // [splits + groups][elems]
-    if (grad) {
-        for (int e = tid; e < nr * hidden; e += blockDim.x) {
-            const int i = e / hidden, k = e % hidden;
-            float s = 0.0f;
-            for (int c = 0; c < classes; ++c) s = fmaf(zs[i * classes + c], ws[c * pitch + k], s);
-            const T d = hs[i * pitch + k] > 0.0f ? (T)s : (T)0.0f;
-            dh[(long long)(r0 + i) * hidden + k] = d;
-            ds[i * pitch + k] = (float)d;
+    for (int e = tid; e < elems; e += HEAD_THREADS) {
+        float s = 0.0f;
+        if (e < classes * hidden) {
+            const int c = e / hidden, k = e % hidden;
+            SIMT_UNROLL
+            for (int i = 0; i < HEAD_ROWS; ++i) s = fmaf(zs[i * classes + c], hs[i * pitch + k], s);
+        } else if (e < classes * hidden + classes) {
+            SIMT_UNROLL
+            for (int i = 0; i < HEAD_ROWS; ++i) s += zs[i * classes + (e - classes * hidden)];
+        } else {
+            SIMT_UNROLL
+            for (int i = 0; i < HEAD_ROWS; ++i) s += ds[i * pitch + (e - classes * hidden - classes)];
         }
-        __syncthreads();
-        for (int e = tid; e < elems; e += blockDim.x) {
-            float s = 0.0f;
-            if (e < classes * hidden) {
-                const int c = e / hidden, k = e % hidden;
-                for (int i = 0; i < nr; ++i) s = fmaf(zs[i * classes + c], hs[i * pitch + k], s);
-            } else if (e < classes * hidden + classes) {
-                for (int i = 0; i < nr; ++i) s += zs[i * classes + (e - classes * hidden)];
-            } else {
-                for (int i = 0; i < nr; ++i) s += ds[i * pitch + (e - classes * hidden - classes)];
-            }
-            if (splits == 1) head_result(dw, db, dh_bias, hidden, classes, e, s);
-            else partials[(long long)blockIdx.x * elems + e] = s;
-        }
+        if (splits == 1) head_result(dw, db, dh_bias, hidden, classes, e, s);
+        else partials[(long long)blockIdx.x * elems + e] = s;
     }
     // The block's statistics, in row order.
     double block_loss = 0.0;
@@ -256,7 +316,7 @@ __device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* _
         partial_stats[blockIdx.x * 3 + 2] = (float)block_correct;
     }
     split_reduce(counters, 0, blockIdx.x, splits, [&](int first, int count, int into) {
-        split_sum_each<4>(partials, elems, first, count, tid, elems, (int)blockDim.x,
+        split_sum_each<4>(partials, elems, first, count, tid, elems, HEAD_THREADS,
                           [](int e) -> long long { return e; }, [&](int e, float s) {
                               if (into >= 0) partials[(long long)into * elems + e] = s;
                               else head_result(dw, db, dh_bias, hidden, classes, e, s);
@@ -273,7 +333,7 @@ __device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* _
     });
 }
 
-NANODDP_ENTRY_EACH_TYPE(softmax_head, (256),
+NANODDP_ENTRY_EACH_TYPE(softmax_head, (512, 1),
     (const T* __restrict__ h, const T* __restrict__ w, const float* __restrict__ b,
      const unsigned char* __restrict__ labels, T* __restrict__ logits, float* __restrict__ loss,
      float* __restrict__ stats, int accumulate, T* __restrict__ d_logits_or_null, float* __restrict__ dw_or_null,

@@ -19,9 +19,11 @@ use nanoddp::backend::{
 };
 use nanoddp::kernels::Scalar;
 
-/// (M, N, K): 1s, primes, non-multiples of the 64x64x16 tiles, and LeNet's layers at
-/// batch 257 (forward fc1/fc2/fc3 and the weight-gradient shape of fc1).
-const SHAPES: [(usize, usize, usize); 9] = [
+/// (M, N, K): 1s, primes, non-multiples of the 64x64x16 tiles, LeNet's layers at batch 257
+/// (forward fc1/fc2/fc3 and the weight-gradient shape of fc1), and one product with enough
+/// 64x64 tiles (11 x 12) that the CUDA backend's f32 kernel takes those rather than 16x16
+/// tiles with K cut among warps (`gemm_f32_sliced`, which the smaller ones take).
+const SHAPES: [(usize, usize, usize); 10] = [
     (1, 1, 1),
     (7, 13, 5),
     (65, 63, 17),
@@ -31,6 +33,7 @@ const SHAPES: [(usize, usize, usize); 9] = [
     (257, 84, 120),
     (257, 10, 84),
     (120, 256, 257),
+    (701, 743, 9),
 ];
 
 /// (shape, with a bias, epilogue).

@@ -21,7 +21,9 @@ use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Memory, Pool2dShape,
     Precision, PrecisionOp,
 };
-use crate::kernels::{elementwise as ew, optim as optim_kernels, step, KernelSignature, Scalar};
+use crate::kernels::{
+    elementwise as ew, gemm, optim as optim_kernels, step, KernelSignature, Scalar,
+};
 
 fn i32_arg(v: usize) -> KernelArg {
     // Shapes are validated to fit i32 before any launch.
@@ -400,16 +402,22 @@ impl ConvTile {
     }
 }
 
-/// Blocks a GEMM with few tiles of C aims for, by splitting K (`kernels/gemm.cu`): a constant,
-/// so the split, and with it every bit of the result, is the same on every GPU.
+/// Blocks a GEMM aims for (`kernels/gemm.cu`): a product with fewer 64x64 tiles of C takes
+/// the f32 kernel with smaller tiles, or, with 16-bit inputs, splits K. A constant, so the
+/// kernel and the split, and with them every bit of the result, are the same on every GPU.
 const GEMM_BLOCKS: usize = 128;
 
-/// The K range each block of a GEMM multiplies over: all of K (no split) for a product with
-/// enough tiles, else K cut into ranges of at least 32 (a multiple of the kernels' 16-step
-/// slices) for about [`GEMM_BLOCKS`] blocks, as many as the scratch area holds
-/// ([`split_fits`]).
+/// 64x64 tiles of an M x N product.
+fn gemm_tiles(m: usize, n: usize) -> usize {
+    m.div_ceil(64) * n.div_ceil(64)
+}
+
+/// The K range each block of a tensor-core GEMM multiplies over: all of K (no split) for a
+/// product with enough tiles, else K cut into ranges of at least 32 (a multiple of the
+/// kernels' 16-step slices) for about [`GEMM_BLOCKS`] blocks, as many as the scratch area
+/// holds ([`split_fits`]).
 fn gemm_k_per_split(m: usize, n: usize, k: usize) -> usize {
-    let tiles = m.div_ceil(64) * n.div_ceil(64);
+    let tiles = gemm_tiles(m, n);
     let whole = k.max(1);
     if tiles >= GEMM_BLOCKS || k < 64 {
         return whole;
@@ -507,19 +515,30 @@ fn launch_gather<D: KernelDevice, T: Precision>(
 }
 
 /// Rows of the batch per block of `softmax_head` (`HEAD_ROWS` in `kernels/loss.cu`).
-const HEAD_ROWS: usize = 8;
+const HEAD_ROWS: usize = 16;
+/// Threads per block of `softmax_head` (`HEAD_THREADS`).
+const HEAD_THREADS: usize = 512;
+/// A `softmax_head` block's staged rows' floats at most (`HEAD_MAX_PITCH`).
+const HEAD_MAX_PITCH: usize = 160;
+
+/// A staged row's floats in `softmax_head`: `hidden` rounded up to a multiple of 16, plus
+/// four (`head_pitch` in `kernels/loss.cu`).
+fn head_pitch(hidden: usize) -> usize {
+    hidden.next_multiple_of(16) + 4
+}
 
 /// Floats of dynamic shared memory a `softmax_head` block uses: its rows of h and of dh and
-/// all of w, rows padded by one, and its rows' logits (`head_shared_floats` in
+/// all of w ([`head_pitch`] floats a row), and its rows' logits (`head_shared_floats` in
 /// `kernels/loss.cu`).
 fn head_shared_floats(hidden: usize, classes: usize) -> usize {
-    (2 * HEAD_ROWS + classes) * (hidden + 1) + HEAD_ROWS * classes
+    (2 * HEAD_ROWS + classes) * head_pitch(hidden) + HEAD_ROWS * classes
 }
 
 /// Whether `softmax_head` runs a head of these sizes: a warp per row holds the classes (at
 /// most 32), a block's shared memory (with 1 KiB for its few hundred static bytes) fits the
-/// 48 KiB every GPU grants without opting in, and the scratch area holds the blocks' shares
-/// of the gradients and statistics (3 floats a block) in a split reduction ([`split_fits`]).
+/// 48 KiB every GPU grants without opting in, its rows fit [`HEAD_MAX_PITCH`], and the
+/// scratch area holds the blocks' shares of the gradients and statistics (3 floats a block)
+/// in a split reduction ([`split_fits`]).
 fn head_fits(rows: usize, hidden: usize, classes: usize, grad: bool) -> bool {
     let splits = rows.div_ceil(HEAD_ROWS);
     let share = if grad {
@@ -529,6 +548,7 @@ fn head_fits(rows: usize, hidden: usize, classes: usize, grad: bool) -> bool {
     };
     let stats = 3 * splits;
     classes <= 32
+        && head_pitch(hidden) <= HEAD_MAX_PITCH
         && head_shared_floats(hidden, classes) * 4 + 1024 <= 48 << 10
         && stats < SCRATCH_FLOATS
         && split_fits_with(splits, 1, share, SCRATCH_FLOATS - stats)
@@ -695,13 +715,29 @@ impl<D: KernelDevice> BackendImpl for D {
 
     fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, D, A, O>>) -> OpResult {
         let kernel = gemm_kernel(A::DTYPE, O::DTYPE)?;
-        // 64x64 tiles of C: 256 threads on CUDA cores, 4 warps of wmma fragments for half.
-        let threads = if A::DTYPE.is_half() { 128 } else { 256 };
         let (m, n, k) = (op.shape.m, op.shape.n, op.shape.k);
+        if !A::DTYPE.is_half() {
+            // 64x64 tiles where there are enough of them, else 16x16 tiles with K cut among
+            // each block's warps (`gemm_f32_sliced`).
+            let (kernel, tile) = if gemm_tiles(m, n) >= GEMM_BLOCKS {
+                (kernel, 64)
+            } else {
+                (&gemm::GEMM_F32_SLICED, 16)
+            };
+            let cfg = LaunchConfig {
+                grid: (blocks(n, tile), blocks(m, tile), 1),
+                block: (256, 1, 1),
+                shared_bytes: 0,
+            };
+            let args = gemm_args(op.into_inner());
+            // SAFETY: see the module docs.
+            return unsafe { self.launch(kernel, cfg, &args) };
+        }
+        // 64x64 tiles of C, 4 warps of wmma fragments.
         let per = gemm_k_per_split(m, n, k);
         let cfg = LaunchConfig {
             grid: (blocks(n, 64), blocks(m, 64), blocks(k, per)),
-            block: (threads, 1, 1),
+            block: (128, 1, 1),
             shared_bytes: 0,
         };
         let mut args = gemm_args(op.into_inner());
@@ -934,7 +970,7 @@ impl<D: KernelDevice> BackendImpl for D {
         args.extend(self.scratch()?);
         let cfg = LaunchConfig {
             grid: (blocks(rows, HEAD_ROWS), 1, 1),
-            block: (256, 1, 1),
+            block: (HEAD_THREADS as u32, 1, 1),
             shared_bytes: (head_shared_floats(hidden, classes) * 4) as u32,
         };
         // SAFETY: see the module docs; head_fits checked the shared memory and the scratch
