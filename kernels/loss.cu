@@ -81,25 +81,25 @@ NANODDP_ENTRY_EACH_TYPE(softmax_cross_entropy, (256),
 //     of the layer whose ReLU made h)
 // Every value the unfused operations round to T is rounded to T here, at the same place.
 //
-// Launch: one block of HEAD_THREADS (512) per HEAD_ROWS (32) rows, dynamic shared memory for
+// Launch: one block of HEAD_THREADS (512) per HEAD_ROWS (8) rows, dynamic shared memory for
 // the block's rows of h and of dh, all of w and the rows' logits (head_shared_floats; the
 // host keeps it under 48 KiB and the rows at most HEAD_MAX_PITCH: classes ≤ 32, hidden up to
 // 144). Rows are padded to a multiple of 16 floats plus four (head_pitch; zeros past hidden):
 // the logits' dot products take whole blocks of 16 in 4-float shared loads, two blocks in
 // flight, and eight lanes of a load reading eight classes' rows hit 32 different banks. Loops
 // over the block's rows run over all HEAD_ROWS (rows past the batch are zero) and unroll.
-// Then the softmax, one warp per row; dh, a thread per column for eight rows, its classes'
+// Then the softmax, one warp per row; dh, a thread per column for two rows, its classes'
 // weights read once; and the block's rows added into its share of dw, db and dh_bias, an
-// element a thread at a time. With more
-// than one block, each writes its share and its statistics to the scratch area and the last
-// to finish adds them in block order (split_sum.cuh): the same bits on every run. At LeNet's
-// batch 256: 8 blocks, one level; FLOPs 3·2·256·10·128 = 2 M, bytes ~200 KB (h read, dh
-// written, w per block). Fewer, longer blocks (one for the batch) put about 400 K warp
-// instructions on one SM; 32 blocks of 8 rows repeated w's staging and the share's 1,418
-// elements per 8 rows, and spent an H100's 21 µs on it.
+// element a thread at a time. With more than one block, each writes its share and its
+// statistics to the scratch area and the last to finish adds them in block order
+// (split_sum.cuh): the same bits on every run. At LeNet's batch 256: 32 blocks; FLOPs
+// 3·2·256·10·128 = 2 M, bytes ~200 KB (h read, dh written, w per block). The kernel is a
+// chain of short dependent steps, so its time follows the instructions of a block's longest
+// warp: on an H100 (ncu, one fp32 step) 14.8 µs at 8 rows a block, 18.6 at 16 and 20.4 at
+// 32 (21.0 for the 256-thread kernel before, at 8 rows a block).
 #include "split_sum.cuh"
 
-#define HEAD_ROWS 16
+#define HEAD_ROWS 8
 #define HEAD_THREADS 512
 #define HEAD_MAX_PITCH 160  // a staged row's floats at most (a multiple of 32): hidden ≤ 144
 

@@ -97,20 +97,25 @@ __device__ __forceinline__ int split_group(int splits) {
 }
 
 // Whether this block is the last of `expected` to arrive at `counter` (then it resets it).
-// Every thread of the block calls it, after the block's writes it must publish.
+// Every thread of the block calls it, after the block's writes it must publish. One thread
+// fences and counts for the block: the barrier orders every thread's writes before its fence
+// (fences are cumulative in the PTX memory model, the pattern of CUTLASS's semaphore), and
+// the last block's reads come after its fence and the barrier that follows. Every thread
+// fencing made each wait for its own writes, 256 round trips where one does.
 __device__ __forceinline__ bool split_arrive_last(int* __restrict__ counter, int expected) {
     __shared__ int last;
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence();  // the block's writes, then the count
         const int done = atomicAdd(counter, 1);
         last = done == expected - 1;
-        if (last) *counter = 0;  // ready for the next launch
+        if (last) {
+            *counter = 0;     // ready for the next launch
+            __threadfence();  // the other blocks' writes, before this block reads them
+        }
     }
     __syncthreads();
-    const bool is_last = last;
-    __threadfence();
-    return is_last;
+    return last;
 }
 
 // After this block wrote slot `s` of `splits` for tile `tile`: the two levels above.

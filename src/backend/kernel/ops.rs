@@ -515,7 +515,7 @@ fn launch_gather<D: KernelDevice, T: Precision>(
 }
 
 /// Rows of the batch per block of `softmax_head` (`HEAD_ROWS` in `kernels/loss.cu`).
-const HEAD_ROWS: usize = 16;
+const HEAD_ROWS: usize = 8;
 /// Threads per block of `softmax_head` (`HEAD_THREADS`).
 const HEAD_THREADS: usize = 512;
 /// A `softmax_head` block's staged rows' floats at most (`HEAD_MAX_PITCH`).
