@@ -44,8 +44,10 @@
 //   FLOPs per round 2·16·16·128 against 2·16·128·4 B staged: 4 FLOP/B from L2, enough for
 //   products of a few µs whose operands L2 holds. LeNet at batch 256: fc1's forward
 //   (256 x 128, K 800) 128 blocks of 7 rounds, its input gradient (256 x 800, K 128) 800
-//   blocks of 1, its weight gradient (128 x 800, K 256) 400 blocks of 2.
-//   Launch: grid (ceil(N/16), ceil(M/16)), block 256.
+//   blocks of 1, its weight gradient (128 x 800, K 256) 400 blocks of 2. Measured on an H100
+//   (ncu, one training step): 9.4, 8.4 and 8.8 µs, 52 MFLOP each: 5.6-6.2 TFLOP/s, 8-9% of
+//   the fp32 FMA rate, latency-bound (a block's chain of rounds).
+//   Launch: grid (ceil(N/16), ceil(M/16)), block 256 (79 registers: three blocks an SM).
 //
 // gemm_{f16,bf16}_wmma_{f32,f16,bf16}out — tensor cores through nvcuda::wmma, 16-bit in
 //   (fp16 or bf16, both exact in the f32 accumulators' products), float accumulate, out in

@@ -95,8 +95,7 @@ NANODDP_ENTRY_EACH_TYPE(softmax_cross_entropy, (256),
 // (split_sum.cuh): the same bits on every run. At LeNet's batch 256: 32 blocks; FLOPs
 // 3·2·256·10·128 = 2 M, bytes ~200 KB (h read, dh written, w per block). The kernel is a
 // chain of short dependent steps, so its time follows the instructions of a block's longest
-// warp: on an H100 (ncu, one fp32 step) 14.8 µs at 8 rows a block, 18.6 at 16 and 20.4 at
-// 32 (21.0 for the 256-thread kernel before, at 8 rows a block).
+// warp: on an H100 (ncu, one fp32 step) 14.8 µs at 8 rows a block, 18.6 at 16 and 20.4 at 32.
 #include "split_sum.cuh"
 
 #define HEAD_ROWS 8

@@ -100,8 +100,8 @@ __device__ __forceinline__ int split_group(int splits) {
 // Every thread of the block calls it, after the block's writes it must publish. One thread
 // fences and counts for the block: the barrier orders every thread's writes before its fence
 // (fences are cumulative in the PTX memory model, the pattern of CUTLASS's semaphore), and
-// the last block's reads come after its fence and the barrier that follows. Every thread
-// fencing made each wait for its own writes, 256 round trips where one does.
+// the last block's reads come after its fence and the barrier that follows: one fence a
+// block, not one a thread.
 __device__ __forceinline__ bool split_arrive_last(int* __restrict__ counter, int expected) {
     __shared__ int last;
     __syncthreads();
