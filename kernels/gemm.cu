@@ -110,6 +110,40 @@ __device__ __forceinline__ void gemm_add_partials(float* __restrict__ scratch, i
     });
 }
 
+// acc += one staged 16-step slice's products for this thread's TM x 4 elements: a points at
+// its first row in step 0 (TM consecutive floats, one vector load a step), b at its first
+// column (4 floats), a_pitch and b_pitch floats from one step to the next. The slice's
+// products go into fresh registers, then join acc through a Kahan sum (carry): see the header.
+template <int TM>
+__device__ __forceinline__ void gemm_slice(const float* __restrict__ a, int a_pitch, const float* __restrict__ b,
+                                           int b_pitch, float (&acc)[TM][4], float (&carry)[TM][4]) {
+    static_assert(TM == 2 || TM == 4, "rows a thread: one 2- or 4-float load");
+    float part[TM][4];
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < 4; ++j) part[i][j] = 0.0f;
+    for (int kk = 0; kk < GEMM_BK; ++kk) {
+        float ar[TM];
+        if constexpr (TM == 4) {
+            const float4 av = *reinterpret_cast<const float4*>(a + kk * a_pitch);
+            ar[0] = av.x, ar[1] = av.y, ar[2] = av.z, ar[3] = av.w;
+        } else {
+            const float2 av = *reinterpret_cast<const float2*>(a + kk * a_pitch);
+            ar[0] = av.x, ar[1] = av.y;
+        }
+        const float4 bv = *reinterpret_cast<const float4*>(b + kk * b_pitch);
+        const float br[4] = {bv.x, bv.y, bv.z, bv.w};
+        for (int i = 0; i < TM; ++i)
+            for (int j = 0; j < 4; ++j) part[i][j] = fmaf(ar[i], br[j], part[i][j]);
+    }
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < 4; ++j) {
+            const float y = part[i][j] - carry[i][j];
+            const float t = acc[i][j] + y;
+            carry[i][j] = (t - acc[i][j]) - y;
+            acc[i][j] = t;
+        }
+}
+
 extern "C" __global__ void __launch_bounds__(256, 2)
     gemm_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
              const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc, int trans_a,
@@ -158,24 +192,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         }
         __syncthreads();
         if (k0 + GEMM_BK < k) fetch(k0 + GEMM_BK);
-        float part[4][4];
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) part[i][j] = 0.0f;
-        for (int kk = 0; kk < GEMM_BK; ++kk) {
-            // This thread's 4 rows and 4 columns, one vector load each.
-            const float4 av = *reinterpret_cast<const float4*>(&as[kk][4 * ty]);
-            const float4 bv = *reinterpret_cast<const float4*>(&bs[kk][4 * tx]);
-            const float ar[4] = {av.x, av.y, av.z, av.w}, br[4] = {bv.x, bv.y, bv.z, bv.w};
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) part[i][j] = fmaf(ar[i], br[j], part[i][j]);
-        }
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) {
-                const float y = part[i][j] - carry[i][j];
-                const float t = acc[i][j] + y;
-                carry[i][j] = (t - acc[i][j]) - y;
-                acc[i][j] = t;
-            }
+        gemm_slice<4>(&as[0][4 * ty], GEMM_BM + 4, &bs[0][4 * tx], GEMM_BN + 4, acc, carry);
         __syncthreads();
     }
 
@@ -250,25 +267,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         }
         __syncthreads();
         if (k0 + SLICED_SPAN < k) fetch(k0 + SLICED_SPAN);
-        if (k0 + GEMM_BK * g < k) {  // warp-uniform: this warp's slice holds steps of K
-            float part[2][4];
-            for (int i = 0; i < 2; ++i)
-                for (int j = 0; j < 4; ++j) part[i][j] = 0.0f;
-            for (int kk = 0; kk < GEMM_BK; ++kk) {
-                const float2 av = *reinterpret_cast<const float2*>(&as[g][kk][2 * ty]);
-                const float4 bv = *reinterpret_cast<const float4*>(&bs[g][kk][4 * tx]);
-                const float ar[2] = {av.x, av.y}, br[4] = {bv.x, bv.y, bv.z, bv.w};
-                for (int i = 0; i < 2; ++i)
-                    for (int j = 0; j < 4; ++j) part[i][j] = fmaf(ar[i], br[j], part[i][j]);
-            }
-            for (int i = 0; i < 2; ++i)
-                for (int j = 0; j < 4; ++j) {
-                    const float y = part[i][j] - carry[i][j];
-                    const float t = acc[i][j] + y;
-                    carry[i][j] = (t - acc[i][j]) - y;
-                    acc[i][j] = t;
-                }
-        }
+        if (k0 + GEMM_BK * g < k)  // warp-uniform: this warp's slice holds steps of K
+            gemm_slice<2>(&as[g][0][2 * ty], SLICED_APITCH, &bs[g][0][4 * tx], SLICED_BPITCH, acc, carry);
         __syncthreads();
     }
 
