@@ -3,7 +3,8 @@
 # release, stripped, with run.sh, the PyTorch comparison and a small Fashion-MNIST, in one
 # folder that runs on a machine with a GPU and no Rust (see tools/gpu-kit/README.md).
 #
-#   tools/gpu-kit/build.sh [--full-data] [--all-tests | --tests LIST] [BUNDLE_DIR]
+#   tools/gpu-kit/build.sh [--full-data | --subset N] [--all-tests | --tests LIST]
+#                          [--variant NAME=REV ...] [BUNDLE_DIR]
 #
 # BUNDLE_DIR defaults to target/gpu-kit ($CARGO_TARGET_DIR/gpu-kit when that is set).
 # --full-data  bundle /usr/share/datasets/fashion-mnist (30 MB) instead of the shipped
@@ -13,6 +14,13 @@
 # --tests LIST bundle only these test binaries (comma-separated names: conv,gemm,numerics):
 #              each embeds every kernel's fatbin (about 15 MB), so a kit with all of them
 #              and the full data passes 200 MB; a machine that takes 64 MB wants a few.
+# --subset N   the first N training images of /usr/share/datasets/fashion-mnist (and all
+#              10,000 test images): throughput worth comparing in a smaller kit (20,000
+#              images: 13 MB where the full set is 30 MB).
+# --variant NAME=REV  also the CLI built at git revision REV (a commit, branch or tag; built
+#              in a temporary worktree, release, stripped: about 8 MB packed), as
+#              bin/nanoddp-NAME: run.sh's variants step trains and profiles each beside the
+#              kit's own CLI, alternated in one sitting. Repeatable.
 #
 # nvcc is found as the build script (build/nvcc.rs) finds it (NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH; never with
 # NANODDP_NO_NVCC=1), then in .ci/run's venv ($NANODDP_CUDA_VENV, /opt/nanoddp-cuda-venv).
@@ -24,16 +32,26 @@ repo=$(cd "$kit_src/../.." && pwd -P)
 cd "$repo"
 
 full_data=0
+subset=""
 all_tests=0
 only_tests=""
+variants=()
 bundle=""
-expect_list=0
+expect=""
 for arg in "$@"; do
-  if [ "$expect_list" = 1 ]; then only_tests=$arg; expect_list=0; continue; fi
+  case "$expect" in
+    tests) only_tests=$arg; expect=""; continue ;;
+    subset) subset=$arg; expect=""; continue ;;
+    variant) variants+=("$arg"); expect=""; continue ;;
+  esac
   case "$arg" in
     --full-data) full_data=1 ;;
+    --subset) expect=subset ;;
+    --subset=*) subset=${arg#--subset=} ;;
+    --variant) expect=variant ;;
+    --variant=*) variants+=("${arg#--variant=}") ;;
     --all-tests) all_tests=1 ;;
-    --tests) expect_list=1 ;;
+    --tests) expect=tests ;;
     --tests=*) only_tests=${arg#--tests=} ;;
     -h|--help) sed -n '/^set -e/q; 2,$p' "$kit_src/build.sh" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "build.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
@@ -41,7 +59,24 @@ for arg in "$@"; do
        bundle=$arg ;;
   esac
 done
-[ "$expect_list" = 0 ] || { echo "build.sh: --tests needs a list (conv,gemm,...)" >&2; exit 2; }
+case "$expect" in
+  tests) echo "build.sh: --tests needs a list (conv,gemm,...)" >&2; exit 2 ;;
+  subset) echo "build.sh: --subset needs a number of images" >&2; exit 2 ;;
+  variant) echo "build.sh: --variant needs NAME=REV" >&2; exit 2 ;;
+esac
+if [ -n "$subset" ]; then
+  case "$subset" in '' | *[!0-9]* | 0) echo "build.sh: --subset takes a positive number of images" >&2; exit 2 ;; esac
+  [ "$full_data" = 0 ] || { echo "build.sh: --subset and --full-data exclude each other" >&2; exit 2; }
+fi
+for v in "${variants[@]}"; do
+  name=${v%%=*} rev=${v#*=}
+  case "$name" in '' | *[!A-Za-z0-9_.-]*)
+    echo "build.sh: --variant $v: NAME must be letters, digits, '.', '_' or '-', then =REV" >&2; exit 2 ;;
+  esac
+  if [ "$name" = "$v" ] || [ -z "$rev" ]; then echo "build.sh: --variant $v: write NAME=REV" >&2; exit 2; fi
+  git rev-parse --verify --quiet "$rev^{commit}" >/dev/null ||
+    { echo "build.sh: --variant $v: no commit $rev in this repository" >&2; exit 2; }
+done
 if [ -n "$only_tests" ] && [ "$all_tests" = 1 ]; then
   echo "build.sh: --tests and --all-tests exclude each other" >&2; exit 2
 fi
@@ -230,6 +265,25 @@ copy_binaries() {
 copy_binaries
 rmdir "$bundle/unit" 2>/dev/null || true
 
+# Each --variant: the CLI at its revision, from a temporary worktree, in a target folder the
+# variants share (the dependencies build once).
+variant_note=""
+for v in "${variants[@]}"; do
+  name=${v%%=*} rev=${v#*=}
+  tree=$(mktemp -d)
+  say "variant $name: building the CLI at $rev ($(git rev-parse --short "$rev"))"
+  git worktree add --detach --quiet "$tree" "$rev"
+  if ! (cd "$tree" && CARGO_TARGET_DIR="$repo/target/gpu-kit-variants" cargo build --release --locked --bin nanoddp); then
+    git worktree remove --force "$tree"
+    echo "build.sh: --variant $v: the build failed" >&2
+    exit 1
+  fi
+  git worktree remove --force "$tree"
+  objcopy --strip-all "$repo/target/gpu-kit-variants/release/nanoddp" "$bundle/bin/nanoddp-$name"
+  chmod 755 "$bundle/bin/nanoddp-$name"
+  variant_note="$variant_note $name=$(git rev-parse --short "$rev")"
+done
+
 # The CUDA stand-in, for run.sh's profile step: the launch profile its PTX executor counts
 # (bench kernels --backend cuda on it), whose H100 estimates the report sets beside ncu's.
 standin_lib=$(dirname "$cli")/cuda-standin/libcuda.so.1
@@ -248,6 +302,28 @@ if [ "$full_data" = 1 ]; then
     data_note="full Fashion-MNIST (60,000/10,000) from /usr/share/datasets/fashion-mnist"
   else
     say "--full-data: /usr/share/datasets/fashion-mnist not found; bundling the subset"
+  fi
+fi
+if [ -n "$subset" ]; then
+  if [ -d /usr/share/datasets/fashion-mnist ]; then
+    mkdir -p "$bundle/data/fashion-mnist"
+    python3 - /usr/share/datasets/fashion-mnist "$bundle/data/fashion-mnist" "$subset" <<'PY'
+import gzip, shutil, struct, sys
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for name, header in (("train-images-idx3-ubyte.gz", 16), ("train-labels-idx1-ubyte.gz", 8)):
+    data = gzip.open(f"{src}/{name}").read()
+    count = struct.unpack(">I", data[4:8])[0]
+    n = min(n, count)
+    item = (len(data) - header) // count
+    out = data[:4] + struct.pack(">I", n) + data[8:header] + data[header:header + n * item]
+    with gzip.open(f"{dst}/{name}", "wb", compresslevel=6) as f:
+        f.write(out)
+for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+    shutil.copy(f"{src}/{name}", f"{dst}/{name}")
+PY
+    data_note="the first $subset training images of Fashion-MNIST and its 10,000 test images (--subset)"
+  else
+    say "--subset: /usr/share/datasets/fashion-mnist not found; bundling the 3,000-image subset"
   fi
 fi
 if [ ! -d "$bundle/data/fashion-mnist" ]; then
@@ -319,6 +395,7 @@ if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then git
   echo "data=$data_note"
   echo "nvrtc=$nvrtc_note"
   echo "strip=$strip_mode"
+  echo "variants=${variant_note# }"
   echo "tests=$(for e in "${included[@]}"; do printf '%s ' "${e%%	*}"; done)"
   if [ -n "$only_tests" ]; then
     echo "not_bundled=${excluded[*]:-} (not in --tests)"

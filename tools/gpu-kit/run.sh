@@ -9,12 +9,14 @@
 #   --out FILE          the report (default ./gpu-report.md); full logs go to FILE's name
 #                       without .md plus .logs/ (default ./gpu-report.logs/)
 #   --steps LIST        comma-separated, in this order when run: system, tests, train, bench,
-#                       profile, torch, sanitizer (default: all)
+#                       profile, variants, torch, sanitizer (default: all)
 #   --tests LIST        with the tests step: only these binaries (e.g. conv,pool,train)
 #   --data DIR          Fashion-MNIST for the train and PyTorch steps (default: the kit's
 #                       data/fashion-mnist)
 #   --timeout-scale N   multiply every time limit by the integer N (slow machines)
 #   PYTHON=/path/python3 picks the interpreter for the PyTorch step.
+#   VARIANT_ROUNDS=N    rounds of the variants step (default 3): each round trains the kit's
+#                       CLI and every bin/nanoddp-NAME (build.sh --variant) once, in turn.
 set -u
 set -o pipefail
 
@@ -43,8 +45,8 @@ while [ $# -gt 0 ]; do
 done
 case "$scale" in '' | *[!0-9]* | 0) echo "run.sh: --timeout-scale takes a positive integer" >&2; exit 2 ;; esac
 for s in ${steps//,/ }; do
-  case "$s" in all|system|tests|train|bench|profile|torch|sanitizer) ;;
-    *) echo "run.sh: unknown step '$s' (system, tests, train, bench, profile, torch, sanitizer)" >&2; exit 2 ;;
+  case "$s" in all|system|tests|train|bench|profile|variants|torch|sanitizer) ;;
+    *) echo "run.sh: unknown step '$s' (system, tests, train, bench, profile, variants, torch, sanitizer)" >&2; exit 2 ;;
   esac
 done
 want() { [[ ",$steps," == *",all,"* || ",$steps," == *",$1,"* ]]; }
@@ -74,6 +76,7 @@ export RUST_BACKTRACE=1
 # ------------------------------------------------------------------ recording steps
 S_TITLE=() S_STATUS=() S_RC=() S_WALL=() S_NOTE=()
 TEST_ROWS=() SAN_ROWS=() TRAIN_ROWS=() TORCH_ROWS=() RATIO_ROWS=() ENV_NOTES=() MODEL_ROWS=()
+VARIANT_ROWS=() VARIANT_KERNEL_ROWS=()
 state="in progress"
 
 md_cell() { local s=${1//|/\\|}; printf '%s' "${s//$'\n'/ }"; }
@@ -202,6 +205,20 @@ write_report() {
       echo "| kernel | ncu µs | estimate µs | measured / estimate | inst/FFMA (PTX) |"
       echo "|---|---:|---:|---:|---:|"
       printf '%s\n' "${MODEL_ROWS[@]}"
+    fi
+    if [ ${#VARIANT_ROWS[@]} -gt 0 ]; then
+      echo
+      echo "## Variants: the kit's CLI against build.sh --variant builds, alternated (fp32, 1 GPU, graphs)"
+      echo
+      echo "| build | images/s, each round | median | against the kit's |"
+      echo "|---|---|---:|---:|"
+      printf '%s\n' "${VARIANT_ROWS[@]}"
+      if [ ${#VARIANT_KERNEL_ROWS[@]} -gt 0 ]; then
+        echo
+        echo "One steady step's kernels (ncu, µs), launch by launch:"
+        echo
+        printf '%s\n' "${VARIANT_KERNEL_ROWS[@]}"
+      fi
     fi
     if [ ${#SAN_ROWS[@]} -gt 0 ]; then
       echo
@@ -561,6 +578,87 @@ PY
 )
       note "${#MODEL_ROWS[@]} launches set beside ncu's"
       finish_step
+    fi
+  fi
+fi
+
+# ------------------------------------------------------------------ variants
+# A/B in one sitting: the kit's CLI and each build.sh --variant build (bin/nanoddp-NAME) train
+# in turn, VARIANT_ROUNDS rounds, so that the GPU's drift reaches them alike; medians and
+# ratios against the kit's. Then, with ncu, each build's kernels of one steady step side by
+# side (launches matched by order).
+if want variants; then
+  variant_bins=("$cli")
+  for b in "$kit"/bin/nanoddp-*; do [ -x "$b" ] && variant_bins+=("$b"); done
+  variant_of() { case "$1" in "$cli") echo kit ;; *) basename "$1" | sed 's/^nanoddp-//' ;; esac; }
+  if [ ${#variant_bins[@]} = 1 ]; then
+    record SKIP "variants: the kit's CLI against other builds" "no variants in this kit (build.sh --variant NAME=REV)"
+  elif [ "$gpus" = 0 ]; then
+    record SKIP "variants: the kit's CLI against other builds" "no GPU found"
+  else
+    declare -A variant_rates=()
+    rounds=${VARIANT_ROUNDS:-3}
+    case "$rounds" in '' | *[!0-9]* | 0) rounds=3 ;; esac
+    for round in $(seq 1 "$rounds"); do
+      for b in "${variant_bins[@]}"; do
+        v=$(variant_of "$b")
+        run_step "variant-$v-$round" "variant $v, round $round: train (fp32, graphs)" "$(limit 600)" \
+          "$b" train "${train_args[@]}" --devices 1 --cuda-graph on
+        line=$(last_epoch "$CUR_LOG")
+        r=$(rate "$line")
+        [ -n "$r" ] && variant_rates[$v]="${variant_rates[$v]:-}$r "
+        note "${line:-no epoch line}"
+        finish_step
+      done
+    done
+    median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {if (NR) print (NR % 2 ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2))}'; }
+    base=$(median "${variant_rates[kit]:-}")
+    for b in "${variant_bins[@]}"; do
+      v=$(variant_of "$b")
+      m=$(median "${variant_rates[$v]:-}")
+      vs="-"
+      [ -n "$m" ] && [ -n "$base" ] && [ "$base" -gt 0 ] && vs=$(ratio "$m" "$base")
+      rates=${variant_rates[$v]:-none}
+      VARIANT_ROWS+=("| $v | ${rates% } | ${m:--} | $vs |")
+    done
+    cuda_tool_dirs
+    ncu=$(find_tool ncu "${CUDA_TOOL_DIRS[@]}") || ncu=""
+    if [ -z "$ncu" ]; then
+      record SKIP "variants: one step's kernels (ncu)" "ncu not found on PATH nor in ${CUDA_TOOL_DIRS[*]}"
+    else
+      variant_logs=()
+      for b in "${variant_bins[@]}"; do
+        v=$(variant_of "$b")
+        run_step "variant-$v-ncu" "variant $v: ncu over one steady step" "$(limit 600)" \
+          "$ncu" --clock-control none --cache-control none --csv --metrics gpu__time_duration.sum \
+          --launch-skip 120 --launch-count 12 "$b" train --backend cuda --devices 1 --cuda-graph off \
+          --epochs 1 --max-steps 12 --batch 256 --data "$data"
+        variant_logs+=("$v=$CUR_LOG")
+        finish_step
+      done
+      while IFS= read -r row; do VARIANT_KERNEL_ROWS+=("$row"); done < <("$PYTHON" - "${variant_logs[@]}" <<'PY'
+import csv, sys
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3}
+builds = []
+for arg in sys.argv[1:]:
+    name, path = arg.split("=", 1)
+    rows = [r for r in csv.reader(open(path, errors="replace")) if len(r) > 3]
+    head = next((r for r in rows if "Metric Value" in r), None)
+    launches = []
+    if head:
+        unit, value, metric = head.index("Metric Unit"), head.index("Metric Value"), head.index("Metric Name")
+        kernel = head.index("Kernel Name")
+        launches = [(r[kernel].split("(")[0].strip(), float(r[value].replace(",", "")) * scale.get(r[unit], float("nan")))
+                    for r in rows if r is not head and r[metric] == "gpu__time_duration.sum"]
+    builds.append((name, launches))
+print("| # | " + " | ".join(f"{n}: kernel | µs" for n, _ in builds) + " |")
+print("|---:|" + "---|---:|" * len(builds))
+for i in range(max(len(l) for _, l in builds)):
+    cells = [f"`{l[i][0]}` | {l[i][1]:.1f}" if i < len(l) else "- | -" for _, l in builds]
+    print(f"| {i + 1} | " + " | ".join(cells) + " |")
+print("| | " + " | ".join(f"total | **{sum(t for _, t in l):.1f}**" for _, l in builds) + " |")
+PY
+)
     fi
   fi
 fi
