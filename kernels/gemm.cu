@@ -58,17 +58,15 @@
 //   any shape works; shared rows are padded (24 and 72 halves) to spread banks while keeping
 //   wmma's 16-byte leading-dimension rule. The epilogue goes through shared memory (float) to
 //   apply alpha, beta, bias and ReLU per element with bounds checks.
-//   Launch: grid (ceil(N/64), ceil(M/64), K ranges), block 128.
-// Split K (the wmma kernels): a product with few tiles of C (LeNet's fc layers: 2 to 52 tiles for
-//   132 SMs) is cut along K into gridDim.z ranges of k_per_split (a multiple of 16, chosen
-//   from the shape alone, so the bits are the same on every GPU). With one range a block
-//   applies the epilogue itself. Otherwise each block writes its partial tile (f32) into
-//   slot z of `scratch` (z·M·N + row·N + column); the slots are added in order, compensated,
-//   in two levels by the last blocks to finish (split_sum.cuh: int counters per group and
-//   tile in `counters`), and the last applies the epilogue: deterministic, whichever block
-//   finishes last.
+//   Launch: grid (ceil(N/64), ceil(M/64)), block 128, for a product with at least 128 tiles.
+//
+// gemm_{f16,bf16}_wmma_sliced_{f32,f16,bf16}out — the same inputs and results for a product
+//   with fewer tiles (LeNet's fc layers), in gemm_f32_sliced's shape: a 16 x 16 tile of C a
+//   block, its K cut among the block's 8 warps, each accumulating its slices in one
+//   16x16x16 fragment; the warps' fragments added in warp order in shared memory
+//   (compensated), no partial tiles through global memory.
+//   Launch: grid (ceil(N/16), ceil(M/16)), block 256.
 #include "simt.cuh"
-#include "split_sum.cuh"
 
 #define GEMM_BM 64
 #define GEMM_BN 64
@@ -84,30 +82,6 @@ __device__ __forceinline__ void gemm_epilogue(TOut* __restrict__ c, const float*
     if (bias) v += bias[gn];
     if (relu) v = fmaxf(v, 0.0f);
     *out = (TOut)v;
-}
-
-// Split K, after every thread wrote its partial tile: the partials added in range order in
-// two levels (split_sum.cuh), then the epilogue.
-template <class TOut>
-__device__ __forceinline__ void gemm_add_partials(float* __restrict__ scratch, int* __restrict__ counters,
-                                                  TOut* __restrict__ c, const float* __restrict__ bias, int m, int n,
-                                                  int ldc, float alpha, float beta, int relu) {
-    const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
-    const long long plane = (long long)m * n;
-    split_reduce(counters, blockIdx.y * gridDim.x + blockIdx.x, blockIdx.z, gridDim.z, [&](int first, int count,
-                                                                                          int into) {
-        auto place = [&](int e) -> long long {
-            const int gm = m0 + e / GEMM_BN, gn = n0 + e % GEMM_BN;
-            return gm < m && gn < n ? (long long)gm * n + gn : -1;
-        };
-        auto done = [&](int e, float sum) {
-            const int gm = m0 + e / GEMM_BN, gn = n0 + e % GEMM_BN;
-            if (into >= 0) scratch[into * plane + (long long)gm * n + gn] = sum;
-            else gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
-        };
-        split_sum_each<4>(scratch, plane, first, count, (int)threadIdx.x, GEMM_BM * GEMM_BN, (int)blockDim.x, place,
-                          done);
-    });
 }
 
 // acc += one staged 16-step slice's products for this thread's TM x 4 elements: a points at
@@ -218,6 +192,83 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                           // 18 spreads a store's 16 steps over 16 banks
 #define SLICED_BPITCH 20  // staged B row: a multiple of 4 for the 4-float loads
 
+// A sliced kernel's staging (gemm_f32_sliced, gemm_wmma_sliced): per round, this thread's 8
+// elements of A's 16 x 128 and of B's 128 x 16, loaded a round ahead (fetch) and stored to
+// shared memory (store). Its r-th A element is at (row, step) = (a_row + r·a_drow, a_step +
+// r·a_dstep), its B element at (b_step + r·b_dstep, b_col + r·b_dcol): lanes walk global
+// memory contiguously in either layout, and both the global and the shared addresses are a
+// base plus r times a stride. In shared memory A's (row, step) is at
+// (step / 16)·a_slice + (step % 16)·a_kk + row·a_rowp, B's (step, column) at step·b_kk + column
+// (a_dstep is 0 or a whole slice, so the A stride is one too).
+template <class T>
+struct SlicedStage {
+    int a_row, a_drow, a_step, a_dstep, b_step, b_dstep, b_col, b_dcol;
+    const T* a_base;
+    const T* b_base;
+    long long a_ks, b_ks, a_dr, b_dr;
+    T* as_at;
+    T* bs_at;
+    int as_dr, bs_dr;
+    T ra[8], rb[8];
+
+    __device__ __forceinline__ SlicedStage(const T* __restrict__ a, const T* __restrict__ b, int lda, int ldb,
+                                           int trans_a, int trans_b, int m0, int n0, T* as, int a_slice, int a_kk,
+                                           int a_rowp, T* bs, int b_kk) {
+        const int tid = threadIdx.x;
+        a_row = trans_a ? tid % SLICED_TILE : tid / SLICED_SPAN;
+        a_drow = trans_a ? 0 : 256 / SLICED_SPAN;
+        a_step = trans_a ? tid / SLICED_TILE : tid % SLICED_SPAN;
+        a_dstep = trans_a ? 256 / SLICED_TILE : 0;
+        b_step = trans_b ? tid % SLICED_SPAN : tid / SLICED_TILE;
+        b_dstep = trans_b ? 0 : 256 / SLICED_TILE;
+        b_col = trans_b ? tid / SLICED_SPAN : tid % SLICED_TILE;
+        b_dcol = trans_b ? 256 / SLICED_SPAN : 0;
+        const long long a_rs = trans_a ? 1 : lda, b_cs = trans_b ? ldb : 1;
+        a_ks = trans_a ? lda : 1;
+        b_ks = trans_b ? 1 : ldb;
+        a_dr = a_drow * a_rs + a_dstep * a_ks;
+        b_dr = b_dstep * b_ks + b_dcol * b_cs;
+        a_base = a + (m0 + a_row) * a_rs + a_step * a_ks;
+        b_base = b + b_step * b_ks + (n0 + b_col) * b_cs;
+        a_row += m0;
+        b_col += n0;
+        as_at = as + (a_step / GEMM_BK) * a_slice + (a_step % GEMM_BK) * a_kk + (a_row - m0) * a_rowp;
+        as_dr = (a_dstep / GEMM_BK) * a_slice + a_drow * a_rowp;
+        bs_at = bs + b_step * b_kk + (b_col - n0);
+        bs_dr = b_dstep * b_kk + b_dcol;
+    }
+    // The round from step k0 into registers (zero past M, N and K).
+    __device__ __forceinline__ void fetch(int k0, int m, int n, int k) {
+        SIMT_UNROLL
+        for (int r = 0; r < 8; ++r) {
+            const bool a_in = a_row + r * a_drow < m && k0 + a_step + r * a_dstep < k;
+            const bool b_in = b_col + r * b_dcol < n && k0 + b_step + r * b_dstep < k;
+            ra[r] = a_in ? a_base[k0 * a_ks + r * a_dr] : (T)0.0f;
+            rb[r] = b_in ? b_base[k0 * b_ks + r * b_dr] : (T)0.0f;
+        }
+    }
+    __device__ __forceinline__ void store() {
+        SIMT_UNROLL
+        for (int r = 0; r < 8; ++r) {
+            as_at[r * as_dr] = ra[r];
+            bs_at[r * bs_dr] = rb[r];
+        }
+    }
+};
+
+// Σ over the block's SLICED_WARPS warps of sums[w·warp_stride + at], in warp order,
+// compensated: a sliced kernel's result for one element.
+__device__ __forceinline__ float sliced_warp_sum(const float* __restrict__ sums, int warp_stride, int at) {
+    float sum = 0.0f, comp = 0.0f;
+    for (int w = 0; w < SLICED_WARPS; ++w) {
+        const float y = sums[w * warp_stride + at] - comp;
+        const float t = sum + y;
+        comp = (t - sum) - y;
+        sum = t;
+    }
+    return sum - comp;
+}
+
 extern "C" __global__ void __launch_bounds__(256, 3)
     gemm_f32_sliced(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
                     const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
@@ -231,42 +282,14 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 4; ++j) acc[i][j] = carry[i][j] = 0.0f;
 
-    // This thread's r-th element of a round's A is at (row, step) = (a_row + r·a_drow,
-    // a_step + r·a_dstep), of B at (b_step + r·b_dstep, b_col + r·b_dcol): lanes walk global
-    // memory contiguously in either layout, and both the global and the shared addresses are a
-    // base plus r times a stride.
-    const int tid = threadIdx.x;
-    const int a_row = trans_a ? tid % SLICED_TILE : tid / SLICED_SPAN, a_drow = trans_a ? 0 : 256 / SLICED_SPAN;
-    const int a_step = trans_a ? tid / SLICED_TILE : tid % SLICED_SPAN, a_dstep = trans_a ? 256 / SLICED_TILE : 0;
-    const int b_step = trans_b ? tid % SLICED_SPAN : tid / SLICED_TILE, b_dstep = trans_b ? 0 : 256 / SLICED_TILE;
-    const int b_col = trans_b ? tid / SLICED_SPAN : tid % SLICED_TILE, b_dcol = trans_b ? 256 / SLICED_SPAN : 0;
-    const long long a_rs = trans_a ? 1 : lda, a_ks = trans_a ? lda : 1;  // A's element (row, step) strides
-    const long long b_ks = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
-    const long long a_dr = a_drow * a_rs + a_dstep * a_ks, b_dr = b_dstep * b_ks + b_dcol * b_cs;
-    const float* a_base = a + (m0 + a_row) * a_rs + a_step * a_ks;
-    const float* b_base = b + b_step * b_ks + (n0 + b_col) * b_cs;
-    float* as_at = &as[0][0][0] + a_step * SLICED_APITCH + a_row;  // [slice][step] rows are consecutive
-    float* bs_at = &bs[0][0][0] + b_step * SLICED_BPITCH + b_col;
-    const int as_dr = a_dstep * SLICED_APITCH + a_drow, bs_dr = b_dstep * SLICED_BPITCH + b_dcol;
-    float ra[8], rb[8];
-    auto fetch = [&](int k0) {
-        SIMT_UNROLL
-        for (int r = 0; r < 8; ++r) {
-            const bool a_in = m0 + a_row + r * a_drow < m && k0 + a_step + r * a_dstep < k;
-            const bool b_in = n0 + b_col + r * b_dcol < n && k0 + b_step + r * b_dstep < k;
-            ra[r] = a_in ? a_base[k0 * a_ks + r * a_dr] : 0.0f;
-            rb[r] = b_in ? b_base[k0 * b_ks + r * b_dr] : 0.0f;
-        }
-    };
-    if (k > 0) fetch(0);
+    // [slice][step][row] and [slice][step][column]: a step's row is one slice row.
+    SlicedStage<float> stage(a, b, lda, ldb, trans_a, trans_b, m0, n0, &as[0][0][0], GEMM_BK * SLICED_APITCH,
+                             SLICED_APITCH, 1, &bs[0][0][0], SLICED_BPITCH);
+    if (k > 0) stage.fetch(0, m, n, k);
     for (int k0 = 0; k0 < k; k0 += SLICED_SPAN) {
-        SIMT_UNROLL
-        for (int r = 0; r < 8; ++r) {
-            as_at[r * as_dr] = ra[r];
-            bs_at[r * bs_dr] = rb[r];
-        }
+        stage.store();
         __syncthreads();
-        if (k0 + SLICED_SPAN < k) fetch(k0 + SLICED_SPAN);
+        if (k0 + SLICED_SPAN < k) stage.fetch(k0 + SLICED_SPAN, m, n, k);
         if (k0 + GEMM_BK * g < k)  // warp-uniform: this warp's slice holds steps of K
             gemm_slice<2>(&as[g][0][2 * ty], SLICED_APITCH, &bs[g][0][4 * tx], SLICED_BPITCH, acc, carry);
         __syncthreads();
@@ -281,14 +304,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     const int row = threadIdx.x / SLICED_TILE, col = threadIdx.x % SLICED_TILE;
     const int gm = m0 + row, gn = n0 + col;
     if (gm >= m || gn >= n) return;
-    float sum = 0.0f, comp = 0.0f;
-    for (int w = 0; w < SLICED_WARPS; ++w) {
-        const float y = sums[(w * SLICED_TILE + row) * SLICED_TILE + col] - comp;
-        const float t = sum + y;
-        comp = (t - sum) - y;
-        sum = t;
-    }
-    gemm_epilogue(c, bias_or_null, gm, gn, ldc, sum - comp, alpha, beta, relu);
+    const float sum = sliced_warp_sum(sums, SLICED_TILE * SLICED_TILE, row * SLICED_TILE + col);
+    gemm_epilogue(c, bias_or_null, gm, gn, ldc, sum, alpha, beta, relu);
 }
 
 #define WMMA_LDA 24  // 16 + 8 halves: a 48-byte row stride spreads shared-memory banks
@@ -299,8 +316,7 @@ template <class TIn, class TOut>
 __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* __restrict__ b,
                                               TOut* __restrict__ c, const float* __restrict__ bias, int m, int n, int k,
                                               int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha,
-                                              float beta, int relu, float* __restrict__ scratch,
-                                              int* __restrict__ counters, int k_per_split) {
+                                              float beta, int relu) {
     using namespace nvcuda;
     // wmma::load/store_matrix_sync need 256-bit (32-byte) aligned tile pointers; 16-bit and
     // float arrays alone are only 2- and 4-byte aligned. Every tile offset used below is a
@@ -316,8 +332,7 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
     for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-    const int k_begin = blockIdx.z * k_per_split, k_end = min(k, k_begin + k_per_split);
-    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_BK) {
+    for (int k0 = 0; k0 < k; k0 += GEMM_BK) {
         for (int r = 0; r < 8; ++r) {  // 1024 elements of each tile, 128 threads
             int idx = threadIdx.x + 128 * r;
             int am, ak;
@@ -325,7 +340,7 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
             else { ak = idx % GEMM_BK; am = idx / GEMM_BK; }
             int gm = m0 + am, gk = k0 + ak;
             TIn av = (TIn)0.0f;
-            if (gm < m && gk < k_end) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
+            if (gm < m && gk < k) av = trans_a ? a[(long long)gk * lda + gm] : a[(long long)gm * lda + gk];
             as[am * WMMA_LDA + ak] = av;
             int bk, bn;
             if (trans_b) { bk = idx % GEMM_BK; bn = idx / GEMM_BK; }
@@ -333,7 +348,7 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
             int gn = n0 + bn;
             gk = k0 + bk;
             TIn bv = (TIn)0.0f;
-            if (gn < n && gk < k_end) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
+            if (gn < n && gk < k) bv = trans_b ? b[(long long)gn * ldb + gk] : b[(long long)gk * ldb + gn];
             bs[bk * WMMA_LDB + bn] = bv;
         }
         __syncthreads();
@@ -351,57 +366,127 @@ __device__ __forceinline__ void gemm_wmma(const TIn* __restrict__ a, const TIn* 
             wmma::store_matrix_sync(&cs[(wm + 16 * i) * WMMA_LDC + wn + 16 * j], acc[i][j], WMMA_LDC,
                                     wmma::mem_row_major);
     __syncthreads();
-    const bool split = gridDim.z > 1;
     for (int idx = threadIdx.x; idx < GEMM_BM * GEMM_BN; idx += 128) {
         int gm = m0 + idx / GEMM_BN, gn = n0 + idx % GEMM_BN;
         if (gm >= m || gn >= n) continue;
-        const float sum = cs[(idx / GEMM_BN) * WMMA_LDC + idx % GEMM_BN];
-        if (split) scratch[((long long)blockIdx.z * m + gm) * n + gn] = sum;
-        else gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
+        gemm_epilogue(c, bias, gm, gn, ldc, cs[(idx / GEMM_BN) * WMMA_LDC + idx % GEMM_BN], alpha, beta, relu);
     }
-    if (split) gemm_add_partials(scratch, counters, c, bias, m, n, ldc, alpha, beta, relu);
 }
 
-// The entries: (input, output) types. bf16 wmma exists from sm_80 on; an older target (the
-// compute_75 PTX, JIT-compiled on a Turing GPU) gets a body that traps instead.
+// gemm_wmma_sliced: gemm_f32_sliced's shape on tensor cores. A 16 x 16 tile of C a block;
+// warp g accumulates slices g, g + 8, ... of K in one 16x16x16 fragment (f32), a round
+// staging eight slices (16 x 128 of A, 128 x 16 of B, 8 + 8 elements a thread, loaded a round
+// ahead); then the warps' fragments are added in warp order in shared memory, compensated,
+// one element a thread, and the epilogue applied.
+#define SLICED_WMMA_LDC 20  // floats: a multiple of 4 (wmma's 16 bytes), 16 rows of 80 bytes
+template <class TIn, class TOut>
+__device__ __forceinline__ void gemm_wmma_sliced(const TIn* __restrict__ a, const TIn* __restrict__ b,
+                                                 TOut* __restrict__ c, const float* __restrict__ bias, int m, int n,
+                                                 int k, int lda, int ldb, int ldc, int trans_a, int trans_b,
+                                                 float alpha, float beta, int relu) {
+    using namespace nvcuda;
+    // Fragment pointers must be 32-byte aligned: a slice is 16 rows of WMMA_LDA halves (768
+    // bytes), a warp's sums 16 rows of 20 floats (1,280 bytes).
+    __shared__ __align__(32) TIn as[SLICED_WARPS * SLICED_TILE * WMMA_LDA];  // [slice][row][step]
+    __shared__ __align__(32) TIn bs[SLICED_WARPS * GEMM_BK * WMMA_LDA];      // [slice][step][column]
+    __shared__ __align__(32) float cs[SLICED_WARPS * SLICED_TILE * SLICED_WMMA_LDC];
+    const int tid = threadIdx.x, g = tid / 32;
+    const int m0 = blockIdx.y * SLICED_TILE, n0 = blockIdx.x * SLICED_TILE;
+    // [slice][row][step] (row-major A fragments) and [slice][step][column].
+    SlicedStage<TIn> stage(a, b, lda, ldb, trans_a, trans_b, m0, n0, as, SLICED_TILE * WMMA_LDA, 1, WMMA_LDA, bs,
+                           WMMA_LDA);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    if (k > 0) stage.fetch(0, m, n, k);
+    for (int k0 = 0; k0 < k; k0 += SLICED_SPAN) {
+        stage.store();
+        __syncthreads();
+        if (k0 + SLICED_SPAN < k) stage.fetch(k0 + SLICED_SPAN, m, n, k);
+        if (k0 + GEMM_BK * g < k) {  // warp-uniform: this warp's slice holds steps of K
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, TIn, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, TIn, wmma::row_major> fb;
+            wmma::load_matrix_sync(fa, &as[g * SLICED_TILE * WMMA_LDA], WMMA_LDA);
+            wmma::load_matrix_sync(fb, &bs[g * GEMM_BK * WMMA_LDA], WMMA_LDA);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        __syncthreads();
+    }
+    wmma::store_matrix_sync(&cs[g * SLICED_TILE * SLICED_WMMA_LDC], acc, SLICED_WMMA_LDC, wmma::mem_row_major);
+    __syncthreads();
+    const int row = tid / SLICED_TILE, col = tid % SLICED_TILE, gm = m0 + row, gn = n0 + col;
+    if (gm >= m || gn >= n) return;
+    const float sum = sliced_warp_sum(cs, SLICED_TILE * SLICED_WMMA_LDC, row * SLICED_WMMA_LDC + col);
+    gemm_epilogue(c, bias, gm, gn, ldc, sum, alpha, beta, relu);
+}
+
+// The entries: (input, output) types, 64x64 tiles and sliced. bf16 wmma exists from sm_80
+// on; an older target (the compute_75 PTX, JIT-compiled on a Turing GPU) gets a body that
+// traps instead.
+#define GEMM_WMMA_PARAMS(TIn, TOut)                                                                          \
+    (const TIn* __restrict__ a, const TIn* __restrict__ b, TOut* __restrict__ c,                             \
+     const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc, int trans_a,    \
+     int trans_b, float alpha, float beta, int relu)
+#define GEMM_WMMA_ARGS (a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define GEMM_BF16_BODY(TOut) __trap()
+#define GEMM_BF16_BODY(kernel, TOut) __trap()
 #else
-#define GEMM_BF16_BODY(TOut) \
-    gemm_wmma<__nv_bfloat16, TOut>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu, \
-                                   scratch, counters, k_per_split)
+#define GEMM_BF16_BODY(kernel, TOut) kernel<__nv_bfloat16, TOut> GEMM_WMMA_ARGS
 #endif
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_f16_wmma_f32out(const __half* __restrict__ a, const __half* __restrict__ b, float* __restrict__ c,
                          const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
-                         int trans_a, int trans_b, float alpha, float beta, int relu, float* __restrict__ scratch,
-                         int* __restrict__ counters, int k_per_split) {
-    gemm_wmma<__half, float>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu,
-                             scratch, counters, k_per_split);
+                         int trans_a, int trans_b, float alpha, float beta, int relu) {
+    gemm_wmma<__half, float> GEMM_WMMA_ARGS;
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_f16_wmma_f16out(const __half* __restrict__ a, const __half* __restrict__ b, __half* __restrict__ c,
                          const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb, int ldc,
-                         int trans_a, int trans_b, float alpha, float beta, int relu, float* __restrict__ scratch,
-                         int* __restrict__ counters, int k_per_split) {
-    gemm_wmma<__half, __half>(a, b, c, bias_or_null, m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta, relu,
-                              scratch, counters, k_per_split);
+                         int trans_a, int trans_b, float alpha, float beta, int relu) {
+    gemm_wmma<__half, __half> GEMM_WMMA_ARGS;
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_bf16_wmma_f32out(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
                           float* __restrict__ c, const float* __restrict__ bias_or_null, int m, int n, int k, int lda,
-                          int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu,
-                          float* __restrict__ scratch, int* __restrict__ counters, int k_per_split) {
-    GEMM_BF16_BODY(float);
+                          int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu) {
+    GEMM_BF16_BODY(gemm_wmma, float);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm_bf16_wmma_bf16out(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
                            __nv_bfloat16* __restrict__ c, const float* __restrict__ bias_or_null, int m, int n, int k,
-                           int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu,
-                           float* __restrict__ scratch, int* __restrict__ counters, int k_per_split) {
-    GEMM_BF16_BODY(__nv_bfloat16);
+                           int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta, int relu) {
+    GEMM_BF16_BODY(gemm_wmma, __nv_bfloat16);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_f16_wmma_sliced_f32out(const __half* __restrict__ a, const __half* __restrict__ b, float* __restrict__ c,
+                                const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb,
+                                int ldc, int trans_a, int trans_b, float alpha, float beta, int relu) {
+    gemm_wmma_sliced<__half, float> GEMM_WMMA_ARGS;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_f16_wmma_sliced_f16out(const __half* __restrict__ a, const __half* __restrict__ b, __half* __restrict__ c,
+                                const float* __restrict__ bias_or_null, int m, int n, int k, int lda, int ldb,
+                                int ldc, int trans_a, int trans_b, float alpha, float beta, int relu) {
+    gemm_wmma_sliced<__half, __half> GEMM_WMMA_ARGS;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_bf16_wmma_sliced_f32out(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
+                                 float* __restrict__ c, const float* __restrict__ bias_or_null, int m, int n, int k,
+                                 int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta,
+                                 int relu) {
+    GEMM_BF16_BODY(gemm_wmma_sliced, float);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_bf16_wmma_sliced_bf16out(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
+                                  __nv_bfloat16* __restrict__ c, const float* __restrict__ bias_or_null, int m, int n,
+                                  int k, int lda, int ldb, int ldc, int trans_a, int trans_b, float alpha, float beta,
+                                  int relu) {
+    GEMM_BF16_BODY(gemm_wmma_sliced, __nv_bfloat16);
 }

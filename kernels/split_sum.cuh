@@ -1,5 +1,6 @@
-// split_sum.cuh — the fixed-order sum of a split reduction's partial results: conv.cu's
-// filter gradient (split over slices of the batch) and gemm.cu's split K.
+// split_sum.cuh — the fixed-order sum of a split reduction's partial results: conv.cu's and
+// conv_direct.cu's filter gradients (split over slices of the batch) and loss.cu's head
+// (split over blocks of rows).
 //
 // A tile's S blocks each write a partial tile into slot s of the scratch area (level 1).
 // Then, past 16 slots, in two levels so that no block reads more than about √S partials per
@@ -86,8 +87,8 @@ __device__ __forceinline__ void split_sum_each(const float* __restrict__ partial
 }
 
 // Slots per group: all of them (one level) up to SPLIT_ONE_LEVEL, where the second level's
-// extra round trip costs more than it saves (an H100's split-K GEMMs, 2 to 13 ranges: 101 µs
-// in one level, 130 in two), else G = ⌈√S⌉.
+// extra round trip costs more than it saves (measured on an H100 with split-K GEMMs of 2 to
+// 13 ranges), else G = ⌈√S⌉.
 #define SPLIT_ONE_LEVEL 16
 __device__ __forceinline__ int split_group(int splits) {
     if (splits <= SPLIT_ONE_LEVEL) return splits;

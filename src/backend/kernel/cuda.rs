@@ -258,9 +258,11 @@ pub fn device_count() -> Result<usize, BackendError> {
 }
 
 /// Kernels that exist only from compute capability 8.0 on (bf16 wmma fragments).
-const NEEDS_SM80: [&KernelSignature; 2] = [
+const NEEDS_SM80: [&KernelSignature; 4] = [
     &crate::kernels::gemm::GEMM_BF16_WMMA_F32OUT,
     &crate::kernels::gemm::GEMM_BF16_WMMA_BF16OUT,
+    &crate::kernels::gemm::GEMM_BF16_WMMA_SLICED_F32OUT,
+    &crate::kernels::gemm::GEMM_BF16_WMMA_SLICED_BF16OUT,
 ];
 
 /// What a GPU is.

@@ -21,6 +21,7 @@ use crate::backend::{
     gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Memory, Pool2dShape,
     Precision, PrecisionOp,
 };
+use crate::dtype::DType;
 use crate::kernels::{
     elementwise as ew, gemm, optim as optim_kernels, step, KernelSignature, Scalar,
 };
@@ -403,8 +404,8 @@ impl ConvTile {
 }
 
 /// Blocks a GEMM aims for (`kernels/gemm.cu`): a product with fewer 64x64 tiles of C takes
-/// the f32 kernel with smaller tiles, or, with 16-bit inputs, splits K. A constant, so the
-/// kernel and the split, and with them every bit of the result, are the same on every GPU.
+/// the sliced kernels' 16x16 tiles. A constant, so the kernel, and with it every bit of the
+/// result, is the same on every GPU.
 const GEMM_BLOCKS: usize = 128;
 
 /// 64x64 tiles of an M x N product.
@@ -412,18 +413,16 @@ fn gemm_tiles(m: usize, n: usize) -> usize {
     m.div_ceil(64) * n.div_ceil(64)
 }
 
-/// The K range each block of a tensor-core GEMM multiplies over: all of K (no split) for a
-/// product with enough tiles, else K cut into ranges of at least 32 (a multiple of the
-/// kernels' 16-step slices) for about [`GEMM_BLOCKS`] blocks, as many as the scratch area
-/// holds ([`split_fits`]).
-fn gemm_k_per_split(m: usize, n: usize, k: usize) -> usize {
-    let tiles = gemm_tiles(m, n);
-    let whole = k.max(1);
-    if tiles >= GEMM_BLOCKS || k < 64 {
-        return whole;
+/// The sliced GEMM (16x16 tiles, K cut among a block's warps) for a pair of types
+/// [`gemm_kernel`] accepts.
+fn sliced_gemm_kernel(a: DType, c: DType) -> &'static KernelSignature {
+    match (a, c) {
+        (DType::F16, DType::F32) => &gemm::GEMM_F16_WMMA_SLICED_F32OUT,
+        (DType::F16, _) => &gemm::GEMM_F16_WMMA_SLICED_F16OUT,
+        (DType::BF16, DType::F32) => &gemm::GEMM_BF16_WMMA_SLICED_F32OUT,
+        (DType::BF16, _) => &gemm::GEMM_BF16_WMMA_SLICED_BF16OUT,
+        _ => &gemm::GEMM_F32_SLICED,
     }
-    let splits = fitting_splits(GEMM_BLOCKS.div_ceil(tiles).min(k / 32), tiles, m * n);
-    k.div_ceil(splits).next_multiple_of(16).min(whole)
 }
 
 /// Slots per group of a split reduction's first level: all of them up to 16, else
@@ -715,36 +714,22 @@ impl<D: KernelDevice> BackendImpl for D {
 
     fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, D, A, O>>) -> OpResult {
         let kernel = gemm_kernel(A::DTYPE, O::DTYPE)?;
-        let (m, n, k) = (op.shape.m, op.shape.n, op.shape.k);
-        if !A::DTYPE.is_half() {
-            // 64x64 tiles where there are enough of them, else 16x16 tiles with K cut among
-            // each block's warps (`gemm_f32_sliced`).
-            let (kernel, tile) = if gemm_tiles(m, n) >= GEMM_BLOCKS {
-                (kernel, 64)
-            } else {
-                (&gemm::GEMM_F32_SLICED, 16)
-            };
-            let cfg = LaunchConfig {
-                grid: (blocks(n, tile), blocks(m, tile), 1),
-                block: (256, 1, 1),
-                shared_bytes: 0,
-            };
-            let args = gemm_args(op.into_inner());
-            // SAFETY: see the module docs.
-            return unsafe { self.launch(kernel, cfg, &args) };
-        }
-        // 64x64 tiles of C, 4 warps of wmma fragments.
-        let per = gemm_k_per_split(m, n, k);
+        let (m, n) = (op.shape.m, op.shape.n);
+        // 64x64 tiles where there are enough of them, else 16x16 tiles with K cut among each
+        // block's warps (`kernels/gemm.cu`'s sliced kernels).
+        let (kernel, tile, threads) = if gemm_tiles(m, n) >= GEMM_BLOCKS {
+            let threads = if A::DTYPE.is_half() { 128 } else { 256 };
+            (kernel, 64, threads)
+        } else {
+            (sliced_gemm_kernel(A::DTYPE, O::DTYPE), 16, 256)
+        };
         let cfg = LaunchConfig {
-            grid: (blocks(n, 64), blocks(m, 64), blocks(k, per)),
-            block: (128, 1, 1),
+            grid: (blocks(n, tile), blocks(m, tile), 1),
+            block: (threads, 1, 1),
             shared_bytes: 0,
         };
-        let mut args = gemm_args(op.into_inner());
-        args.extend(self.scratch()?);
-        args.push(i32_arg(per));
-        // SAFETY: see the module docs; the scratch area holds a partial C per K range
-        // (gemm_k_per_split) and a counter per tile.
+        let args = gemm_args(op.into_inner());
+        // SAFETY: see the module docs.
         unsafe { self.launch(kernel, cfg, &args) }
     }
 
