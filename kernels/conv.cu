@@ -592,20 +592,6 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
 
 // ---------------------------------------------------------------- bias gradient alone
 
-// A running float sum that carries its own rounding error (Kahan): its error bound is a few
-// ulps of the total however many terms are added, where a plain running sum's grows with
-// their number. Needs IEEE adds as written: no -use_fast_math (which may reassociate).
-struct CompensatedSum {
-    float sum = 0.0f, carry = 0.0f;  // carry: what the last additions rounded away, negated
-    __device__ __forceinline__ void add(float v) {
-        const float y = v - carry;
-        const float t = sum + y;
-        carry = (t - sum) - y;
-        sum = t;
-    }
-    __device__ __forceinline__ float total() const { return sum - carry; }
-};
-
 template <class T>
 __device__ __forceinline__ void conv2d_backward_bias(const T* __restrict__ dy, float* __restrict__ db, int batch,
                                                      int out_c, int pixels) {

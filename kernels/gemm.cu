@@ -67,6 +67,7 @@
 //   (compensated), no partial tiles through global memory.
 //   Launch: grid (ceil(N/16), ceil(M/16)), block 256.
 #include "simt.cuh"
+#include "split_sum.cuh"  // CompensatedSum
 
 #define GEMM_BM 64
 #define GEMM_BN 64
@@ -259,14 +260,9 @@ struct SlicedStage {
 // Σ over the block's SLICED_WARPS warps of sums[w·warp_stride + at], in warp order,
 // compensated: a sliced kernel's result for one element.
 __device__ __forceinline__ float sliced_warp_sum(const float* __restrict__ sums, int warp_stride, int at) {
-    float sum = 0.0f, comp = 0.0f;
-    for (int w = 0; w < SLICED_WARPS; ++w) {
-        const float y = sums[w * warp_stride + at] - comp;
-        const float t = sum + y;
-        comp = (t - sum) - y;
-        sum = t;
-    }
-    return sum - comp;
+    CompensatedSum sum;
+    for (int w = 0; w < SLICED_WARPS; ++w) sum.add(sums[w * warp_stride + at]);
+    return sum.total();
 }
 
 extern "C" __global__ void __launch_bounds__(256, 3)

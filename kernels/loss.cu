@@ -119,13 +119,6 @@ __device__ __forceinline__ void head_result(float* __restrict__ dw, float* __res
     else dh_bias[e - classes * hidden - classes] = s;
 }
 
-// acc += part, compensated (Kahan: carry holds what the additions rounded away).
-__device__ __forceinline__ void head_kahan(float& acc, float& carry, float part) {
-    const float y = part - carry, t = acc + y;
-    carry = (t - acc) - y;
-    acc = t;
-}
-
 // Σ a[k]·b[k] over one block of 16 floats (4 float4s from q0), into a fresh register.
 __device__ __forceinline__ float head_dot16(const float4* __restrict__ a, const float4* __restrict__ b, int q0) {
     float p = 0.0f;
@@ -187,13 +180,13 @@ __device__ __forceinline__ void softmax_head(const T* __restrict__ h, const T* _
         const int i = e / classes, c = e % classes;
         const float4* hr = reinterpret_cast<const float4*>(hs + i * pitch);
         const float4* wr = reinterpret_cast<const float4*>(ws + c * pitch);
-        float sum = 0.0f, comp = 0.0f;
+        CompensatedSum sum;
         for (int j = 0; j < blocks16; j += 2) {
             const float p0 = head_dot16(hr, wr, 4 * j), p1 = j + 1 < blocks16 ? head_dot16(hr, wr, 4 * j + 4) : 0.0f;
-            head_kahan(sum, comp, p0);
-            if (j + 1 < blocks16) head_kahan(sum, comp, p1);
+            sum.add(p0);
+            if (j + 1 < blocks16) sum.add(p1);
         }
-        const T z = (T)(sum + b[c]);
+        const T z = (T)(sum.total() + b[c]);
         logits[(long long)(r0 + i) * classes + c] = z;
         zs[i * classes + c] = (float)z;
     }

@@ -1,6 +1,6 @@
 // split_sum.cuh — the fixed-order sum of a split reduction's partial results: conv.cu's and
 // conv_direct.cu's filter gradients (split over slices of the batch) and loss.cu's head
-// (split over blocks of rows).
+// (split over blocks of rows); and CompensatedSum, the running Kahan sum the kernels share.
 //
 // A tile's S blocks each write a partial tile into slot s of the scratch area (level 1).
 // Then, past 16 slots, in two levels so that no block reads more than about √S partials per
@@ -18,6 +18,20 @@
 // arithmetic (split_fits in src/backend/kernel/ops.rs).
 #pragma once
 #include "simt.cuh"
+
+// A running float sum that carries its own rounding error (Kahan): its error bound is a few
+// ulps of the total however many terms are added, where a plain running sum's grows with
+// their number. Needs IEEE adds as written: no -use_fast_math (which may reassociate).
+struct CompensatedSum {
+    float sum = 0.0f, carry = 0.0f;  // carry: what the last additions rounded away, negated
+    __device__ __forceinline__ void add(float v) {
+        const float y = v - carry;
+        const float t = sum + y;
+        carry = (t - sum) - y;
+        sum = t;
+    }
+    __device__ __forceinline__ float total() const { return sum - carry; }
+};
 
 #define SPLIT_SUM_BATCH 8
 

@@ -214,5 +214,5 @@ pub(crate) fn gemm(
 
 /// Validates a GEMM's element types (inputs `a`, result `c`): a pair some kernel implements.
 pub(crate) fn gemm_types(a: DType, c: DType) -> Result<(), BackendError> {
-    super::precision::gemm_kernel(a, c).map(|_| ())
+    super::precision::gemm_kernels(a, c).map(|_| ())
 }

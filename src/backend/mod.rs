@@ -47,6 +47,6 @@ pub use kernel::{cuda, nvrtc, profile, simt, simt_module};
 pub use kernel::{KernelArg, KernelDevice, LaunchConfig};
 pub use memory::{DeviceBuffer, DeviceScalar, Fence, Graph, Memory, Staging};
 pub use ops::Backend;
-pub use precision::{gemm_kernel, Precision, PrecisionOp};
+pub use precision::{gemm_kernels, GemmKernels, Precision, PrecisionOp};
 pub use shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
 pub use step::{StepScalars, TensorTable, RECORD, STATS};

@@ -71,7 +71,7 @@ pub trait Backend: Memory + Sized {
 
     /// `C = epilogue(alpha·op(A)·op(B) + beta·C)`, bias per column of C, accumulated in f32
     /// from inputs of type `A` (tensor cores on a GPU for half inputs) into C of type `O`.
-    /// The pairs with a kernel ([`gemm_kernel`](super::gemm_kernel)) run on every backend;
+    /// The pairs with a kernel ([`gemm_kernels`](super::gemm_kernels)) run on every backend;
     /// any other is [`BackendError::Unsupported`].
     fn gemm<A: Precision, O: Precision>(
         &self,

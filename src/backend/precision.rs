@@ -1,7 +1,7 @@
 //! The Rust types of the storage [`DType`]s ([`Precision`]: f32, or f16 or bf16 computed in
 //! f32)
 //! and the kernel that implements each operation at each of them ([`PrecisionOp`],
-//! [`gemm_kernel`]).
+//! [`gemm_kernels`]).
 
 use half::{bf16, f16};
 
@@ -101,22 +101,46 @@ impl PrecisionOp {
     }
 }
 
-/// The GEMM kernel for inputs of type `a` and a result of type `c`: f32 CUDA cores for f32,
+/// The GEMM kernels for one pair of input and result types (`kernels/gemm.cu`).
+#[derive(Debug, Clone, Copy)]
+pub struct GemmKernels {
+    /// 64x64 tiles of C, for a product with many tiles.
+    pub tiled: &'static KernelSignature,
+    /// 16x16 tiles of C with K cut among a block's warps, for a product with few.
+    pub sliced: &'static KernelSignature,
+}
+
+/// The GEMM kernels for inputs of type `a` and a result of type `c`: f32 CUDA cores for f32,
 /// tensor cores (wmma, f32 accumulation) for 16-bit inputs, with an f32 result or one of the
 /// inputs' type. A pair no kernel implements is [`BackendError::Unsupported`], which
 /// [`Backend::gemm`](super::Backend::gemm) returns on every backend.
-pub fn gemm_kernel(a: DType, c: DType) -> Result<&'static KernelSignature, BackendError> {
-    match (a, c) {
-        (DType::F32, DType::F32) => Ok(&gemm::GEMM_F32),
-        (DType::F16, DType::F32) => Ok(&gemm::GEMM_F16_WMMA_F32OUT),
-        (DType::F16, DType::F16) => Ok(&gemm::GEMM_F16_WMMA_F16OUT),
-        (DType::BF16, DType::F32) => Ok(&gemm::GEMM_BF16_WMMA_F32OUT),
-        (DType::BF16, DType::BF16) => Ok(&gemm::GEMM_BF16_WMMA_BF16OUT),
-        _ => Err(BackendError::Unsupported {
-            op: "gemm",
-            what: format!("{a} inputs with a {c} result"),
-        }),
-    }
+pub fn gemm_kernels(a: DType, c: DType) -> Result<GemmKernels, BackendError> {
+    let (tiled, sliced) = match (a, c) {
+        (DType::F32, DType::F32) => (&gemm::GEMM_F32, &gemm::GEMM_F32_SLICED),
+        (DType::F16, DType::F32) => (
+            &gemm::GEMM_F16_WMMA_F32OUT,
+            &gemm::GEMM_F16_WMMA_SLICED_F32OUT,
+        ),
+        (DType::F16, DType::F16) => (
+            &gemm::GEMM_F16_WMMA_F16OUT,
+            &gemm::GEMM_F16_WMMA_SLICED_F16OUT,
+        ),
+        (DType::BF16, DType::F32) => (
+            &gemm::GEMM_BF16_WMMA_F32OUT,
+            &gemm::GEMM_BF16_WMMA_SLICED_F32OUT,
+        ),
+        (DType::BF16, DType::BF16) => (
+            &gemm::GEMM_BF16_WMMA_BF16OUT,
+            &gemm::GEMM_BF16_WMMA_SLICED_BF16OUT,
+        ),
+        _ => {
+            return Err(BackendError::Unsupported {
+                op: "gemm",
+                what: format!("{a} inputs with a {c} result"),
+            })
+        }
+    };
+    Ok(GemmKernels { tiled, sliced })
 }
 
 /// Storage precision of activations and gradients: `f32`, or `f16` or `bf16` computed in f32.

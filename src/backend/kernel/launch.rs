@@ -296,10 +296,10 @@ pub const SCRATCH_COUNTERS: usize = 4096;
 /// Device memory a handle's kernels share, one launch at a time (work on one queue is
 /// ordered): [`SCRATCH_FLOATS`] floats for partial results (the split reductions of the
 /// filter gradients in `kernels/conv.cu` and `kernels/conv_direct.cu` and of
-/// `kernels/loss.cu`'s head, added back in a fixed order by `kernels/split_sum.cuh`), and [`SCRATCH_COUNTERS`] ints that are zero
-/// between launches (a kernel that counts in them resets them before it ends). Allocated
-/// the first time a kernel asks for it, which in training is a step's first run, from the
-/// stream: never inside a graph capture.
+/// `kernels/loss.cu`'s head, added back in a fixed order by `kernels/split_sum.cuh`), and
+/// [`SCRATCH_COUNTERS`] ints that are zero between launches (a kernel that counts in them
+/// resets them before it ends). Allocated the first time a kernel asks for it, which in
+/// training is a step's first run, from the stream: never inside a graph capture.
 pub struct Scratch<M: Memory> {
     area: Mutex<Option<ScratchArea<M>>>,
 }

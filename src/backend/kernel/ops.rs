@@ -18,13 +18,10 @@ use crate::backend::op::{
     ShardStats, SoftmaxCrossEntropy, SoftmaxHead, StepBegin, StepEnd,
 };
 use crate::backend::{
-    gemm_kernel, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Memory, Pool2dShape,
+    gemm_kernels, BackendImpl, Conv2dShape, DeviceBuffer, DeviceScalar, Memory, Pool2dShape,
     Precision, PrecisionOp,
 };
-use crate::dtype::DType;
-use crate::kernels::{
-    elementwise as ew, gemm, optim as optim_kernels, step, KernelSignature, Scalar,
-};
+use crate::kernels::{elementwise as ew, optim as optim_kernels, step, KernelSignature, Scalar};
 
 fn i32_arg(v: usize) -> KernelArg {
     // Shapes are validated to fit i32 before any launch.
@@ -413,18 +410,6 @@ fn gemm_tiles(m: usize, n: usize) -> usize {
     m.div_ceil(64) * n.div_ceil(64)
 }
 
-/// The sliced GEMM (16x16 tiles, K cut among a block's warps) for a pair of types
-/// [`gemm_kernel`] accepts.
-fn sliced_gemm_kernel(a: DType, c: DType) -> &'static KernelSignature {
-    match (a, c) {
-        (DType::F16, DType::F32) => &gemm::GEMM_F16_WMMA_SLICED_F32OUT,
-        (DType::F16, _) => &gemm::GEMM_F16_WMMA_SLICED_F16OUT,
-        (DType::BF16, DType::F32) => &gemm::GEMM_BF16_WMMA_SLICED_F32OUT,
-        (DType::BF16, _) => &gemm::GEMM_BF16_WMMA_SLICED_BF16OUT,
-        _ => &gemm::GEMM_F32_SLICED,
-    }
-}
-
 /// Slots per group of a split reduction's first level: all of them up to 16, else
 /// ⌈√splits⌉ (`kernels/split_sum.cuh`, `split_group`).
 fn split_group(splits: usize) -> usize {
@@ -713,15 +698,15 @@ impl<D: KernelDevice> BackendImpl for D {
     }
 
     fn gemm<A: Precision, O: Precision>(&self, op: Checked<Gemm<'_, D, A, O>>) -> OpResult {
-        let kernel = gemm_kernel(A::DTYPE, O::DTYPE)?;
+        let kernels = gemm_kernels(A::DTYPE, O::DTYPE)?;
         let (m, n) = (op.shape.m, op.shape.n);
-        // 64x64 tiles where there are enough of them, else 16x16 tiles with K cut among each
-        // block's warps (`kernels/gemm.cu`'s sliced kernels).
+        // 64x64 tiles where there are enough of them (256 threads on CUDA cores, 4 warps of
+        // wmma fragments for half), else 16x16 tiles with K cut among each block's 8 warps.
         let (kernel, tile, threads) = if gemm_tiles(m, n) >= GEMM_BLOCKS {
             let threads = if A::DTYPE.is_half() { 128 } else { 256 };
-            (kernel, 64, threads)
+            (kernels.tiled, 64, threads)
         } else {
-            (sliced_gemm_kernel(A::DTYPE, O::DTYPE), 16, 256)
+            (kernels.sliced, 16, 256)
         };
         let cfg = LaunchConfig {
             grid: (blocks(n, tile), blocks(m, tile), 1),
