@@ -163,6 +163,11 @@ pub trait Precision: DeviceScalar {
             .zip(src)
             .for_each(|(d, s)| *d = Self::from_f32(*s));
     }
+    /// Whether the value is above zero (NaN is not): the ReLU backward's test, which the
+    /// 16-bit types answer from their bits, without widening.
+    fn above_zero(self) -> bool {
+        self.to_f32() > 0.0
+    }
     /// The slice itself when `Self` is f32, so the CPU backend can skip a widening copy.
     fn as_f32(_s: &[Self]) -> Option<&[f32]> {
         None
@@ -187,6 +192,10 @@ impl Precision for f32 {
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
         dst.copy_from_slice(src);
     }
+    #[inline]
+    fn above_zero(self) -> bool {
+        self > 0.0
+    }
     fn as_f32(s: &[Self]) -> Option<&[f32]> {
         Some(s)
     }
@@ -209,6 +218,11 @@ impl Precision for f16 {
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
         super::cpu::half_convert::narrow(src, dst);
     }
+    #[inline]
+    fn above_zero(self) -> bool {
+        // Sign clear, not zero, not NaN: the patterns from 1 to +infinity (0x7c00).
+        self.to_bits().wrapping_sub(1) < 0x7c00
+    }
 }
 
 impl Precision for bf16 {
@@ -224,6 +238,11 @@ impl Precision for bf16 {
     }
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
         super::cpu::half_convert::narrow_bf16(src, dst);
+    }
+    #[inline]
+    fn above_zero(self) -> bool {
+        // As for f16, up to bf16's +infinity (0x7f80).
+        self.to_bits().wrapping_sub(1) < 0x7f80
     }
 }
 
@@ -242,6 +261,20 @@ mod tests {
             T::DTYPE
         );
         assert_eq!(T::DTYPE.size(), std::mem::size_of::<T>(), "{}", T::DTYPE);
+    }
+
+    /// The 16-bit types' test on their bits says what the widened value's says, for every
+    /// pattern (zeros, subnormals, infinities, NaNs of both signs).
+    #[test]
+    fn above_zero_from_the_bits_is_the_f32_test() {
+        for b in 0..=u16::MAX {
+            let (h, bh) = (f16::from_bits(b), bf16::from_bits(b));
+            assert_eq!(h.above_zero(), h.to_f32() > 0.0, "f16 {b:#06x}");
+            assert_eq!(bh.above_zero(), bh.to_f32() > 0.0, "bf16 {b:#06x}");
+        }
+        assert!(
+            !f32::NAN.above_zero() && !(-0.0f32).above_zero() && f32::MIN_POSITIVE.above_zero()
+        );
     }
 
     #[test]

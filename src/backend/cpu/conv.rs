@@ -34,7 +34,7 @@ use super::pairs::{
     gemm_amx, gemm_bf16, pairs, PairImage, PairOperand, PairPanels, PairRows, PairRowsA,
     PairWindows,
 };
-use super::pool::{avg_plane, Activations};
+use super::pool::{avg_plane, relu_pool_backward};
 use super::summation::{pairwise_sum, Cascade};
 use super::{pair_bits, widened, write_f32};
 
@@ -375,9 +375,9 @@ fn gather_dy<T: Precision>(
         OutputGrad::Pooled { pool, d_pooled, y } => {
             let pooled = pool.out_h() * pool.out_w();
             let g = widened(&d_pooled[planes.start * pooled..planes.end * pooled], tmp);
-            let act = Activations::of(pool, &y[planes.start * pq..planes.end * pq], tmp_act);
-            for (i, g) in g.chunks(pooled).enumerate() {
-                act.relu_pool_backward(pool, g, i, &mut dst[row(i)..][..pq]);
+            let y = &y[planes.start * pq..planes.end * pq];
+            for (i, (g, y)) in g.chunks(pooled).zip(y.chunks(pq)).enumerate() {
+                relu_pool_backward(pool, g, y, tmp_act, &mut dst[row(i)..][..pq]);
             }
         }
     }

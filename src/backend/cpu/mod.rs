@@ -210,12 +210,15 @@ impl CpuDevice {
         self.own.as_ref().map_or_else(isa::isa, |own| own.isa)
     }
 
-    /// Runs an operation: on this device's own threads where it has a level of its own
-    /// (every loop inside then runs there too, computing with that level), else here.
+    /// Runs an operation inside a thread pool: this device's own where it has a level of its
+    /// own (computing with that level), else rayon's global one. Either way the operation's
+    /// parallel loops start on a worker, instead of each loop handing its work to the pool
+    /// and waiting for it (a wake-up and a hand-back per loop, which mixed precision's
+    /// conversions multiply).
     fn run<R: Send>(&self, op: impl FnOnce() -> R + Send) -> R {
         match &self.own {
             Some(own) => own.pool.install(op),
-            None => op(),
+            None => rayon::scope(|_| op()),
         }
     }
 }
@@ -361,16 +364,12 @@ impl BackendImpl for CpuDevice {
             dx.0.par_chunks_mut(FLAT_CHUNK)
                 .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
                 .for_each(|(dx, (y, dy))| {
-                    // Widen y a block at a time (one F16C pass instead of a call per element).
-                    let mut wide = [0.0f32; 1024];
-                    for ((dx, y), dy) in
-                        dx.chunks_mut(1024).zip(y.chunks(1024)).zip(dy.chunks(1024))
-                    {
-                        let wide = &mut wide[..y.len()];
-                        T::widen_slice(y, wide);
-                        for ((dx, y), dy) in dx.iter_mut().zip(wide.iter()).zip(dy) {
-                            *dx = if *y > 0.0 { *dy } else { T::from_f32(0.0) };
-                        }
+                    for ((dx, y), dy) in dx.iter_mut().zip(y).zip(dy) {
+                        *dx = if y.above_zero() {
+                            *dy
+                        } else {
+                            T::from_f32(0.0)
+                        };
                     }
                 })
         })

@@ -5,7 +5,6 @@ use rayon::prelude::*;
 
 use crate::backend::shapes::Pool2dShape;
 use crate::backend::Precision;
-use crate::dtype::DType;
 
 use super::engine::multiversion;
 #[cfg(target_arch = "x86_64")]
@@ -150,6 +149,16 @@ fn avg_backward_plane_body(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) {
     }
 }
 
+/// Body of [`avg_relu_backward_plane_loops`]: the gradients spread, then kept where `y` is
+/// above zero.
+#[inline(always)]
+fn avg_relu_backward_plane_body<T: Precision>(s: &Pool2dShape, g: &[f32], y: &[T], dx: &mut [f32]) {
+    avg_backward_plane_body(s, g, dx);
+    for (d, a) in dx.iter_mut().zip(y) {
+        *d = if a.above_zero() { *d } else { 0.0 };
+    }
+}
+
 pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]) {
     let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
     dx.par_chunks_mut(plane_in).enumerate().for_each_init(
@@ -167,83 +176,33 @@ pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]
 pub(super) fn avg_relu_backward<T: Precision>(s: &Pool2dShape, dy: &[T], y: &[T], dx: &mut [T]) {
     let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
     dx.par_chunks_mut(plane_in).enumerate().for_each_init(
-        || {
-            (
-                vec![0.0f32; oh * ow],
-                vec![0.0f32; plane_in],
-                vec![0.0f32; plane_in],
-            )
-        },
+        || (Vec::new(), Vec::new(), Vec::new()),
         |(g, wide, act), (pl, dx)| {
             let g = widened(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
-            let act = Activations::of(s, &y[pl * plane_in..(pl + 1) * plane_in], act);
-            write_f32(dx, wide, |dx| act.relu_pool_backward(s, g, 0, dx));
+            let y = &y[pl * plane_in..(pl + 1) * plane_in];
+            write_f32(dx, wide, |dx| relu_pool_backward(s, g, y, act, dx));
         },
     );
 }
 
-/// A ReLU's outputs as the backward reads them: only whether each is above zero.
-pub(super) enum Activations<'a> {
-    /// f32 values (f32 storage, or half values widened).
-    Wide(&'a [f32]),
-    /// f16 or bf16 bit patterns, and the type's +infinity: a value is above zero exactly
-    /// when `1 <= bits <= inf` (sign clear, not zero, not NaN), so they need no widening.
-    Bits { bits: &'a [u16], inf: u16 },
-}
-
-impl<'a> Activations<'a> {
-    /// `y` as the pool-and-ReLU backward of `s` reads it best on this CPU: half values as
-    /// bits, except where AVX-512's 2x2 kernel takes f32 (then widened into `scratch`).
-    pub(super) fn of<T: Precision>(s: &Pool2dShape, y: &'a [T], scratch: &'a mut Vec<f32>) -> Self {
-        let inf = match T::DTYPE {
-            DType::F16 => Some(0x7c00),
-            DType::BF16 => Some(0x7f80),
-            DType::F32 => None,
-        };
-        match inf {
-            Some(inf) if !avx512_2x2(s) => Activations::Bits {
-                bits: bytemuck::cast_slice(y),
-                inf,
-            },
-            _ => Activations::Wide(widened(y, scratch)),
-        }
+/// One plane of [`avg_relu_backward`] (`dx.len()` long) in f32: `y` tested as stored
+/// ([`Precision::above_zero`]), except where AVX-512's 2x2 kernel serves, which takes y
+/// widened (into `scratch`). The same bits either way.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub(super) fn relu_pool_backward<T: Precision>(
+    s: &Pool2dShape,
+    g: &[f32],
+    y: &[T],
+    scratch: &mut Vec<f32>,
+    dx: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512_2x2(s) {
+        let act = widened(y, scratch);
+        // SAFETY: AVX-512 F, VL, BW and DQ were detected (`Isa::avx512`).
+        return unsafe { avx512::avg_relu_backward_2x2(s, g, act, dx) };
     }
-
-    /// One plane of [`avg_relu_backward`] (the `plane`-th of these activations, `dx.len()`
-    /// long): `dx = (act > 0) ⊙ avg_backward(g)`, the same bits either way.
-    pub(super) fn relu_pool_backward(
-        &self,
-        s: &Pool2dShape,
-        g: &[f32],
-        plane: usize,
-        dx: &mut [f32],
-    ) {
-        let n = dx.len();
-        match *self {
-            Activations::Wide(act) => avg_relu_backward_plane(s, g, &act[plane * n..][..n], dx),
-            Activations::Bits { bits, inf } => {
-                avg_backward_plane(s, g, dx);
-                relu_mask_bits(&bits[plane * n..][..n], inf, dx);
-            }
-        }
-    }
-}
-
-/// Body of [`relu_mask_bits`].
-#[inline(always)]
-fn relu_mask_bits_body(bits: &[u16], inf: u16, dx: &mut [f32]) {
-    for (d, b) in dx.iter_mut().zip(bits) {
-        *d = if b.wrapping_sub(1) < inf { *d } else { 0.0 };
-    }
-}
-
-/// Body of [`avg_relu_backward_plane`].
-#[inline(always)]
-fn avg_relu_backward_plane_body(s: &Pool2dShape, g: &[f32], act: &[f32], dx: &mut [f32]) {
-    avg_backward_plane_body(s, g, dx);
-    for (d, a) in dx.iter_mut().zip(act) {
-        *d = if *a > 0.0 { *d } else { 0.0 };
-    }
+    avg_relu_backward_plane_loops(s, g, y, dx)
 }
 
 // The plane loops are compiled for the process's engine (`multiversion!`), picked at run time
@@ -274,15 +233,11 @@ multiversion!(
     fn avg_backward_plane(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) = avg_backward_plane_body
 );
 multiversion!(
-    /// `dx = 0` where the half activation `bits` is not above zero ([`Activations::Bits`]).
-    fn relu_mask_bits(bits: &[u16], inf: u16, dx: &mut [f32]) = relu_mask_bits_body
-);
-multiversion!(
-    /// [`avg_relu_backward_plane`] for any window: the loops above, vectorized.
-    fn avg_relu_backward_plane_loops(
+    /// [`relu_pool_backward`] for any window: the loops above, vectorized.
+    fn avg_relu_backward_plane_loops<T: Precision>(
         s: &Pool2dShape,
         g: &[f32],
-        act: &[f32],
+        y: &[T],
         dx: &mut [f32],
     ) = avg_relu_backward_plane_body
 );
@@ -297,16 +252,6 @@ fn avx512_2x2(s: &Pool2dShape) -> bool {
 #[cfg(not(target_arch = "x86_64"))]
 fn avx512_2x2(_: &Pool2dShape) -> bool {
     false
-}
-
-/// One plane of [`avg_relu_backward`]: `dx = (act > 0) ⊙ avg_backward(g)`, all f32.
-fn avg_relu_backward_plane(s: &Pool2dShape, g: &[f32], act: &[f32], dx: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512_2x2(s) {
-        // SAFETY: AVX-512 F, VL, BW and DQ were detected (`Isa::avx512`).
-        return unsafe { avx512::avg_relu_backward_2x2(s, g, act, dx) };
-    }
-    avg_relu_backward_plane_loops(s, g, act, dx)
 }
 
 /// LeNet's pools (2x2 windows, stride 2) in AVX-512 registers. The loops above cannot be
@@ -418,32 +363,6 @@ mod avx512 {
                     let out = _mm512_maskz_mov_ps(live, v);
                     _mm512_mask_storeu_ps(d.add(h * s.in_w + w0), width, out);
                 }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod bits_tests {
-    use half::{bf16, f16};
-
-    use super::*;
-
-    /// The ReLU test on half bits keeps a gradient exactly where the value widened to f32 is
-    /// above zero: every f16 and every bf16 bit pattern (zeros, subnormals, infinities,
-    /// NaNs of both signs).
-    #[test]
-    fn the_bits_test_is_the_f32_test() {
-        let all: Vec<u16> = (0..=u16::MAX).collect();
-        type Widen = fn(u16) -> f32;
-        let f16_wide: Widen = |b| f16::from_bits(b).to_f32();
-        let bf16_wide: Widen = |b| bf16::from_bits(b).to_f32();
-        for (inf, to_f32) in [(0x7c00, f16_wide), (0x7f80, bf16_wide)] {
-            let mut dx = vec![1.0f32; all.len()];
-            relu_mask_bits(&all, inf, &mut dx);
-            for (&b, &d) in all.iter().zip(&dx) {
-                let kept = if to_f32(b) > 0.0 { 1.0 } else { 0.0 };
-                assert_eq!(d, kept, "bits {b:#06x} (infinity {inf:#06x})");
             }
         }
     }
