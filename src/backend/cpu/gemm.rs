@@ -7,6 +7,7 @@
 use rayon::prelude::*;
 
 use crate::backend::shapes::{Epilogue, GemmShape};
+use crate::backend::Precision;
 
 use super::pairs::{self, PairPanels, PairRows};
 use super::summation::Cascade;
@@ -22,12 +23,12 @@ use super::summation::Cascade;
 const K_BLOCK: usize = 64;
 
 /// `C = α·op(A)·op(B) + β·C`, then the bias and the ReLU, on f32 operands.
-pub(super) fn gemm_f32(
+pub(super) fn gemm_f32<O: Precision>(
     shape: &GemmShape,
     a: &[f32],
     b: &[f32],
     bias: Option<&[f32]>,
-    c: &mut [f32],
+    c: &mut [O],
     ep: Epilogue,
 ) {
     let ((rsa, csa), (rsb, csb)) = strides(shape);
@@ -64,12 +65,12 @@ pub(super) fn gemm_f32(
 ///
 /// # Panics
 /// If the CPU lacks AVX512-BF16.
-pub(super) fn gemm_bf16(
+pub(super) fn gemm_bf16<O: Precision>(
     shape: &GemmShape,
     a: &[u16],
     b: &[u16],
     bias: Option<&[f32]>,
-    c: &mut [f32],
+    c: &mut [O],
     ep: Epilogue,
 ) {
     let ((rsa, csa), (rsb, csb)) = strides(shape);
@@ -127,11 +128,12 @@ fn strides(shape: &GemmShape) -> Strides {
 /// The driver both element types share: C's rows split over rayon's tasks, each task's
 /// product `product(row0, (k0, len), beta, c_panel)` (`c_panel = α·op(A)[row0.., k0..k0 +
 /// len]·op(B)[k0..k0 + len, :] + β·c_panel`) over the whole K or, past [`K_BLOCK`], in
-/// blocks summed as a tree; then the bias and the ReLU.
-fn gemm_rows(
+/// blocks summed as a tree; then the bias and the ReLU, and for half C the rounding, each
+/// task on its own rows (one pass over the threads in all).
+fn gemm_rows<O: Precision>(
     shape: &GemmShape,
     bias: Option<&[f32]>,
-    c: &mut [f32],
+    c: &mut [O],
     ep: Epilogue,
     product: impl Fn(usize, (usize, usize), f32, &mut [f32]) + Sync,
 ) {
@@ -144,13 +146,10 @@ fn gemm_rows(
     } else {
         shape.m.div_ceil(rayon::current_num_threads() * 2).max(16)
     };
-    c.par_chunks_mut(rows_per_task * ldc)
-        .enumerate()
-        .for_each(|(t, c_rows)| {
-            let row0 = t * rows_per_task;
-            if shape.k <= K_BLOCK {
-                return product(row0, (0, shape.k), ep.beta, c_rows);
-            }
+    let rows = |row0: usize, c_rows: &mut [f32]| {
+        if shape.k <= K_BLOCK {
+            product(row0, (0, shape.k), ep.beta, c_rows);
+        } else {
             let mut blocks = Cascade::default();
             for k0 in (0..shape.k).step_by(K_BLOCK) {
                 let mut part = blocks.spare(c_rows.len());
@@ -167,15 +166,29 @@ fn gemm_rows(
                     .zip(&total)
                     .for_each(|(c, t)| *c = ep.beta.mul_add(*c, *t));
             }
-        });
-    if bias.is_some() || ep.relu {
-        c.par_chunks_mut(shape.n).for_each(|row| {
+        }
+        for row in c_rows.chunks_mut(ldc) {
             if let Some(bias) = bias {
                 row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
             }
             if ep.relu {
                 row.iter_mut().for_each(|v| *v = v.max(0.0));
             }
+        }
+    };
+    c.par_chunks_mut(rows_per_task * ldc)
+        .enumerate()
+        .for_each_init(Vec::new, |wide, (t, c_rows)| {
+            let row0 = t * rows_per_task;
+            if let Some(c_rows) = O::as_f32_mut(c_rows) {
+                return rows(row0, c_rows);
+            }
+            // Half C: in f32 (widened where β reads it), then rounded.
+            wide.resize(c_rows.len(), 0.0);
+            if ep.beta != 0.0 {
+                O::widen_slice(c_rows, wide);
+            }
+            rows(row0, wide);
+            O::narrow_slice(wide, c_rows);
         });
-    }
 }

@@ -115,22 +115,15 @@ fn widened_by<'a, T: Precision>(
     }
 }
 
-/// [`Precision::narrow_slice`] over rayon's threads, as [`widened_par`].
-fn narrow_par<T: Precision>(src: &[f32], dst: &mut [T]) {
-    dst.par_chunks_mut(FLAT_CHUNK)
-        .zip(src.par_chunks(FLAT_CHUNK))
-        .for_each(|(d, s)| T::narrow_slice(s, d));
-}
-
 thread_local! {
     /// f32 scratch kept per thread between operations: a fresh allocation of a megabyte
     /// costs a page fault per 4 KB on every call.
-    static SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = std::cell::RefCell::default();
+    static SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = std::cell::RefCell::default();
 }
 
 /// Runs `f` with this thread's [`SCRATCH`] buffers, or fresh ones where they are in use
 /// (an operation that rayon started on this thread while it waited inside another).
-fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
+fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 2]) -> R) -> R {
     SCRATCH.with(|s| match s.try_borrow_mut() {
         Ok(mut mine) => f(&mut mine),
         Err(_) => f(&mut Default::default()),
@@ -379,32 +372,16 @@ impl BackendImpl for CpuDevice {
         self.exec(op, |op| {
             let bias = op.bias.map(|b| b.as_slice());
             let (shape, ep) = (op.shape, op.epilogue);
-            let (a, b) = (&op.a.0, &op.b.0);
+            let (a, b, c) = (&op.a.0, &op.b.0, &mut op.c.0);
             // bf16 on AVX512-BF16 multiplies the bf16 values themselves; other half operands
-            // are widened once (F16C), then the f32 product runs on them.
-            with_scratch(|[wide_a, wide_b, wide_c]| {
-                let mut product = |c32: &mut [f32]| match bf16_bits(a).zip(bf16_bits(b)) {
-                    Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c32, ep),
-                    None => {
-                        let (a32, b32) = (widened_par(a, wide_a), widened_par(b, wide_b));
-                        gemm::gemm_f32(shape, a32, b32, bias, c32, ep);
-                    }
-                };
-                match O::as_f32_mut(&mut op.c.0) {
-                    Some(c32) => product(c32),
-                    None => {
-                        // C is read only when beta != 0 (then widened), computed on,
-                        // rounded back.
-                        if ep.beta == 0.0 {
-                            wide_c.resize(op.c.0.len(), 0.0);
-                        } else {
-                            widened_par(&op.c.0, wide_c);
-                        }
-                        product(wide_c);
-                        narrow_par(wide_c, &mut op.c.0);
-                    }
-                }
-            })
+            // are widened (both at once), then the f32 product runs on them.
+            match bf16_bits(a).zip(bf16_bits(b)) {
+                Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c, ep),
+                None => with_scratch(|[wide_a, wide_b]| {
+                    let (a, b) = rayon::join(|| widened_par(a, wide_a), || widened_par(b, wide_b));
+                    gemm::gemm_f32(shape, a, b, bias, c, ep)
+                }),
+            }
         })
     }
 
