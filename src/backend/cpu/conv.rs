@@ -331,9 +331,9 @@ fn forward_lanes<E: Engine, T: Precision>(
             |((images, wide), out, (plane, row), pooled_row), (g, (y_g, mut pooled_g))| {
                 let imgs = y_g.len() / image_out;
                 let first = g * E::LANES;
-                let xg = widened(&x[first * image_in..(first + imgs) * image_in], wide);
+                let xg = &x[first * image_in..(first + imgs) * image_in];
                 let windows = LaneWindows {
-                    src: images.build::<E>(s, xg, imgs),
+                    src: images.build::<E, T>(s, xg, imgs, wide),
                     pixels: &pixels,
                     taps: &taps,
                     block: FORWARD_BLOCK,
@@ -890,9 +890,9 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
                         let dx = &mut dx_chunk[at..at + set * image_in];
                         lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx);
                     }
-                    let xg = widened(&x[set_first * image_in..(set_first + set) * image_in], wide);
+                    let xg = &x[set_first * image_in..(set_first + set) * image_in];
                     let windows = LaneWindows {
-                        src: images.build::<E>(s, xg, set),
+                        src: images.build::<E, T>(s, xg, set, wide),
                         pixels: &pixels,
                         taps: &taps,
                         block: pixels.len(),

@@ -27,6 +27,7 @@ use std::marker::PhantomData;
 
 use super::engine::{store_tile, Engine};
 use crate::backend::shapes::Conv2dShape;
+use crate::backend::Precision;
 
 /// A group of up to `E::LANES` images laid out `[C][H + 2·pad][W + 2·pad][LANES]`: element
 /// (c, h, w) of image m at `((c·Hp + h)·Wp + w)·LANES + m`, zero in the padding and in the
@@ -37,27 +38,46 @@ pub(super) struct LaneImages {
 }
 
 impl LaneImages {
-    /// Lays out `imgs` ≤ `E::LANES` images of `x` (`imgs` x C x H x W, f32, contiguous).
+    /// Lays out `imgs` ≤ `E::LANES` images of `x` (`imgs` x C x H x W, contiguous); half
+    /// values are widened a channel at a time into `wide` (the group's planes of one
+    /// channel: in L1, not a whole group in f32 written out and read back).
     ///
     /// # Panics
     /// If `imgs` is 0 or over the lanes, or `x` is not `imgs` images long.
-    pub(super) fn build<E: Engine>(&mut self, s: &Conv2dShape, x: &[f32], imgs: usize) -> &[f32] {
-        let image = s.in_c * s.in_h * s.in_w;
+    pub(super) fn build<E: Engine, T: Precision>(
+        &mut self,
+        s: &Conv2dShape,
+        x: &[T],
+        imgs: usize,
+        wide: &mut Vec<f32>,
+    ) -> &[f32] {
+        let (plane, image) = (s.in_h * s.in_w, s.in_c * s.in_h * s.in_w);
         assert!((1..=E::LANES).contains(&imgs) && x.len() == imgs * image);
         let (hp, wp) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad);
         self.data.resize(s.in_c * hp * wp * E::LANES, 0.0);
         if s.pad > 0 || imgs < E::LANES {
             self.data.fill(0.0);
         }
-        // Each element's vector written whole, its images read `image` apart.
-        let row_len = s.in_w * E::LANES;
-        for (row, e) in (0..s.in_c * s.in_h).zip((0..image).step_by(s.in_w.max(1))) {
-            let (c, h) = (row / s.in_h, row % s.in_h);
-            let at = ((c * hp + h + s.pad) * wp + s.pad) * E::LANES;
-            let dst = self.data[at..at + row_len].chunks_exact_mut(E::LANES);
-            for (w, d) in dst.enumerate() {
-                for (m, d) in d.iter_mut().enumerate().take(imgs) {
-                    *d = x[m * image + e + w];
+        wide.resize(imgs * plane, 0.0);
+        for c in 0..s.in_c {
+            // Channel c of image m at src[m·stride + h·W + w].
+            let (src, stride) = match T::as_f32(x) {
+                Some(x) => (&x[c * plane..], image),
+                None => {
+                    for (m, dst) in wide.chunks_exact_mut(plane.max(1)).enumerate() {
+                        T::widen_slice(&x[m * image + c * plane..][..plane], dst);
+                    }
+                    (&wide[..], plane)
+                }
+            };
+            // Each element's vector written whole, its images read `stride` apart.
+            for h in 0..s.in_h {
+                let at = ((c * hp + h + s.pad) * wp + s.pad) * E::LANES;
+                let dst = self.data[at..at + s.in_w * E::LANES].chunks_exact_mut(E::LANES);
+                for (w, d) in dst.enumerate() {
+                    for (m, d) in d.iter_mut().enumerate().take(imgs) {
+                        *d = src[m * stride + h * s.in_w + w];
+                    }
                 }
             }
         }
@@ -541,7 +561,7 @@ mod tests {
             let mut images = LaneImages::default();
             let filter = LaneFilter::<E>::pack(&w, s.out_c, k);
             let windows = LaneWindows {
-                src: images.build::<E>(&s, &x, imgs),
+                src: images.build::<E, f32>(&s, &x, imgs, &mut Vec::new()),
                 pixels: &pixels,
                 taps: &taps,
                 block,
@@ -663,7 +683,7 @@ mod tests {
             let mut images = LaneImages::default();
             for (set, (x, dy)) in xs.iter().zip(&dys).enumerate() {
                 let windows = LaneWindows {
-                    src: images.build::<E>(&s, x, imgs),
+                    src: images.build::<E, f32>(&s, x, imgs, &mut Vec::new()),
                     pixels: &pixels,
                     taps: &taps,
                     block: pq,
@@ -714,7 +734,7 @@ mod tests {
             let mut images = LaneImages::default();
             let filter = LaneFilter::<E>::pack(&w, s.out_c, k);
             let windows = LaneWindows {
-                src: images.build::<E>(&s, &x, imgs),
+                src: images.build::<E, f32>(&s, &x, imgs, &mut Vec::new()),
                 pixels: &pixels,
                 taps: &taps,
                 block: 64,
