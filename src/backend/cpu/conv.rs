@@ -485,71 +485,12 @@ pub(super) fn forward<T: Precision>(
         );
 }
 
-pub(super) fn backward_input<T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], dx: &mut [T]) {
-    let k = s.in_c * s.k_h * s.k_w;
-    let pq = s.out_h() * s.out_w();
-    let image_in = s.in_c * s.in_h * s.in_w;
-    if image_in == 0 {
-        return;
-    }
-    if k >= WINDOW_TAPS && pair_bits(w).is_none() {
-        return with_engine!(E => backward_input_lanes::<E, T>(s, dy, w, dx));
-    }
-    // dcol (K x imgs·PQ) = wᵀ (K x O) · dy_group (O x imgs·PQ), then col2im.
-    let w_t = FilterT::new(s, w);
-    dx.par_chunks_mut(image_in * GROUP)
-        .enumerate()
-        .for_each_init(
-            || {
-                (
-                    vec![0.0f32; k * pq * GROUP],
-                    vec![0.0f32; s.out_c * pq * GROUP],
-                    (vec![0.0f32; image_in], Default::default()),
-                    PairRows::default(),
-                )
-            },
-            |(dcol, dyg, (acc, wide), dy_pairs), (g, dx_g)| {
-                let imgs = dx_g.len() / image_in;
-                let source = OutputGrad::Tensor(dy);
-                gather_dy(&source, (g * GROUP, imgs), (s.out_c, pq), dyg, wide);
-                input_grad_group(s, &w_t, dyg, (dcol, dy_pairs), dx_g, acc);
-            },
-        );
-}
-
-/// [`backward_input`] with the images in the lanes of engine E ([`LaneInput`]).
-fn backward_input_lanes<E: Engine, T: Precision>(s: &Conv2dShape, dy: &[T], w: &[T], dx: &mut [T]) {
-    let pq = s.out_h() * s.out_w();
-    let image_in = s.in_c * s.in_h * s.in_w;
-    let lanes = LaneInput::<E>::new(s, w);
-    dx.par_chunks_mut(image_in * E::LANES)
-        .enumerate()
-        .for_each_init(
-            || {
-                let dy_lanes = vec![0.0f32; s.out_c * pq * E::LANES];
-                (
-                    dy_lanes.clone(),
-                    dy_lanes,
-                    (Vec::new(), Default::default()),
-                    Vec::new(),
-                )
-            },
-            |(dyg, dy_lanes, (dx_lanes, wide), plane), (g, dx_g)| {
-                let imgs = dx_g.len() / image_in;
-                let source = OutputGrad::Tensor(dy);
-                gather_dy(&source, (g * E::LANES, imgs), (s.out_c, pq), dyg, wide);
-                into_lanes(dyg, (s.out_c, imgs, pq), (0, E::LANES), dy_lanes);
-                lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx_g);
-            },
-        );
-}
-
 /// The filter transposed, as the input gradient's product `dcol = wᵀ · dy` takes it.
 enum FilterT {
     /// Packed for the f32 GEMM tile.
     F32(PackedA),
     /// bf16 on AVX512-BF16: packed by pairs of output channels for [`gemm_bf16`], dy then
-    /// rounded to bf16 (it is bf16 already, or formed from bf16 values as `backward_filter`
+    /// rounded to bf16 (it is bf16 already, or formed from bf16 values as `backward`
     /// describes) and packed alike.
     Bf16(PairPanels),
     /// bf16 on AMX: rows of taps by pairs of output channels for [`gemm_amx`], dy rounded
@@ -676,14 +617,14 @@ fn input_grad_group<T: Precision>(
     }
 }
 
-/// `dw` from x and dy; with `db`, also the bias gradient, and with `input` (the filter, dx),
-/// the input gradient, all from the same gathered rows of dy (each group of images gathers
-/// dy once and uses it while it is in cache).
-pub(super) fn backward_filter<T: Precision>(
+/// The convolution's backward from dy, in one pass: with `filter` (x, dw) the filter
+/// gradient, with `db` the bias gradient, with `input` (the filter w, dx) the input
+/// gradient, all from the same gathered rows of dy (each group of images gathers dy once and
+/// uses it while it is in cache).
+pub(super) fn backward<T: Precision>(
     s: &Conv2dShape,
-    x: &[T],
     dy: OutputGrad<T>,
-    dw: &mut [f32],
+    filter: Option<(&[T], &mut [f32])>,
     db: Option<&mut [f32]>,
     input: Option<(&[T], &mut [T])>,
 ) {
@@ -694,7 +635,21 @@ pub(super) fn backward_filter<T: Precision>(
     // dw = Σ_groups dy_group (O x imgs·PQ) · col_groupᵀ (imgs·PQ x K), colᵀ read from the
     // images (taps as rows, pixels as steps) and dy transposed to pixel-major.
     // dcol_group = wᵀ (K x O) · dy_group, then col2im, for the input gradient.
-    let with_bias = db.is_some();
+    let (x, dw) = match filter {
+        Some((x, dw)) => (x, Some(dw)),
+        None => (&[][..], None),
+    };
+    let (with_filter, with_bias) = (dw.is_some(), db.is_some());
+    // The chunks' partials, added as a tree: their number grows with the batch.
+    let add_chunks = |chunks: Vec<(Vec<f32>, Vec<f32>)>| {
+        let (filters, biases): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
+        if let Some(dw) = dw {
+            Cascade::sum_into(filters, dw);
+        }
+        if let Some(db) = db {
+            Cascade::sum_into(biases, db);
+        }
+    };
     let offsets = window_offsets(s);
     // With the images in the lanes ([`filter_chunks_lanes`]) the input gradient is
     // [`LaneInput`]'s, else FilterT's.
@@ -709,14 +664,10 @@ pub(super) fn backward_filter<T: Precision>(
     if in_lanes {
         let chunks = with_engine!(E => {
             let lane_input = w.map(|w| LaneInput::<E>::new(s, w));
-            filter_chunks_lanes(s, x, &dy, lane_input.as_ref(), dx_chunks, with_bias)
+            let sums = (with_filter, with_bias);
+            filter_chunks_lanes(s, x, &dy, lane_input.as_ref(), dx_chunks, sums)
         });
-        let (filters, biases): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
-        Cascade::sum_into(filters, dw);
-        if let Some(db) = db {
-            Cascade::sum_into(biases, db);
-        }
-        return;
+        return add_chunks(chunks);
     }
     let w_t = w.map(|w| FilterT::new(s, w));
     let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
@@ -724,7 +675,7 @@ pub(super) fn backward_filter<T: Precision>(
     // pairs of adjacent pixels. dy is bf16 already, or formed here from the pool's bf16
     // gradient (a multiply by 1/4 under LeNet's 2x2 pool: exact); any other pool's rounding is
     // the one the unfused ops make when they store the convolution's output gradient.
-    let bf16 = offsets.as_ref().zip(pair_bits(x));
+    let bf16 = offsets.as_ref().zip(pair_bits(x)).filter(|_| with_filter);
     let chunks: Vec<(Vec<f32>, Vec<f32>)> = dx_chunks
         .into_par_iter()
         .enumerate()
@@ -756,7 +707,7 @@ pub(super) fn backward_filter<T: Precision>(
                 dy_rows,
             ),
              (chunk, mut dx_chunk)| {
-                let mut partial = vec![0.0f32; s.out_c * k];
+                let mut partial = vec![0.0f32; if with_filter { s.out_c * k } else { 0 }];
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let start = chunk * FILTER_CHUNK;
                 let end = s.batch.min(start + FILTER_CHUNK);
@@ -777,7 +728,7 @@ pub(super) fn backward_filter<T: Precision>(
                             block: pixel_pairs.len(),
                         };
                         dy_pairs.product(&col_t, &mut partial, k, nth > 0);
-                    } else {
+                    } else if with_filter {
                         // Dot products along the pixels, which dy and the columns both hold
                         // contiguously: nothing transposed.
                         im2col_group(s, x, (first, imgs), col, images);
@@ -807,19 +758,14 @@ pub(super) fn backward_filter<T: Precision>(
             },
         )
         .collect();
-    // The chunks' partials, added as a tree: their number grows with the batch.
-    let (filters, biases): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
-    Cascade::sum_into(filters, dw);
-    if let Some(db) = db {
-        Cascade::sum_into(biases, db);
-    }
+    add_chunks(chunks);
 }
 
-/// [`backward_filter`]'s chunks with the images in the lanes of engine E ([`lanes`]), for
-/// the f32 and widened products with [`WINDOW_TAPS`] taps or more: each chunk's
-/// filter gradient (O x K) and bias gradient, and with `lane_input` its input gradient
-/// written into the chunk of dx. dy is gathered and its bias sums taken per [`GROUP`] of
-/// images as in `backward_filter` (the same bits), then put into the lanes, where the
+/// [`backward`]'s chunks with the images in the lanes of engine E ([`lanes`]), for the f32
+/// and widened products with [`WINDOW_TAPS`] taps or more: each chunk's filter gradient (O
+/// x K) and bias gradient (each empty unless `(filter, bias)` asks for it), and with
+/// `lane_input` its input gradient written into the chunk of dx. dy is gathered and its bias sums taken per [`GROUP`] of
+/// images as in `backward` (the same bits), then put into the lanes, where the
 /// filter gradient ([`lane_filter_product`]: each image's pixels summed in its own lane,
 /// the chunk's sets of `E::LANES` in order, then the lanes as a fixed tree,
 /// [`fold_lanes`]) and the input gradient ([`LaneInput`]) read it.
@@ -829,7 +775,7 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
     dy: &OutputGrad<T>,
     lane_input: Option<&LaneInput<E>>,
     dx_chunks: Vec<Option<&mut [T]>>,
-    with_bias: bool,
+    (with_filter, with_bias): (bool, bool),
 ) -> Vec<(Vec<f32>, Vec<f32>)> {
     let lanes = E::LANES;
     let k = s.in_c * s.k_h * s.k_w;
@@ -853,7 +799,7 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
                     (LaneImages::default(), Vec::new()),
                     (vec![0.0f32; s.out_c * pq * GROUP], Default::default()),
                     // dy's lanes: channels past O stay zero.
-                    (vec![0.0f32; ld * pq * lanes], vec![0.0f32; ld * k * lanes]),
+                    (vec![0.0f32; ld * pq * lanes], Vec::new()),
                     (Vec::new(), Vec::new()),
                 )
             },
@@ -890,6 +836,10 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
                         let dx = &mut dx_chunk[at..at + set * image_in];
                         lanes.input_grad(s, dy_lanes, dx_lanes, plane, dx);
                     }
+                    if !with_filter {
+                        continue;
+                    }
+                    totals.resize(ld * k * lanes, 0.0);
                     let xg = &x[set_first * image_in..(set_first + set) * image_in];
                     let windows = LaneWindows {
                         src: images.build::<E, T>(s, xg, set, wide),
@@ -900,8 +850,8 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
                     let more = set_first > start;
                     lane_filter_product::<E>(&windows, dy_lanes, s.out_c, totals, more);
                 }
-                let mut partial = vec![0.0f32; s.out_c * k];
-                fold_lanes::<E>(&totals[..s.out_c * k * lanes], &mut partial);
+                let mut partial = vec![0.0f32; if with_filter { s.out_c * k } else { 0 }];
+                fold_lanes::<E>(&totals[..partial.len() * lanes], &mut partial);
                 (partial, partial_bias)
             },
         )

@@ -431,15 +431,9 @@ impl BackendImpl for CpuDevice {
     ) -> OpResult {
         self.exec(op, |op| {
             let dy = conv::OutputGrad::Tensor(&op.dy.0);
+            let filter = Some((&op.x.0[..], &mut op.dw.0[..]));
             let input = Some((&op.w.0[..], &mut op.dx.0[..]));
-            conv::backward_filter(
-                op.shape,
-                &op.x.0,
-                dy,
-                &mut op.dw.0,
-                Some(&mut op.db.0),
-                input,
-            )
+            conv::backward(op.shape, dy, filter, Some(&mut op.db.0), input)
         })
     }
 
@@ -453,15 +447,9 @@ impl BackendImpl for CpuDevice {
                 d_pooled: &op.d_pooled.0,
                 y: &op.y.0,
             };
+            let filter = Some((&op.x.0[..], &mut op.dw.0[..]));
             let input = op.input.map(|(w, dx)| (&w.0[..], &mut dx.0[..]));
-            conv::backward_filter(
-                op.conv,
-                &op.x.0,
-                dy,
-                &mut op.dw.0,
-                Some(&mut op.db.0),
-                input,
-            )
+            conv::backward(op.conv, dy, filter, Some(&mut op.db.0), input)
         })
     }
 
@@ -470,7 +458,8 @@ impl BackendImpl for CpuDevice {
         op: Checked<Conv2dBackwardInput<'_, CpuDevice, T>>,
     ) -> OpResult {
         self.exec(op, |op| {
-            conv::backward_input(op.shape, &op.dy.0, &op.w.0, &mut op.dx.0)
+            let (dy, input) = (&op.dy.0, Some((&op.w.0[..], &mut op.dx.0[..])));
+            conv::backward(op.shape, conv::OutputGrad::Tensor(dy), None, None, input)
         })
     }
 
@@ -479,11 +468,9 @@ impl BackendImpl for CpuDevice {
         op: Checked<Conv2dBackwardFilter<'_, CpuDevice, T>>,
     ) -> OpResult {
         self.exec(op, |op| {
-            let (dy, db) = (
-                conv::OutputGrad::Tensor(&op.dy.0),
-                op.db.map(|db| &mut db.0[..]),
-            );
-            conv::backward_filter(op.shape, &op.x.0, dy, &mut op.dw.0, db, None)
+            let (dy, filter) = (&op.dy.0, Some((&op.x.0[..], &mut op.dw.0[..])));
+            let db = op.db.map(|db| &mut db.0[..]);
+            conv::backward(op.shape, conv::OutputGrad::Tensor(dy), filter, db, None)
         })
     }
 
