@@ -94,7 +94,7 @@ fn pixel_offsets(s: &Conv2dShape, imgs: usize) -> Vec<usize> {
 
 /// [`tap_offsets`] and one image's [`pixel_offsets`] in [`lanes`]' layout (each element a
 /// vector of `lanes` images).
-fn lane_offsets(s: &Conv2dShape, lanes: usize) -> (Vec<usize>, Vec<usize>) {
+pub(super) fn lane_offsets(s: &Conv2dShape, lanes: usize) -> (Vec<usize>, Vec<usize>) {
     let scale = |v: Vec<usize>| v.into_iter().map(|o| o * lanes).collect();
     (scale(tap_offsets(s)), scale(pixel_offsets(s, 1)))
 }

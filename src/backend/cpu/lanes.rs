@@ -467,32 +467,10 @@ pub(super) fn fold_lanes<E: Engine>(vectors: &[f32], sums: &mut [f32]) {
 mod tests {
     use rand::Rng;
 
+    use super::super::conv::lane_offsets;
     use super::super::engine::on_each_engine;
     use super::super::product_check::{seeded, uniform};
     use super::*;
-
-    /// Offsets of the taps and of the output pixels of `imgs` images, in NCHW images
-    /// padded by `s.pad` (times `scale`; image m at m·C·Hp·Wp: with the images in the
-    /// lanes, `imgs` is 1).
-    fn offsets(s: &Conv2dShape, imgs: usize, scale: usize) -> (Vec<usize>, Vec<usize>) {
-        let (hp, wp) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad);
-        let mut taps = Vec::new();
-        for c in 0..s.in_c {
-            for i in 0..s.k_h {
-                taps.extend((0..s.k_w).map(|j| (c * hp * wp + i * wp + j) * scale));
-            }
-        }
-        let mut pixels = Vec::new();
-        for m in 0..imgs {
-            for p in 0..s.out_h() {
-                for q in 0..s.out_w() {
-                    let at = m * s.in_c * hp * wp + p * s.stride * wp + q * s.stride;
-                    pixels.push(at * scale);
-                }
-            }
-        }
-        (taps, pixels)
-    }
 
     /// `got` within 1e-6 + 2e-6 · `mag` (the terms' Σ|t|) of the float64 `want`.
     fn assert_near<E: Engine>(got: f32, (want, mag): (f64, f64), at: impl Fn() -> String) {
@@ -557,7 +535,7 @@ mod tests {
             let pq = s.out_h() * s.out_w();
             let x = uniform(&mut rng, imgs * image);
             let w = uniform(&mut rng, s.out_c * k);
-            let (taps, pixels) = offsets(&s, 1, E::LANES);
+            let (taps, pixels) = lane_offsets(&s, E::LANES);
             let mut images = LaneImages::default();
             let filter = LaneFilter::<E>::pack(&w, s.out_c, k);
             let windows = LaneWindows {
@@ -612,7 +590,7 @@ mod tests {
             let k = s.in_c * s.k_h * s.k_w;
             let kpad = k.div_ceil(E::R) * E::R;
             let pq = s.out_h() * s.out_w();
-            let (mut taps, pixels) = offsets(&s, 1, E::LANES);
+            let (mut taps, pixels) = lane_offsets(&s, E::LANES);
             taps.resize(kpad, *taps.last().unwrap());
             let w = uniform(&mut rng, s.out_c * k);
             let mut wpad = vec![0.0; s.out_c * kpad];
@@ -664,7 +642,7 @@ mod tests {
             let k = s.in_c * s.k_h * s.k_w;
             let pq = s.out_h() * s.out_w();
             let ld = s.out_c.div_ceil(E::R) * E::R;
-            let (taps, pixels) = offsets(&s, 1, E::LANES);
+            let (taps, pixels) = lane_offsets(&s, E::LANES);
             let xs: Vec<Vec<f32>> = (0..2).map(|_| uniform(&mut rng, imgs * image)).collect();
             let dys: Vec<Vec<f32>> = (0..2)
                 .map(|_| {
@@ -730,7 +708,7 @@ mod tests {
         for imgs in [E::LANES, E::LANES / 2 + 1] {
             let x = uniform(&mut rng, imgs * image);
             let w = uniform(&mut rng, s.out_c * k);
-            let (taps, pixels) = offsets(&s, 1, E::LANES);
+            let (taps, pixels) = lane_offsets(&s, E::LANES);
             let mut images = LaneImages::default();
             let filter = LaneFilter::<E>::pack(&w, s.out_c, k);
             let windows = LaneWindows {
@@ -741,7 +719,7 @@ mod tests {
             };
             let mut out = vec![0.0; filter.ld() * pq * E::LANES];
             lane_product(&windows, &filter, &mut out);
-            let (taps, pixels) = offsets(&s, 1, 1);
+            let (taps, pixels) = lane_offsets(&s, 1);
             let mut plane = vec![0.0; pq];
             for m in 0..imgs {
                 for o in 0..s.out_c {

@@ -188,7 +188,7 @@ pub(super) fn avg_relu_backward<T: Precision>(s: &Pool2dShape, dy: &[T], y: &[T]
 /// One plane of [`avg_relu_backward`] (`dx.len()` long) in f32: `y` tested as stored
 /// ([`Precision::above_zero`]), except where AVX-512's 2x2 kernel serves, which takes y
 /// widened (into `scratch`). The same bits either way.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables, clippy::ptr_arg))]
 pub(super) fn relu_pool_backward<T: Precision>(
     s: &Pool2dShape,
     g: &[f32],
@@ -246,12 +246,6 @@ multiversion!(
 #[cfg(target_arch = "x86_64")]
 fn avx512_2x2(s: &Pool2dShape) -> bool {
     is_2x2(s) && isa().avx512
-}
-
-/// Whether AVX-512's 2x2 kernels serve pools of shape `s` on this CPU: never off x86-64.
-#[cfg(not(target_arch = "x86_64"))]
-fn avx512_2x2(_: &Pool2dShape) -> bool {
-    false
 }
 
 /// LeNet's pools (2x2 windows, stride 2) in AVX-512 registers. The loops above cannot be

@@ -5,8 +5,8 @@
 /// AVX-512 F, VL, BW and DQ.
 pub(in crate::backend::cpu) struct Avx512;
 
-super::x86_engine!(Avx512: Avx512, "avx512f,avx512vl,avx512bw,avx512dq", avx512, __m512,
-    16 lanes, tile 5 x 5, gemm 10 x 2, dot 4 x 5,
+super::simd_engine!(Avx512: Avx512, std::arch::x86_64, "avx512f,avx512vl,avx512bw,avx512dq",
+    avx512, __m512, 16 lanes, tile 5 x 5, gemm 10 x 2, dot 4 x 5,
     _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
     _mm512_add_ps, sum_512);
 

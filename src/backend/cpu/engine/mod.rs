@@ -111,18 +111,19 @@ pub(super) unsafe fn store_tile<E: Engine, const V: usize>(
     }
 }
 
-/// Implements [`Engine`] for `$name`, an x86 instruction set whose vector type `$vector`
-/// holds `$lanes` f32, given its intrinsics for `setzero_ps`, `loadu_ps`, `storeu_ps`,
-/// `set1_ps`, `fmadd_ps` and `add_ps` and its lane sum; `$features` enable it (the same as
+/// Implements [`Engine`] for `$name`, an instruction set of the `std::arch` module `$arch`
+/// whose vector type `$vector` holds `$lanes` f32, given its intrinsics (or wrappers in
+/// their shape) for all lanes zero, an unaligned load and store, a broadcast, `a·b + c`
+/// rounded once, `a + b` and the lane sum; `$features` enable it (on x86 the same as
 /// [`multiversion!`]'s for that engine), `$has` is the [`super::isa::Isa`] flag that says
 /// the CPU has them.
-#[cfg(target_arch = "x86_64")]
-macro_rules! x86_engine {
-    ($name:ident: $kind:ident, $features:literal, $has:ident, $vector:ty, $lanes:literal lanes,
-     tile $r:literal x $v:literal, gemm $gr:literal x $gv:literal, dot $dr:literal x $dc:literal,
-     $zero:ident, $load:ident, $store:ident, $splat:ident,
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! simd_engine {
+    ($name:ident: $kind:ident, $arch:path, $features:literal, $has:ident, $vector:ty,
+     $lanes:literal lanes, tile $r:literal x $v:literal, gemm $gr:literal x $gv:literal,
+     dot $dr:literal x $dc:literal, $zero:ident, $load:ident, $store:ident, $splat:ident,
      $fmadd:ident, $add:ident, $sum:ident) => {
-        use std::arch::x86_64::*;
+        use $arch::*;
 
         use super::Engine;
         use crate::backend::cpu::isa::EngineKind;
@@ -203,8 +204,8 @@ macro_rules! x86_engine {
         }
     };
 }
-#[cfg(target_arch = "x86_64")]
-use x86_engine;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use simd_engine;
 
 /// Runs `$body` with the type `$E` naming the engine the process computes with
 /// ([`isa`]`().engine()`).
