@@ -1,21 +1,15 @@
-//! Convolution as im2col + GEMM, a group of images per rayon task (their taps side by side,
-//! so each GEMM is wide).
+//! The convolutions' drivers: groups of images per rayon task, the products on the engines,
+//! the epilogues (bias, ReLU, pool) and the fixed order of the sums.
 //!
-//! For image n, `col` is the (C·KH·KW) x (P·Q) matrix of input taps, so the forward pass is
-//! `y_n = w · col` (O x P·Q), the input gradient is `col2im(wᵀ · dy_n)`, and the filter
-//! gradient is `Σ_n dy_n · col_nᵀ`. From [`WINDOW_TAPS`] taps on, f32 and widened products
-//! run with a group of images in the lanes of the process's vector engine ([`lanes`]: all
-//! three products, col never formed, `col[tap][pixel]` read as `images[tap offset + pixel
-//! offset]`); below it (conv1's 9 taps) col is written out and multiplied on the GEMM tile
-//! ([`microkernel`]). The filter gradient
+//! From [`WINDOW_TAPS`] taps on (conv2), f32 and widened products run with a group of images
+//! in the lanes of the process's engine ([`lanes`]: the im2col matrix never formed,
+//! `col[tap][pixel]` read as `images[tap offset + pixel offset]`); below it (conv1's 9
+//! taps) im2col is written out and multiplied on the GEMM tiles ([`microkernel`]). bf16 on
+//! a CPU with AMX, or an AMD CPU with AVX512-BF16, takes a pair engine ([`super::pairs`]):
+//! the window products ([`PairOperand`]) by pairs of adjacent taps or pixels, the input
+//! gradient ([`gemm_amx`], [`gemm_bf16`]) by pairs of output channels. The filter gradient
 //! sums images in fixed chunks and then the chunks as a binary tree (`summation`), so the
 //! result does not depend on the thread count and its rounding error grows like log(batch).
-//!
-//! bf16 operands on a CPU with AMX, or an AMD CPU with AVX512-BF16, take all three products
-//! on a pair engine ([`super::pairs`]): the forward and filter-gradient window products
-//! ([`PairOperand`]) by pairs of adjacent taps or pixels of the images, the input gradient's
-//! ([`gemm_amx`], [`gemm_bf16`]) by pairs of output channels. Elsewhere bf16 is widened and
-//! takes the f32 engines.
 
 use rayon::prelude::*;
 

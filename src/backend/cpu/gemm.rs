@@ -76,11 +76,7 @@ pub(super) fn gemm_bf16<O: Precision>(
     let ((rsa, csa), (rsb, csb)) = strides(shape);
     let n = shape.n;
     // op(B) packed once per block of k, shared by every task's rows.
-    let blocks = if shape.k <= K_BLOCK {
-        shape.k.max(1)
-    } else {
-        K_BLOCK
-    };
+    let blocks = shape.k.clamp(1, K_BLOCK);
     let packed_b: Vec<PairRows> = (0..shape.k.max(1))
         .step_by(blocks)
         .collect::<Vec<_>>()

@@ -1,18 +1,12 @@
 //! Which instruction set the CPU backend computes with: decided once per process, in one place.
 //!
-//! The backend is compiled for baseline x86-64 and picks its faster paths at run time, so one
-//! binary runs everywhere. Every path must give results the tests accept, and a machine with
-//! AVX-512 would otherwise never run the paths that other machines take: set
-//! `NANODDP_CPU_ISA=portable` to force the portable one, `NANODDP_CPU_ISA=avx2` the AVX2+FMA
-//! one (what most x86 desktops, laptops and AMD Zen 2 and 3 run), so anyone can compare them
-//! on one machine. Likewise `NANODDP_CPU_ISA=avx512` keeps AVX-512 but not
-//! its BF16 extension or AMX (the bf16 path of AVX-512 CPUs without them: Skylake and Ice
-//! Lake servers), and `NANODDP_CPU_ISA=avx512bf16` takes the bf16 products through
-//! AVX512-BF16 wherever the CPU has it, also where [`Isa::bf16_products`] would not (Intel's
-//! cores: see there), and never through AMX ([`Isa::amx`]). `NANODDP_CPU_ISA=native` (or
-//! unset) uses what the CPU has, as this module judges best. On aarch64 the NEON engine
-//! serves (`NANODDP_CPU_ISA=neon` names it; `portable` forces the plain one there too). A level the CPU lacks, or a
-//! name not listed here, is an error ([`requested`]), never quietly replaced by another.
+//! The backend is compiled for the target's baseline and picks its faster paths at run time,
+//! so one binary runs everywhere. `NANODDP_CPU_ISA` forces any level the CPU can run
+//! ([`LEVELS`]: `portable`, `avx2`, `avx512` without its BF16 extension or AMX, `avx512bf16`
+//! through `vdpbf16ps` and never AMX, `neon` on aarch64; `native` or unset: what the CPU
+//! has, as this module judges best), so anyone can compare the paths on one machine; a
+//! level the CPU lacks, or an unknown name, is an error ([`requested`]), never quietly
+//! replaced by another.
 
 use std::sync::OnceLock;
 

@@ -4,24 +4,11 @@
 //! A group of images is first laid out image-innermost (`[C][H][W][LANES]`,
 //! [`LaneImages`]), so one vector load brings one input element of every image in the group,
 //! every lane does useful work for any channel count, and a register holds one output
-//! element of each image.
-//!
-//! - **Forward** ([`lane_product`]): the register tile is `E::R` output channels by up to
-//!   `E::V` output pixels; per tap, V vector loads of the images and R broadcasts of the
-//!   filter for R·V multiply-adds. The taps are summed in blocks (each block from zero in
-//!   the registers, then added to the running total, taps in the filter's order); a test
-//!   holds every engine to that order bit for bit.
-//! - **Input gradient** ([`lane_input_grad`]): R taps by V output pixels, summed over the
-//!   output channels in the registers and added straight into dx's lanes, so neither the
-//!   `wᵀ · dy` matrix nor col2im exists.
-//! - **Filter gradient** ([`lane_filter_product`]): R output channels by V taps, each lane
-//!   summing its own image's pixels; the sets of images add up in memory and the lanes are
-//!   added at the end as a fixed tree ([`fold_lanes`]). It reads the same dy lanes as the
-//!   input gradient.
-//!
-//! The layouts cost one copy per element going in and one per element coming out
-//! ([`LaneImages::build`], [`into_lanes`], [`lane_plane`]): plain loops, a few percent of
-//! the products' time.
+//! element of each image. The three products over it, each an `E::R` x `E::V` register
+//! tile: [`lane_product`] (forward), [`lane_input_grad`] (col2im fused) and
+//! [`lane_filter_product`] (each lane its own image's sum, folded by [`fold_lanes`]). The
+//! layouts cost one copy per element going in and one coming out ([`LaneImages::build`],
+//! [`into_lanes`], [`lane_plane`]): a few percent of the products' time.
 
 use std::marker::PhantomData;
 
@@ -472,6 +459,29 @@ mod tests {
     use super::super::product_check::{seeded, uniform};
     use super::*;
 
+    /// [`lane_product`] of `imgs` images `x` (f32) by the filter `w` (O x K) in blocks of
+    /// `block` taps, into a poisoned `out` (its layout).
+    fn forward<E: Engine>(
+        s: &Conv2dShape,
+        x: &[f32],
+        w: &[f32],
+        imgs: usize,
+        block: usize,
+    ) -> Vec<f32> {
+        let (taps, pixels) = lane_offsets(s, E::LANES);
+        let filter = LaneFilter::<E>::pack(w, s.out_c, w.len() / s.out_c);
+        let mut images = LaneImages::default();
+        let windows = LaneWindows {
+            src: images.build::<E, f32>(s, x, imgs, &mut Vec::new()),
+            pixels: &pixels,
+            taps: &taps,
+            block,
+        };
+        let mut out = vec![f32::NAN; filter.ld() * pixels.len() * E::LANES];
+        lane_product(&windows, &filter, &mut out);
+        out
+    }
+
     /// `got` within 1e-6 + 2e-6 · `mag` (the terms' Σ|t|) of the float64 `want`.
     fn assert_near<E: Engine>(got: f32, (want, mag): (f64, f64), at: impl Fn() -> String) {
         let err = (f64::from(got) - want).abs();
@@ -535,17 +545,7 @@ mod tests {
             let pq = s.out_h() * s.out_w();
             let x = uniform(&mut rng, imgs * image);
             let w = uniform(&mut rng, s.out_c * k);
-            let (taps, pixels) = lane_offsets(&s, E::LANES);
-            let mut images = LaneImages::default();
-            let filter = LaneFilter::<E>::pack(&w, s.out_c, k);
-            let windows = LaneWindows {
-                src: images.build::<E, f32>(&s, &x, imgs, &mut Vec::new()),
-                pixels: &pixels,
-                taps: &taps,
-                block,
-            };
-            let mut out = vec![f32::NAN; filter.ld() * pq * E::LANES];
-            lane_product(&windows, &filter, &mut out);
+            let out = forward::<E>(&s, &x, &w, imgs, block);
             let mut plane = vec![f32::NAN; pq];
             for m in 0..imgs {
                 for o in 0..s.out_c {
@@ -708,17 +708,7 @@ mod tests {
         for imgs in [E::LANES, E::LANES / 2 + 1] {
             let x = uniform(&mut rng, imgs * image);
             let w = uniform(&mut rng, s.out_c * k);
-            let (taps, pixels) = lane_offsets(&s, E::LANES);
-            let mut images = LaneImages::default();
-            let filter = LaneFilter::<E>::pack(&w, s.out_c, k);
-            let windows = LaneWindows {
-                src: images.build::<E, f32>(&s, &x, imgs, &mut Vec::new()),
-                pixels: &pixels,
-                taps: &taps,
-                block: 64,
-            };
-            let mut out = vec![0.0; filter.ld() * pq * E::LANES];
-            lane_product(&windows, &filter, &mut out);
+            let out = forward::<E>(&s, &x, &w, imgs, 64);
             let (taps, pixels) = lane_offsets(&s, 1);
             let mut plane = vec![0.0; pq];
             for m in 0..imgs {

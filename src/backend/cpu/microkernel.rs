@@ -59,15 +59,8 @@ impl PackedA {
         for (p, panel) in self.data.chunks_exact_mut(depth * MR).enumerate() {
             for i in 0..MR.min(rows - p * MR) {
                 let row = (p * MR + i) * rs;
-                if cs == 1 {
-                    let src = &src[row..row + depth];
-                    for (k, v) in src.iter().enumerate() {
-                        panel[k * MR + i] = *v;
-                    }
-                } else {
-                    for k in 0..depth {
-                        panel[k * MR + i] = src[row + k * cs];
-                    }
+                for k in 0..depth {
+                    panel[k * MR + i] = src[row + k * cs];
                 }
             }
         }

@@ -276,6 +276,13 @@ impl Memory for CpuDevice {
 /// Elements per rayon task for flat loops: big enough that scheduling is noise.
 const FLAT_CHUNK: usize = 1 << 14;
 
+/// `f(out chunk, x chunk)` over matching chunks of [`FLAT_CHUNK`] elements, on rayon's threads.
+fn zip_chunks<O: Send, X: Sync>(out: &mut [O], x: &[X], f: impl Fn(&mut [O], &[X]) + Sync) {
+    out.par_chunks_mut(FLAT_CHUNK)
+        .zip(x.par_chunks(FLAT_CHUNK))
+        .for_each(|(o, x)| f(o, x));
+}
+
 impl CpuDevice {
     /// Runs an operation's body on its checked arguments ([`CpuDevice::run`]'s threads).
     fn exec<A: Send>(&self, op: Checked<A>, body: impl FnOnce(A) + Send) -> OpResult {
@@ -293,12 +300,8 @@ fn sgd_tensor<T: Precision>(t: SgdTensor<'_, CpuDevice, T>, step: SgdStep) {
 
 impl BackendImpl for CpuDevice {
     fn fill(&self, op: Checked<Fill<'_, CpuDevice>>) -> OpResult {
-        self.exec(op, |op| {
-            let value = op.value;
-            op.out
-                .0
-                .par_chunks_mut(FLAT_CHUNK)
-                .for_each(|c| c.fill(value))
+        self.exec(op, |Fill { out, value }| {
+            out.0.par_chunks_mut(FLAT_CHUNK).for_each(|c| c.fill(value))
         })
     }
 
@@ -311,13 +314,11 @@ impl BackendImpl for CpuDevice {
 
     fn axpy(&self, op: Checked<Axpy<'_, CpuDevice>>) -> OpResult {
         self.exec(op, |Axpy { alpha, x, y }| {
-            y.0.par_chunks_mut(FLAT_CHUNK)
-                .zip(x.0.par_chunks(FLAT_CHUNK))
-                .for_each(|(y, x)| {
-                    y.iter_mut()
-                        .zip(x)
-                        .for_each(|(y, x)| *y = alpha.mul_add(*x, *y))
-                })
+            zip_chunks(&mut y.0, &x.0, |y, x| {
+                y.iter_mut()
+                    .zip(x)
+                    .for_each(|(y, x)| *y = alpha.mul_add(*x, *y))
+            })
         })
     }
 
@@ -336,35 +337,25 @@ impl BackendImpl for CpuDevice {
 
     fn cast_from_f32<T: Precision>(&self, op: Checked<Cast<'_, CpuDevice, f32, T>>) -> OpResult {
         self.exec(op, |Cast { x, out }| {
-            out.0
-                .par_chunks_mut(FLAT_CHUNK)
-                .zip(x.0.par_chunks(FLAT_CHUNK))
-                .for_each(|(o, x)| T::narrow_slice(x, o))
+            zip_chunks(&mut out.0, &x.0, |o, x| T::narrow_slice(x, o))
         })
     }
 
     fn cast_to_f32<T: Precision>(&self, op: Checked<Cast<'_, CpuDevice, T, f32>>) -> OpResult {
         self.exec(op, |Cast { x, out }| {
-            out.0
-                .par_chunks_mut(FLAT_CHUNK)
-                .zip(x.0.par_chunks(FLAT_CHUNK))
-                .for_each(|(o, x)| T::widen_slice(x, o))
+            zip_chunks(&mut out.0, &x.0, |o, x| T::widen_slice(x, o))
         })
     }
 
     fn relu_backward<T: Precision>(&self, op: Checked<ReluBackward<'_, CpuDevice, T>>) -> OpResult {
         self.exec(op, |ReluBackward { y, dy, dx }| {
-            dx.0.par_chunks_mut(FLAT_CHUNK)
-                .zip(y.0.par_chunks(FLAT_CHUNK).zip(dy.0.par_chunks(FLAT_CHUNK)))
-                .for_each(|(dx, (y, dy))| {
-                    for ((dx, y), dy) in dx.iter_mut().zip(y).zip(dy) {
-                        *dx = if y.above_zero() {
-                            *dy
-                        } else {
-                            T::from_f32(0.0)
-                        };
-                    }
-                })
+            let zero = T::from_f32(0.0);
+            zip_chunks(&mut dx.0, &dy.0, |dx, dy| dx.copy_from_slice(dy));
+            zip_chunks(&mut dx.0, &y.0, |dx, y| {
+                for (dx, y) in dx.iter_mut().zip(y) {
+                    *dx = if y.above_zero() { *dx } else { zero };
+                }
+            })
         })
     }
 

@@ -605,7 +605,7 @@ mod tests {
     use rand::Rng;
 
     use super::super::product_check::{
-        assert_product, check_pair_product, conv2_pixels, conv2_taps, poisoned, seeded,
+        check_pair_product, check_product, conv2_pixels, conv2_taps, seeded,
     };
     use super::*;
 
@@ -731,23 +731,21 @@ mod tests {
                 pb.pack(k, n, |kk, j| b[j * k + kk]);
                 let ldc = n + 3;
                 let c0: Vec<f32> = (0..m * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                for accumulate in [false, true] {
-                    let mut c = poisoned(&c0, n, ldc);
+                let term =
+                    |i: usize, j: usize, kk: usize| value(a[i * k + kk]) * value(b[j * k + kk]);
+                let what = format!("{m} x {n} x {k}");
+                check_product(&c0, (m, n, ldc), k, &term, &what, |c, accumulate| {
                     let at = |i: usize, kk: usize| a[i * k + kk];
                     if let PairOperand::Amx(_) = engine {
                         let mut pa = PairRowsA::default();
                         pa.pack(m, k, at);
-                        gemm_amx(&pa, &pb, &mut c, ldc, accumulate);
+                        gemm_amx(&pa, &pb, c, ldc, accumulate);
                     } else {
                         let mut pa = PairPanels::default();
                         pa.pack(m, k, at);
-                        gemm_bf16(&pa, &pb, &mut c, ldc, accumulate);
+                        gemm_bf16(&pa, &pb, c, ldc, accumulate);
                     }
-                    let term =
-                        |i: usize, j: usize, kk: usize| value(a[i * k + kk]) * value(b[j * k + kk]);
-                    let what = format!("{m} x {n} x {k}");
-                    assert_product(&c, &c0, (m, n, ldc), k, accumulate, term, &what);
-                }
+                });
             }
         }
     }

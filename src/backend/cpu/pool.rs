@@ -104,11 +104,10 @@ fn avg_plane_body(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
 pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
     let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
     y.par_chunks_mut(oh * ow).enumerate().for_each_init(
-        || (vec![0.0f32; plane_in], vec![0.0f32; oh * ow]),
+        || (Vec::new(), Vec::new()),
         |(wide, out), (pl, y)| {
-            T::widen_slice(&x[pl * plane_in..(pl + 1) * plane_in], wide);
-            avg_plane(s, wide, out);
-            T::narrow_slice(out, y);
+            let x = widened(&x[pl * plane_in..(pl + 1) * plane_in], wide);
+            write_f32(y, out, |y| avg_plane(s, x, y));
         },
     );
 }
@@ -162,11 +161,10 @@ fn avg_relu_backward_plane_body<T: Precision>(s: &Pool2dShape, g: &[f32], y: &[T
 pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]) {
     let (oh, ow, plane_in) = (s.out_h(), s.out_w(), s.in_h * s.in_w);
     dx.par_chunks_mut(plane_in).enumerate().for_each_init(
-        || (vec![0.0f32; oh * ow], vec![0.0f32; plane_in]),
+        || (Vec::new(), Vec::new()),
         |(g, wide), (pl, dx)| {
-            T::widen_slice(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
-            avg_backward_plane(s, g, wide);
-            T::narrow_slice(wide, dx);
+            let g = widened(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
+            write_f32(dx, wide, |dx| avg_backward_plane(s, g, dx));
         },
     );
 }
