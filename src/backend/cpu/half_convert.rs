@@ -1,13 +1,11 @@
-//! f16 <-> f32 slice conversion sixteen at a time (AVX-512F's `vcvtph2ps`/`vcvtps2ph`), and
-//! bf16 <-> f32 (a shift, and integer rounding: loops the compiler vectorizes for the
-//! process's engine).
+//! f16 and bf16 to and from f32, for whole slices.
 //!
 //! Mixed precision on the CPU converts every activation it touches: through the `half`
-//! crate's F16C path that is a function call per 8 elements. Here the loop is compiled for
-//! AVX-512 and the conversions are inline, 16 lanes per
-//! instruction; the rounding is the same (to nearest even, as `f16::from_f32`), so results
-//! are unchanged bit for bit. The AVX2 engine's CPUs do the same 8 at a time with F16C; the
-//! portable engine goes through `half`.
+//! crate that is a function call per 8 elements. On x86 (both vector engines) f16 converts
+//! inline with F16C, 16 elements a step, and bf16 rounds in AVX2's integer lanes; elsewhere
+//! f16 goes through `half` and bf16 through loops the compiler vectorizes for the process's
+//! engine. The rounding is to nearest even everywhere (as `f16::from_f32`, and
+//! [`bf16_from_f32`]), so each path gives the same bits.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -24,36 +22,31 @@ pub(crate) fn narrow(src: &[f32], dst: &mut [f16]) {
     narrow_on(isa().engine(), src, dst);
 }
 
-/// Calls `avx512::$f(src, dst)` or `f16c::$f(src, dst)`, with the instructions of `$engine`
-/// (the CPU must have them), or `$portable(src, dst)` on the portable engine.
-macro_rules! convert_on {
-    ($engine:expr, $f:ident, $portable:expr, $src:expr, $dst:expr) => {{
-        let (engine, src, dst) = ($engine, $src, $dst);
-        assert_eq!(src.len(), dst.len(), "{}: lengths differ", stringify!($f));
-        match engine {
-            // SAFETY: the engine's instructions are there (asserted); lengths are equal.
-            #[cfg(target_arch = "x86_64")]
-            EngineKind::Avx512 if super::isa::cpu().avx512 => unsafe { avx512::$f(src, dst) },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe { f16c::$f(src, dst) },
-            // NEON: through `half` (which converts with the CPU's instructions where it can).
-            EngineKind::Portable | EngineKind::Neon => $portable(src, dst),
-            #[allow(unreachable_patterns)]
-            _ => panic!("{engine:?} is not available on this CPU"),
-        }
-    }};
-}
-
-/// [`widen`] with the instructions of `engine` (the CPU must have them).
+/// [`widen`] as `engine` converts: both x86 vector engines with AVX2 and F16C ([`avx2`];
+/// every AVX-512 CPU has them), the others through `half`.
 fn widen_on(engine: EngineKind, src: &[f16], dst: &mut [f32]) {
-    convert_on!(engine, widen, <[f16]>::convert_to_f32_slice, src, dst)
+    assert_eq!(src.len(), dst.len(), "widen: lengths differ");
+    match engine {
+        // SAFETY: AVX2 and F16C are there (checked); lengths are equal.
+        #[cfg(target_arch = "x86_64")]
+        EngineKind::Avx512 | EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe {
+            avx2::widen(src, dst)
+        },
+        _ => src.convert_to_f32_slice(dst),
+    }
 }
 
-/// [`narrow`] with the instructions of `engine` (the CPU must have them).
+/// [`narrow`] as `engine` converts, as [`widen_on`].
 fn narrow_on(engine: EngineKind, src: &[f32], dst: &mut [f16]) {
-    let portable = |src, dst: &mut [f16]| dst.convert_from_f32_slice(src);
-    convert_on!(engine, narrow, portable, src, dst)
+    assert_eq!(src.len(), dst.len(), "narrow: lengths differ");
+    match engine {
+        // SAFETY: as in `widen_on`.
+        #[cfg(target_arch = "x86_64")]
+        EngineKind::Avx512 | EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe {
+            avx2::narrow(src, dst)
+        },
+        _ => dst.convert_from_f32_slice(src),
+    }
 }
 
 /// Runs `block` on each 16 elements of `src` and `dst` (equal lengths). A ragged tail is
@@ -114,9 +107,26 @@ fn widen_bf16_body(src: &[bf16], dst: &mut [f32]) {
         .for_each(|(d, s)| *d = f32::from_bits(u32::from(s.to_bits()) << 16))
 }
 
+/// `dst[i] = bf16(src[i])` as [`bf16_from_f32`] (equal lengths).
+pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
+    narrow_bf16_on(isa().engine(), src, dst);
+}
+
+/// [`narrow_bf16`] as `engine` converts: AVX2 by hand where it is the engine (its compiled
+/// loop packs each 8 results apart, 1.5 times slower), else the compiled loop.
+fn narrow_bf16_on(engine: EngineKind, src: &[f32], dst: &mut [bf16]) {
+    assert_eq!(src.len(), dst.len(), "narrow_bf16: lengths differ");
+    match engine {
+        // SAFETY: AVX2 is there (checked); lengths are equal.
+        #[cfg(target_arch = "x86_64")]
+        EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe { avx2::narrow_bf16(src, dst) },
+        _ => narrow_bf16_loops(src, dst),
+    }
+}
+
 super::engine::multiversion!(
-    /// `dst[i] = bf16(src[i])` as [`bf16_from_f32`] (equal lengths).
-    pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) = narrow_bf16_body
+    /// [`narrow_bf16`]'s loop, compiled for the process's engine.
+    fn narrow_bf16_loops(src: &[f32], dst: &mut [bf16]) = narrow_bf16_body
 );
 
 #[inline(always)]
@@ -127,51 +137,39 @@ fn narrow_bf16_body(src: &[f32], dst: &mut [bf16]) {
         .for_each(|(d, s)| *d = bf16_from_f32(*s))
 }
 
-/// AVX-512F: 16 lanes per conversion.
+/// F16C with AVX: 8 lanes per conversion; and bf16 rounded in AVX2's integer lanes.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod avx2 {
     use std::arch::x86_64::*;
 
-    use half::f16;
+    use half::{bf16, f16};
 
-    /// [`super::widen`], 16 at a time.
+    /// [`super::narrow_bf16`], 16 at a time: [`super::bf16_from_f32`]'s rounding in two
+    /// vectors of 8, packed to 16 bits together.
     ///
     /// # Safety
-    /// AVX-512F, and `dst.len() == src.len()`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+    /// AVX2, and `dst.len() == src.len()`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
+        let round = |x: __m256i| {
+            let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+            let up = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd);
+            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
+            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
+            _mm256_blendv_epi8(_mm256_srli_epi32::<16>(up), _mm256_set1_epi32(0x7fff), nan)
+        };
         super::by_blocks(src, dst, |s, d| {
-            // SAFETY: 16 elements in each block; AVX-512F enabled here.
+            // SAFETY: 16 elements in each block; AVX2 enabled here.
             unsafe {
-                let h = _mm256_loadu_si256(s.as_ptr().cast());
-                _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(h));
+                let lo = round(_mm256_loadu_si256(s.as_ptr().cast()));
+                let hi = round(_mm256_loadu_si256(s.as_ptr().add(8).cast()));
+                // The pack interleaves the vectors' 128-bit halves: put them in order.
+                let packed = _mm256_packus_epi32(lo, hi);
+                let ordered = _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
+                _mm256_storeu_si256(d.as_mut_ptr().cast(), ordered);
             }
         })
     }
-
-    /// [`super::narrow`], 16 at a time.
-    ///
-    /// # Safety
-    /// AVX-512F, and `dst.len() == src.len()`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
-        super::by_blocks(src, dst, |s, d| {
-            // SAFETY: 16 elements in each block; AVX-512F enabled here.
-            unsafe {
-                let v = _mm512_loadu_ps(s.as_ptr());
-                let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-                _mm256_storeu_si256(d.as_mut_ptr().cast(), h);
-            }
-        })
-    }
-}
-
-/// F16C with AVX: 8 lanes per conversion (the AVX2 engine's CPUs all have it).
-#[cfg(target_arch = "x86_64")]
-mod f16c {
-    use std::arch::x86_64::*;
-
-    use half::f16;
 
     /// [`super::widen`], 8 at a time.
     ///
@@ -223,12 +221,12 @@ mod tests {
 
     /// Every f16 bit pattern widens as `f16::to_f32` does, and narrowing a spread of f32
     /// values (ties, subnormals, overflow, NaN, infinities) rounds as `f16::from_f32`, at
-    /// lengths that leave tails of every size: with every engine's instructions this CPU has.
+    /// lengths that leave tails of every size: through `half` and through F16C where the CPU
+    /// has it.
     #[test]
     fn same_bits_as_half() {
         let mut engines = vec![EngineKind::Portable];
         engines.extend(cpu().avx2.then_some(EngineKind::Avx2));
-        engines.extend(cpu().avx512.then_some(EngineKind::Avx512));
         for engine in engines {
             println!("{engine:?}");
             same_bits_as_half_on(engine);
@@ -278,7 +276,7 @@ mod tests {
 
     /// bf16: every bit pattern widens to its top-half f32 exactly, and narrowing rounds to
     /// nearest even (ties both ways, carries into the exponent and to infinity, subnormals)
-    /// with NaN to 0x7fff, on every path (AVX-512 and portable) and tail length.
+    /// with NaN to 0x7fff, on every path (the compiled loop, and AVX2 by hand where the CPU has it) and tail length.
     #[test]
     fn bf16_conversions_are_exact_and_round_to_nearest_even() {
         use half::bf16;
@@ -334,18 +332,25 @@ mod tests {
             f32::INFINITY,
             f32::NEG_INFINITY,
             -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xff80_0001),
             0.0,
             -0.0,
         ]);
-        for len in [probe.len(), 15, 16, 17, 33, 1, 0] {
+        let mut engines = vec![EngineKind::Portable];
+        engines.extend(cpu().avx2.then_some(EngineKind::Avx2));
+        for (engine, len) in engines
+            .into_iter()
+            .flat_map(|e| [probe.len(), 15, 16, 17, 33, 1, 0].map(|len| (e, len)))
+        {
             let src = &probe[..len];
             let mut got = vec![bf16::ZERO; len];
-            super::narrow_bf16(src, &mut got);
+            super::narrow_bf16_on(engine, src, &mut got);
             for (s, g) in src.iter().zip(&got) {
                 assert_eq!(
                     g.to_bits(),
                     reference(*s),
-                    "narrow {s:e} ({:#010x})",
+                    "{engine:?}: narrow {s:e} ({:#010x})",
                     s.to_bits()
                 );
             }

@@ -118,15 +118,11 @@ pub(super) struct LaneWindows<'a> {
     pub(super) block: usize,
 }
 
-impl LaneWindows<'_> {
-    /// Asserts that every window lies inside the images (`lanes` floats per element).
-    fn assert_inside(&self, lanes: usize) {
-        if let (Some(p), Some(t)) = (self.pixels.iter().max(), self.taps.iter().max()) {
-            assert!(
-                p + t + lanes <= self.src.len(),
-                "a window lies outside the images"
-            );
-        }
+/// Asserts that every window (a vector of `lanes` at each `pixel + tap`) lies inside the
+/// `len` floats of the images.
+fn assert_inside((pixels, taps): (&[usize], &[usize]), lanes: usize, len: usize) {
+    if let (Some(p), Some(t)) = (pixels.iter().max(), taps.iter().max()) {
+        assert!(p + t + lanes <= len, "a window lies outside the images");
     }
 }
 
@@ -164,7 +160,7 @@ pub(super) fn lane_product<E: Engine>(x: &LaneWindows, w: &LaneFilter<E>, out: &
     assert_eq!(x.taps.len(), w.depth, "taps do not match the filter");
     let (n, ld) = (x.pixels.len(), w.ld());
     assert!(out.len() >= ld * n * E::LANES, "out too short");
-    x.assert_inside(E::LANES);
+    assert_inside((x.pixels, x.taps), E::LANES, x.src.len());
     // Tap blocks outermost, then pixels, then channels: a pixel tile's windows over a block
     // stay in L1 across the channel tiles, the block's filter rows across the pixel tiles;
     // the running totals wait in `out`.
@@ -265,9 +261,7 @@ pub(super) fn lane_input_grad<E: Engine>(
         w.len() == o_n * k && dy.len() >= o_n * n * E::LANES,
         "w or dy too short"
     );
-    if let (Some(p), Some(t)) = (pixels.iter().max(), taps.iter().max()) {
-        assert!(p + t + E::LANES <= dx.len(), "a window lies outside dx");
-    }
+    assert_inside((pixels, taps), E::LANES, dx.len());
     // Pixels outermost: a pixel tile's dy (V pixels x O) stays in L1 across the taps; the
     // filter streams from L2 once per pixel tile.
     // SAFETY: the engine is available (asserted); dy holds O·n vectors, w O rows of k, every
@@ -365,7 +359,7 @@ pub(super) fn lane_filter_product<E: Engine>(
     let (n, k, ld) = (x.pixels.len(), x.taps.len(), cols.div_ceil(E::R) * E::R);
     assert!(dy.len() >= ld * n * E::LANES, "dy too short");
     assert!(out.len() >= ld * k * E::LANES, "out too short");
-    x.assert_inside(E::LANES);
+    assert_inside((x.pixels, x.taps), E::LANES, x.src.len());
     // Channels outermost: a tile's rows of dy (R channels x the pixels) stay in L1 across
     // the taps.
     // SAFETY: the engine is available (asserted); dy holds ld·n vectors, out ld·k, every

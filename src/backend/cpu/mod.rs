@@ -93,9 +93,7 @@ fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f3
 /// layers' operands). The same bits: each element converts on its own.
 fn widened_par<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
     widened_by(src, scratch, |src, dst| {
-        dst.par_chunks_mut(FLAT_CHUNK)
-            .zip(src.par_chunks(FLAT_CHUNK))
-            .for_each(|(d, s)| T::widen_slice(s, d))
+        zip_chunks(dst, src, |d, s| T::widen_slice(s, d))
     })
 }
 
