@@ -229,8 +229,12 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         out.extend(bytes(&got_y));
         out.extend(bytes(&got_p));
 
-        // Backward through the pool and the ReLU whose output is a random y (half negative).
-        let act: Vec<T> = random(&mut g, ys);
+        // Backward through the pool and the ReLU whose output is a random y (half negative),
+        // with exact zeros of both signs among it, as a ReLU's output has.
+        let mut act: Vec<T> = random(&mut g, ys);
+        for (i, a) in act.iter_mut().enumerate().filter(|(i, _)| i % 5 == 2) {
+            *a = T::from_f32(if i % 2 == 0 { 0.0 } else { -0.0 });
+        }
         let d_pooled: Vec<T> = random(&mut g, ps);
         let (act_, dp_) = (dev.upload(&act).unwrap(), dev.upload(&d_pooled).unwrap());
         let mut dx = dev.upload(&poison(ys)).unwrap();
