@@ -45,12 +45,12 @@ impl LaneImages {
         if s.pad > 0 || imgs < E::LANES {
             self.data.fill(0.0);
         }
-        wide.resize(imgs * plane, 0.0);
         for c in 0..s.in_c {
             // Channel c of image m at src[m·stride + h·W + w].
             let (src, stride) = match T::as_f32(x) {
                 Some(x) => (&x[c * plane..], image),
                 None => {
+                    wide.resize(imgs * plane, 0.0);
                     for (m, dst) in wide.chunks_exact_mut(plane.max(1)).enumerate() {
                         T::widen_slice(&x[m * image + c * plane..][..plane], dst);
                     }
