@@ -9,6 +9,8 @@
 // names, or `.entry <name>(` in PTX text. The emulator runs the source, not the image: the
 // code nvcc emitted is the PTX executor's business.
 #include <cstring>
+#include <string_view>
+#include <unordered_set>
 
 #include "../kernels/simt_api.h"
 #include "executor.h"
@@ -17,28 +19,28 @@
 namespace standin {
 namespace {
 
-bool contains(const unsigned char* hay, std::size_t size, const std::string& needle) {
-    if (needle.empty() || needle.size() > size) return false;
-    const unsigned char* end = hay + size - needle.size() + 1;
-    for (const unsigned char* p = hay; p < end; ++p) {
-        p = static_cast<const unsigned char*>(std::memchr(p, needle[0], static_cast<std::size_t>(end - p)));
-        if (!p) return false;
-        if (std::memcmp(p, needle.data(), needle.size()) == 0) return true;
-    }
-    return false;
-}
-
-// True when `image` holds kernel `name` as a cubin section or a PTX entry.
-bool image_names(const unsigned char* image, std::size_t size, const char* name) {
-    std::string n(name);
-    std::string section = ".text." + n;
-    section.push_back('\0');
-    if (contains(image, size, section)) return true;
-    for (const char* sep : {" ", "\t", "\n"}) {
-        if (contains(image, size, ".entry" + std::string(sep) + n + "(")) return true;
-        if (contains(image, size, ".entry" + std::string(sep) + n + " (")) return true;
-    }
-    return false;
+// Every kernel name `image` holds, in one pass over it: after each `.text.` up to the NUL
+// that ends a cubin's section name, and after each `.entry` and a space, tab or newline the
+// name a PTX entry gives before `(` or ` (`. (A search of the image per registered kernel
+// would read a fatbin of megabytes hundreds of times for every module a context loads.)
+std::unordered_set<std::string_view> names_in(const unsigned char* image, std::size_t size) {
+    const std::string_view hay(reinterpret_cast<const char*>(image), size);
+    std::unordered_set<std::string_view> names;
+    auto after_each = [&](std::string_view marker, auto&& take) {
+        for (auto at = hay.find(marker); at != hay.npos; at = hay.find(marker, at + 1))
+            take(at + marker.size());
+    };
+    after_each(".text.", [&](std::size_t from) {
+        const auto nul = hay.find('\0', from);
+        if (nul != hay.npos) names.insert(hay.substr(from, nul - from));
+    });
+    after_each(".entry", [&](std::size_t from) {
+        if (from >= hay.size() || std::strchr(" \t\n", hay[from]) == nullptr || hay[from] == '\0') return;
+        const auto end = hay.find_first_of("( ", from + 1);
+        if (end == hay.npos) return;
+        if (hay[end] == '(' || hay.substr(end, 2) == " (") names.insert(hay.substr(from + 1, end - from - 1));
+    });
+    return names;
 }
 
 class SimtExecutor final : public Executor {
@@ -47,9 +49,10 @@ public:
 
     std::vector<KernelInfo> kernels_in(const unsigned char* image, std::size_t size) override {
         std::vector<KernelInfo> found;
+        const auto names = names_in(image, size);
         for (unsigned i = 0; i < standin_kernel_count; ++i) {
             const RegisteredKernel& k = standin_kernels[i];
-            if (!image_names(image, size, k.name)) continue;
+            if (names.count(k.name) == 0) continue;
             found.push_back(KernelInfo{k.name, k.params, k.max_threads, &k});
         }
         return found;

@@ -434,6 +434,49 @@ fn raw_function(
         .expect("function")
 }
 
+/// The SIMT executor finds a registered kernel in a PTX image where an entry names it: after
+/// `.entry` and a space, a tab or a newline, and before `(` or ` (`. A longer name that
+/// starts with it, or the name before a newline and then `(`, is not it. (GPU 7 with the SIMT
+/// executor, whichever executor this pass gives the others.)
+#[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
+fn a_ptx_image_holds_the_kernels_its_entries_name() {
+    if !on_standin() {
+        return;
+    }
+    common::standin_use_executor(common::SIMT_TWIN_GPU, "simt", false);
+    let (ctx, _stream) = raw_stream(common::SIMT_TWIN_GPU);
+    let mut image = concat!(
+        "//\n.version 9.0\n.target sm_90\n",
+        ".visible .entry reverse_in_block(\n)\n",
+        ".visible .entry\tscale_f32 (\n)\n",
+        ".entry\nfill_f32(\n)\n",
+        ".entry add_f32_twice(\n)\n",
+        ".entry axpy_f32\n(\n)\n",
+    )
+    .as_bytes()
+    .to_vec();
+    image.push(0);
+    let module = ctx.load_module(Ptx::from_binary(image)).expect("module");
+    for (kernel, named) in [
+        ("reverse_in_block", true),
+        ("scale_f32", true),
+        ("fill_f32", true),
+        ("add_f32", false),
+        ("axpy_f32", false),
+    ] {
+        let found = module.load_function(kernel);
+        match named {
+            true => assert!(found.is_ok(), "{kernel}: {:?}", found.err()),
+            false => assert_eq!(
+                found.err().map(|e| e.0),
+                Some(sys::CUresult::CUDA_ERROR_NOT_FOUND),
+                "{kernel}"
+            ),
+        }
+    }
+}
+
 #[test]
 #[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
 fn launches_are_checked_against_the_limits() {
