@@ -35,7 +35,7 @@ std::unordered_set<std::string_view> names_in(const unsigned char* image, std::s
         if (nul != hay.npos) names.insert(hay.substr(from, nul - from));
     });
     after_each(".entry", [&](std::size_t from) {
-        if (from >= hay.size() || std::strchr(" \t\n", hay[from]) == nullptr || hay[from] == '\0') return;
+        if (from >= hay.size() || (hay[from] != ' ' && hay[from] != '\t' && hay[from] != '\n')) return;
         const auto end = hay.find_first_of("( ", from + 1);
         if (end == hay.npos) return;
         if (hay[end] == '(' || hay.substr(end, 2) == " (") names.insert(hay.substr(from + 1, end - from - 1));

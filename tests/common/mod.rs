@@ -315,8 +315,7 @@ pub struct Lean {
 impl Lean {
     /// Lean sizes on this thread when [`on_the_ptx_executor`], unchanged otherwise.
     pub fn on_the_ptx_executor() -> Lean {
-        let was = LEAN.with(|l| l.replace(l.get() || on_the_ptx_executor()));
-        Lean { was }
+        Lean::when(on_the_ptx_executor())
     }
 
     /// Lean sizes on this thread whatever runs the kernels: for the pass that runs each test
@@ -324,8 +323,13 @@ impl Lean {
     /// order a warp's lanes run in: a race, a missing barrier) shows inside each block at any
     /// batch. The `cuda` instance runs the same kernels at full size.
     pub fn always() -> Lean {
+        Lean::when(true)
+    }
+
+    /// Lean sizes on this thread if `lean` (or already lean), until the guard drops.
+    fn when(lean: bool) -> Lean {
         Lean {
-            was: LEAN.with(|l| l.replace(true)),
+            was: LEAN.with(|l| l.replace(l.get() || lean)),
         }
     }
 }

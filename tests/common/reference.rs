@@ -88,10 +88,9 @@ fn for_each_tap(s: &Conv2dShape, mut f: impl FnMut(Tap)) {
                 for q in 0..ow {
                     for c in 0..s.in_c {
                         for i in 0..s.k_h {
+                            let row = input(p, i, s.in_h).map(|ih| (n * s.in_c + c) * s.in_h + ih);
                             for j in 0..s.k_w {
-                                let x = input(p, i, s.in_h)
-                                    .zip(input(q, j, s.in_w))
-                                    .map(|(ih, iw)| ((n * s.in_c + c) * s.in_h + ih) * s.in_w + iw);
+                                let x = row.zip(input(q, j, s.in_w)).map(|(r, iw)| r * s.in_w + iw);
                                 let w = (o * s.in_c + c) * window + i * s.k_w + j;
                                 f(Tap { y, w, x });
                             }
