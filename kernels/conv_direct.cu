@@ -12,8 +12,11 @@
 //   dY[n][o][p][q]     = d_pooled[n][o][p/2][q/2] · 0.25 where y > 0, else 0 (conv.cu's
 //                        through_pool), over the windows' pixels only
 //   dw[o][(i,j)]       = Σ_(n,p,q) dY · x[n][p - pad + i][q - pad + j],   db[o] = Σ_(n,p,q) dY
-// y is written (and read back) only at the pixels the pool's windows cover, as conv.cu's.
-// Each image is staged in shared memory with a zero border of `pad` (rows of an even pitch),
+// y is written (and read back) only at the pixels the pool's windows cover, as conv.cu's, and
+// only where the host passes it: the trainer does not (Backend::recomputes_relu), and the
+// filter gradient recomputes y from the staged pixels and the filter, in the forward's order
+// and rounded to T as the forward stores it, so no tensor of conv1's output size is kept
+// between the passes. Each image is staged in shared memory with a zero border of `pad` (rows of an even pitch),
 // so no tap is bounds-tested.
 //
 // The blocks: a warp takes DIRECT_CHANNELS = 4 output channels, up to 8 warps a block,
@@ -22,19 +25,25 @@
 //   floats at conv1); lane e of a warp takes the pool windows e, e + 32, ... (conv1: 169
 //   windows, 256 blocks of 5 warps): the 4x4 staged pixels under a window's four filters
 //   (two 8-byte loads a row), each channel's 9 weights in registers, 144 FMAs. At LeNet's
-//   conv1 (batch 256): 62.3 MFLOP, compulsory bytes 0.8 MB of images in, 13.8 MB of y and
-//   3.5 MB pooled out (f32): 18.1 MB, 3.4 FLOP/B, memory-bound: 5.4 µs at an H100's
-//   3.35 TB/s. Measured (H100, ncu): 13.3 µs, 41% of that bound; 5 warps an SM limit it.
+//   conv1 (batch 256): 62.3 MFLOP, compulsory bytes 0.8 MB of images in and 3.5 MB pooled
+//   out (f32; with y, 13.8 MB more): 4.3 MB, 15 FLOP/B, memory-bound: 1.3 µs at an H100's
+//   3.35 TB/s (5.4 µs with y). Measured (H100, ncu), with y: 13.3 µs; 5 warps an SM limit
+//   it. Without y the stand-in's profile estimates 8.8 µs (10.2 with y): not yet measured.
 // conv_direct_relu_pool_filter: grid (S slices, ⌈O / 32⌉): the batch's images cut into
 //   pieces, bands of `band_rows` pooled rows (the host aims for 512 pieces: conv1 at batch
 //   256 takes 2 bands, of 7 and 6 of its 13 pooled rows), S slices of consecutive pieces (a
 //   piece each where the scratch area holds them), each piece's input rows staged alone.
 //   Lane q of a warp takes column q of the windows' pixels down the band's pooled rows: per
-//   pooled row, its channels' pooled gradient and two pixels' ReLU outputs (12 loads in
-//   flight), the 4x3 staged pixels under the two pixels' filters, 72 FMAs and 8 adds. At
-//   conv1: 2·62.3 MFLOP (the products and db), bytes 0.8 MB of images, 13.8 MB of y and
-//   3.5 MB of d_pooled in: 18.1 MB, memory-bound like the forward (5.4 µs). Measured (H100,
-//   ncu): 30.7 µs, 18% of that bound: latency (21% of the warps, 122 registers).
+//   pooled row, the 4x3 staged pixels under the two pixels' filters, its channels' pooled
+//   gradient and the two pixels' ReLU outputs (read from y, or recomputed: 72 FMAs, the
+//   block's filters and biases staged once, three 16-byte loads a channel), then 72 FMAs and
+//   8 adds. At conv1: 2·62.3 MFLOP (3·62.3 recomputing), bytes 0.8 MB of images and 3.5 MB
+//   of d_pooled in (with y, 13.8 MB more): 4.3 MB, memory-bound (1.3 µs; 5.4 with y).
+//   Measured (H100, ncu), with y: 30.7 µs, latency-bound (21% of the warps, 122 registers:
+//   12 global loads in flight per pooled row, where recomputing issues 4). Recomputing, the
+//   stand-in's profile counts 48% more instructions (3.44 per FFMA, 4.64 with y) and
+//   estimates 21.7 µs (14.6 with y; the model saw half of the 30.7 µs measured, not the
+//   loads' latency): not yet measured.
 //   Summation: a piece's terms of a lane (up to 2·band_rows) in fresh registers; the 32
 //   lanes' by a reduce-scatter of shuffles in a fixed order (reduce_scatter_64); the pieces
 //   of a slice compensated (Kahan); the S slices' partials (scratch slot s, in conv.cu's
@@ -47,6 +56,8 @@
 #define DIRECT_K 3                       // the filter: one input channel, 3x3, stride 1
 #define DIRECT_MAX_TAPS (DIRECT_K * DIRECT_K)
 #define DIRECT_CHANNELS 4  // output channels a warp takes: each staged x value feeds 4 of them
+#define DIRECT_WARPS 8     // warps a block at most (256 threads)
+#define DIRECT_WB 12       // floats a channel's filter and bias take staged: 9 taps, the bias, 2 zeros
 
 // Stages rows [r0, r0 + rows) of image n (one channel), as padded with a zero border of
 // `pad`, into `xs`, converted to float: row r0 + i at i·pitch, pitch = W + 2·pad rounded up
@@ -70,6 +81,61 @@ __device__ __forceinline__ int direct_first_channel() {
     return (blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32) * DIRECT_CHANNELS;
 }
 
+// The ReLU's output at one pixel: its 9 taps' products, in tap order, from the staged pixels
+// xp[r0..r0 + 3][c0..c0 + 3], then the bias. The forward computes it and the filter gradient,
+// without y, recomputes it the same way: the same bits.
+template <int ROWS, int COLS>
+__device__ __forceinline__ float direct_relu(const float (&wr)[DIRECT_MAX_TAPS], float bias,
+                                             const float (&xp)[ROWS][COLS], int r0, int c0) {
+    float sum = 0.0f;
+    SIMT_UNROLL
+    for (int t = 0; t < DIRECT_MAX_TAPS; ++t) sum = fmaf(wr[t], xp[r0 + t / DIRECT_K][c0 + t % DIRECT_K], sum);
+    return fmaxf(sum + bias, 0.0f);
+}
+
+// The forward's pool windows of lane `lane` (e, e + 32, ...) for the warp's channels o0..:
+// y (with KEEP_Y) and the pooled outputs. A template, so the loop without y has no test in it
+// (a run-time test there made ptxas spill).
+template <bool KEEP_Y, class T>
+__device__ __forceinline__ void direct_forward_windows(const float* __restrict__ xs, int pitch,
+                                                       const float (&wr)[DIRECT_CHANNELS][DIRECT_MAX_TAPS],
+                                                       const float (&br)[DIRECT_CHANNELS], T* __restrict__ y,
+                                                       T* __restrict__ pooled, int n, int o0, int out_c, int out_h,
+                                                       int out_w, int lane) {
+    const int ph = out_h / 2, pw = out_w / 2, windows = ph * pw, pixels = out_h * out_w;
+    for (int e = lane; e < windows; e += 32) {
+        const int a = e / pw, b = e - a * pw;
+        // The 4x4 staged pixels under the window's four 3x3 filters, from (2a, 2b): two
+        // 8-byte loads a row (the lanes of one pooled row, two pixels apart, read contiguous
+        // bytes; the stand-in still counts 46% of the wavefronts as conflicts, where a
+        // warp's lanes span two or three pooled rows).
+        float xp[DIRECT_K + 1][DIRECT_K + 1];
+        const float* at = xs + (2 * a) * pitch + 2 * b;
+        SIMT_UNROLL
+        for (int i = 0; i <= DIRECT_K; ++i) {
+            const float2 l = *reinterpret_cast<const float2*>(at + i * pitch);
+            const float2 r = *reinterpret_cast<const float2*>(at + i * pitch + 2);
+            xp[i][0] = l.x, xp[i][1] = l.y, xp[i][2] = r.x, xp[i][3] = r.y;
+        }
+        SIMT_UNROLL
+        for (int c = 0; c < DIRECT_CHANNELS; ++c) {
+            if (o0 + c >= out_c) break;
+            float v[4];  // pixels (2a, 2b), (2a, 2b + 1), (2a + 1, 2b), (2a + 1, 2b + 1)
+            SIMT_UNROLL
+            for (int u = 0; u < 4; ++u) v[u] = direct_relu(wr[c], br[c], xp, u / 2, u % 2);
+            const long long plane = (long long)n * out_c + o0 + c;
+            if (KEEP_Y) {
+                T* yo = y + plane * pixels + (2 * a) * out_w + 2 * b;
+                yo[0] = (T)v[0];
+                yo[1] = (T)v[1];
+                yo[out_w] = (T)v[2];
+                yo[out_w + 1] = (T)v[3];
+            }
+            pooled[plane * windows + e] = (T)(((v[0] + v[1]) + (v[2] + v[3])) * 0.25f);
+        }
+    }
+}
+
 template <class T>
 __device__ __forceinline__ void conv_direct_relu_pool_forward(
     const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias, T* __restrict__ y,
@@ -91,49 +157,15 @@ __device__ __forceinline__ void conv_direct_relu_pool_forward(
         for (int t = 0; t < DIRECT_MAX_TAPS; ++t) wr[c][t] = here ? (float)w[(o0 + c) * DIRECT_MAX_TAPS + t] : 0.0f;
     }
 
-    const int ph = out_h / 2, pw = out_w / 2, windows = ph * pw, pixels = out_h * out_w;
-    for (int e = lane; e < windows; e += 32) {
-        const int a = e / pw, b = e - a * pw;
-        // The 4x4 staged pixels under the window's four 3x3 filters, from (2a, 2b): two
-        // 8-byte loads a row (the lanes of one pooled row, two pixels apart, read contiguous
-        // bytes; the stand-in still counts 46% of the wavefronts as conflicts, where a
-        // warp's lanes span two or three pooled rows).
-        float xp[DIRECT_K + 1][DIRECT_K + 1];
-        const float* at = xs + (2 * a) * pitch + 2 * b;
-        SIMT_UNROLL
-        for (int i = 0; i <= DIRECT_K; ++i) {
-            const float2 l = *reinterpret_cast<const float2*>(at + i * pitch);
-            const float2 r = *reinterpret_cast<const float2*>(at + i * pitch + 2);
-            xp[i][0] = l.x, xp[i][1] = l.y, xp[i][2] = r.x, xp[i][3] = r.y;
-        }
-        SIMT_UNROLL
-        for (int c = 0; c < DIRECT_CHANNELS; ++c) {
-            if (o0 + c >= out_c) break;
-            float v[4];  // pixels (2a, 2b), (2a, 2b + 1), (2a + 1, 2b), (2a + 1, 2b + 1)
-            SIMT_UNROLL
-            for (int u = 0; u < 4; ++u) {
-                float sum = 0.0f;
-                SIMT_UNROLL
-                for (int t = 0; t < DIRECT_MAX_TAPS; ++t)
-                    sum = fmaf(wr[c][t], xp[u / 2 + t / DIRECT_K][u % 2 + t % DIRECT_K], sum);
-                v[u] = fmaxf(sum + br[c], 0.0f);
-            }
-            const long long plane = (long long)n * out_c + o0 + c;
-            T* yo = y + plane * pixels + (2 * a) * out_w + 2 * b;
-            yo[0] = (T)v[0];
-            yo[1] = (T)v[1];
-            yo[out_w] = (T)v[2];
-            yo[out_w + 1] = (T)v[3];
-            pooled[plane * windows + e] = (T)(((v[0] + v[1]) + (v[2] + v[3])) * 0.25f);
-        }
-    }
+    if (y != nullptr) direct_forward_windows<true>(xs, pitch, wr, br, y, pooled, n, o0, out_c, out_h, out_w, lane);
+    else direct_forward_windows<false>(xs, pitch, wr, br, y, pooled, n, o0, out_c, out_h, out_w, lane);
 }
 
 NANODDP_ENTRY_EACH_TYPE(conv_direct_relu_pool_forward, (256),
-    (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y,
+    (const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias_or_null, T* __restrict__ y_or_null,
      T* __restrict__ pooled, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
      int pad, int out_h, int out_w),
-    (x, w, bias_or_null, y, pooled, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
+    (x, w, bias_or_null, y_or_null, pooled, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w))
 
 // Sums v over the warp's 32 lanes, leaving lane L the sums of elements 2L and 2L + 1 in
 // v[0] and v[1] (a reduce-scatter: at each level a lane sends the half of its elements it
@@ -168,12 +200,25 @@ __device__ __forceinline__ void reduce_scatter_64(float (&v)[64], int lane) {
 // gradient (split_sum.cuh), unused with one slice (gridDim.x = 1).
 template <class T>
 __device__ __forceinline__ void conv_direct_relu_pool_filter(
-    const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ d_pooled, float* __restrict__ dw,
-    float* __restrict__ db, float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h,
-    int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int band_rows) {
+    const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ w, const float* __restrict__ bias,
+    const T* __restrict__ d_pooled, float* __restrict__ dw, float* __restrict__ db, float* __restrict__ scratch,
+    int* __restrict__ counters, int batch, int in_c, int in_h, int in_w, int out_c, int k_h, int k_w, int stride,
+    int pad, int out_h, int out_w, int band_rows) {
     SIMT_DYNAMIC_SHARED(float, xs);  // [band's input rows][pitch]
+    // Without y, the block's channels' filters and biases, staged for the recompute (a
+    // channel's in three 16-byte loads); the first piece's barrier publishes them.
+    __shared__ __align__(16) float wb[DIRECT_WARPS * DIRECT_CHANNELS][DIRECT_WB];
     const int pitch = direct_pitch(in_w, pad), rows = 2 * band_rows + DIRECT_K - 1;
     const int lane = threadIdx.x % 32, o0 = direct_first_channel();
+    const bool recompute = y == nullptr;
+    if (recompute) {
+        const int first = blockIdx.y * (blockDim.x / 32) * DIRECT_CHANNELS;
+        for (int e = threadIdx.x; e < (int)(blockDim.x / 32) * DIRECT_CHANNELS * DIRECT_WB; e += blockDim.x) {
+            const int o = first + e / DIRECT_WB, t = e % DIRECT_WB;
+            const bool tap = t < DIRECT_MAX_TAPS, b = t == DIRECT_MAX_TAPS && bias != nullptr;
+            wb[e / DIRECT_WB][t] = o >= out_c ? 0.0f : tap ? (float)w[o * DIRECT_MAX_TAPS + t] : b ? bias[o] : 0.0f;
+        }
+    }
     const int ph = out_h / 2, pw = out_w / 2, region_w = 2 * pw, pixels = out_h * out_w;
     const int bands = (ph + band_rows - 1) / band_rows, pieces = batch * bands;
     const int splits = gridDim.x, s = blockIdx.x;
@@ -194,31 +239,41 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
         SIMT_UNROLL
         for (int c = 0; c < DIRECT_CHANNELS; ++c) {
             const long long plane = (long long)n * out_c + (o0 + c < out_c ? o0 + c : o0);
-            yc[c] = y + plane * pixels;
+            yc[c] = recompute ? nullptr : y + plane * pixels;
             dc[c] = d_pooled + plane * ph * pw;
         }
         float part[64];  // the share (DIRECT_SHARE) and zeros, for reduce_scatter_64
         SIMT_UNROLL
         for (int i = 0; i < 64; ++i) part[i] = 0.0f;
-        // Lane q a column of the windows' pixels, down the band's pooled rows: each a pooled
-        // gradient and two pixels' ReLU outputs per channel, loaded together, and the 4x3
-        // staged pixels under the two pixels' filters.
+        // Lane q a column of the windows' pixels, down the band's pooled rows: the 4x3 staged
+        // pixels under the two pixels' filters, and per channel a pooled gradient and the two
+        // pixels' ReLU outputs (loaded together, or recomputed from the staged pixels).
         for (int q = lane; q < region_w; q += 32) {
             for (int a = a0; a < a1; ++a) {
-                float dy[2][DIRECT_CHANNELS];
-                SIMT_UNROLL
-                for (int c = 0; c < DIRECT_CHANNELS; ++c) {
-                    const float d = (float)dc[c][a * pw + q / 2] * 0.25f;
-                    const float y0 = (float)yc[c][2 * a * out_w + q], y1 = (float)yc[c][(2 * a + 1) * out_w + q];
-                    dy[0][c] = y0 > 0.0f ? d : 0.0f;
-                    dy[1][c] = y1 > 0.0f ? d : 0.0f;
-                }
                 float xp[DIRECT_K + 1][DIRECT_K];
                 const float* at = xs + 2 * (a - a0) * pitch + q;
                 SIMT_UNROLL
                 for (int i = 0; i <= DIRECT_K; ++i)
                     SIMT_UNROLL
                     for (int j = 0; j < DIRECT_K; ++j) xp[i][j] = at[i * pitch + j];
+                float dy[2][DIRECT_CHANNELS];
+                SIMT_UNROLL
+                for (int c = 0; c < DIRECT_CHANNELS; ++c) {
+                    const float d = (float)dc[c][a * pw + q / 2] * 0.25f;
+                    float y0, y1;
+                    if (recompute) {
+                        const float4* f = reinterpret_cast<const float4*>(wb[(threadIdx.x / 32) * DIRECT_CHANNELS + c]);
+                        const float4 l = f[0], m = f[1], r = f[2];
+                        const float wr[DIRECT_MAX_TAPS] = {l.x, l.y, l.z, l.w, m.x, m.y, m.z, m.w, r.x};
+                        // As the forward would have stored them: rounded to T.
+                        y0 = (float)(T)direct_relu(wr, r.y, xp, 0, 0);
+                        y1 = (float)(T)direct_relu(wr, r.y, xp, 1, 0);
+                    } else {
+                        y0 = (float)yc[c][2 * a * out_w + q], y1 = (float)yc[c][(2 * a + 1) * out_w + q];
+                    }
+                    dy[0][c] = y0 > 0.0f ? d : 0.0f;
+                    dy[1][c] = y1 > 0.0f ? d : 0.0f;
+                }
                 SIMT_UNROLL
                 for (int u = 0; u < 2; ++u)
                     SIMT_UNROLL
@@ -275,8 +330,9 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
 }
 
 NANODDP_ENTRY_EACH_TYPE(conv_direct_relu_pool_filter, (256, 2),
-    (const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ d_pooled, float* __restrict__ dw,
+    (const T* __restrict__ x, const T* __restrict__ y_or_null, const T* __restrict__ w_or_null,
+     const float* __restrict__ bias_or_null, const T* __restrict__ d_pooled, float* __restrict__ dw,
      float* __restrict__ db, float* __restrict__ scratch, int* __restrict__ counters, int batch, int in_c, int in_h,
      int in_w, int out_c, int k_h, int k_w, int stride, int pad, int out_h, int out_w, int band_rows),
-    (x, y, d_pooled, dw, db, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h, k_w, stride, pad, out_h, out_w,
-     band_rows))
+    (x, y_or_null, w_or_null, bias_or_null, d_pooled, dw, db, scratch, counters, batch, in_c, in_h, in_w, out_c, k_h,
+     k_w, stride, pad, out_h, out_w, band_rows))

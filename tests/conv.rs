@@ -157,6 +157,94 @@ fn pool_reads(pool: &Pool2dShape) -> Vec<bool> {
         .collect()
 }
 
+/// A first layer's passes without `y` against the passes that keep it, on the forward's own
+/// `y`: the pooled-only forward gives the forward's pooled output, and the backward that
+/// recomputes the ReLU's output gives the same filter and bias gradients as the backward
+/// reading `y`, bit for bit (the forward rounds `y` to T, the recompute rounds it the same
+/// way). The recomputed gradients are also checked against float64 with the ReLU's mask
+/// taken from `y`. Returns the recomputed results' bytes.
+fn recomputed_matches_kept<B: Backend, T: Precision>(
+    dev: &B,
+    (s, pool): (&Conv2dShape, &Pool2dShape),
+    (x, w, bias): (&[T], &[T], &[f32]),
+    d_pooled: &[T],
+    tol: Tol,
+) -> Vec<u8> {
+    let (_, ws, ys) = s.sizes();
+    let ps = pool.sizes().1;
+    // Channel 0 outputs its bias alone, 1e-9: above zero in f32 and bf16, zero once rounded
+    // to f16, so a recompute that skipped the forward's rounding would pass gradients that
+    // the kept `y` stops.
+    let (mut w, mut bias) = (w.to_vec(), bias.to_vec());
+    w[..ws / s.out_c].fill(T::from_f32(0.0));
+    bias[0] = 1e-9;
+    let up = |v: &[T]| dev.upload(v).unwrap();
+    let poison = |n| vec![T::from_f32(f32::NAN); n];
+    let (x_, w_, b_, dp_) = (up(x), up(&w), dev.upload(&bias).unwrap(), up(d_pooled));
+    let (mut y, mut pooled, mut pooled_only) = (up(&poison(ys)), up(&poison(ps)), up(&poison(ps)));
+    dev.conv2d_relu_avg_pool_forward(s, pool, &x_, &w_, Some(&b_), &mut y, &mut pooled)
+        .unwrap();
+    dev.conv2d_relu_avg_pool_forward_pooled(s, pool, &x_, &w_, Some(&b_), &mut pooled_only)
+        .unwrap();
+    let pooled_only = dev.download(&pooled_only).unwrap();
+    assert_eq!(
+        bytes(&pooled_only),
+        bytes(&dev.download(&pooled).unwrap()),
+        "pooled-only forward {s:?}"
+    );
+    let nan = |n| dev.upload(&vec![f32::NAN; n]).unwrap();
+    let (mut dw, mut db, mut workspace) = (nan(ws), nan(s.out_c), up(&poison(ys)));
+    dev.conv2d_relu_avg_pool_backward(
+        s,
+        pool,
+        &x_,
+        &y,
+        &dp_,
+        &mut dw,
+        &mut db,
+        None,
+        &mut workspace,
+    )
+    .unwrap();
+    let (mut dw_re, mut db_re) = (nan(ws), nan(s.out_c));
+    dev.conv2d_relu_avg_pool_backward_recomputed(
+        s,
+        pool,
+        &x_,
+        &w_,
+        Some(&b_),
+        &dp_,
+        &mut dw_re,
+        &mut db_re,
+    )
+    .unwrap();
+    let mut out = bytes(&pooled_only);
+    for (what, kept, re) in [("filter", &dw, &dw_re), ("bias", &db, &db_re)] {
+        let re = dev.download(re).unwrap();
+        let kept = dev.download(kept).unwrap();
+        assert_eq!(bytes(&re), bytes(&kept), "recomputed {what} gradient {s:?}");
+        out.extend(bytes(&re));
+    }
+    let (y, spread) = (
+        dev.download(&y).unwrap(),
+        r::avg_pool_backward(pool, &wide(d_pooled)),
+    );
+    let dy: Vec<f64> = (0..ys)
+        .map(|i| {
+            if y[i].to_f32() > 0.0 {
+                spread.value[i]
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let want = r::conv_backward_filter(s, &wide(x), &dy);
+    check_download(dev, &dw_re, "recomputed filter", &want, tol, &mut out);
+    let want = r::conv_backward_bias(s, &dy);
+    check_download(dev, &db_re, "recomputed bias", &want, tol, &mut out);
+    out
+}
+
 fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce: Tol) -> Vec<u8> {
     let mut out = Vec::new();
     let mut g = rng(seed);
@@ -266,6 +354,11 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
         let want_w = r::conv_backward_filter(&s, &wide(&x), &want);
         let want_b = r::conv_backward_bias(&s, &want);
         let want_x = r::conv_backward_input(&s, &want, &wide(&w));
+        let operands = (&x[..], &w[..], &bias[..]);
+        let layer = (&s, &pool);
+        out.extend(recomputed_matches_kept(
+            dev, layer, operands, &d_pooled, loose,
+        ));
         for layer in ["first-layer", "later-layer"] {
             let mut dw = dev.upload(&vec![f32::NAN; ws]).unwrap();
             let mut db = dev.upload(&vec![f32::NAN; s.out_c]).unwrap();
@@ -378,7 +471,8 @@ fn fused_all<B: Backend, T: Precision>(dev: &B, seed: u64, tol: Tol, tol_reduce:
 /// A first layer's filter and bias gradients through the pool and ReLU when the batch has
 /// more pieces than the scratch area holds partial sums: 128 channels (1,280 floats a
 /// partial) over 1,040 images (the kernels' direct convolution then sums several images'
-/// bands a block, restaging the image between them).
+/// bands a block, restaging the image between them), reading the ReLU's output and
+/// recomputing it.
 fn first_layer_over_a_long_batch<B: Backend>(dev: &B) -> Vec<u8> {
     let mut out = Vec::new();
     let mut g = rng(16);
@@ -422,6 +516,16 @@ fn first_layer_over_a_long_batch<B: Backend>(dev: &B) -> Vec<u8> {
     check_download(dev, &dw, "long-batch filter", &want, F32_LONG, &mut out);
     let want = r::conv_backward_bias(&s, &dy);
     check_download(dev, &db, "long-batch bias", &want, F32_LONG, &mut out);
+    // Recomputing the ReLU's output: the filter and biases staged once for a block's pieces.
+    let (w, bias): (Vec<f32>, Vec<f32>) = (random(&mut g, ws), random(&mut g, s.out_c));
+    let operands = (&x[..], &w[..], &bias[..]);
+    out.extend(recomputed_matches_kept(
+        dev,
+        (&s, &pool),
+        operands,
+        &d_pooled,
+        F32_LONG,
+    ));
     out
 }
 
@@ -435,6 +539,24 @@ fn fused_f16<B: Backend>(dev: &B) -> Vec<u8> {
 
 fn fused_bf16<B: Backend>(dev: &B) -> Vec<u8> {
     fused_all::<B, bf16>(dev, 15, BF16, F32_LONG)
+}
+
+/// The kernel backends recompute LeNet's conv1's ReLU output in its backward, so the trainer
+/// keeps no tensor of conv1's output size between the passes; the CPU backend keeps it.
+#[test]
+fn the_kernel_backends_recompute_conv1s_relu() {
+    let (conv1, pool1) = (nanoddp::model::conv1(256), nanoddp::model::pool1(256));
+    let cpu = nanoddp::backend::cpu::CpuDevice::new();
+    assert!(!cpu.recomputes_relu(&conv1, &pool1), "CPU backend");
+    if cfg!(simt_emulator) {
+        let simt = nanoddp::backend::simt::SimtDevice::new(0);
+        assert!(simt.recomputes_relu(&conv1, &pool1), "SIMT");
+        let cuda = common::cuda_device(0);
+        assert!(cuda.recomputes_relu(&conv1, &pool1), "CUDA");
+        // conv2 (20 channels in) is not the direct kernels' shape.
+        let (conv2, pool2) = (nanoddp::model::conv2(256), nanoddp::model::pool2(256));
+        assert!(!cuda.recomputes_relu(&conv2, &pool2), "CUDA, conv2");
+    }
 }
 
 per_backend!(

@@ -4,18 +4,19 @@
 //! given that operation's arguments as a [`Checked`] struct ([`super::op`]): an
 //! implementation may index by the shape without checking again. The fused operations have
 //! defaults built from the plain ones (what the kernel devices use); a backend overrides
-//! them where fusing pays (the CPU backend does for all four). Workspace a default needs is
+//! them where fusing pays (the CPU backend does for four of them). Workspace a default needs is
 //! allocated here, from the backend itself, not passed in by every caller.
 
 use super::op::{
     Add, Args, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, Cast, Checked,
     Conv2dBackward, Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherAndBegin, GatherBatch, Gemm,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolBackwardRecomputed, Conv2dReluAvgPoolForward,
+    Conv2dReluAvgPoolForwardPooled, ConvOperands, Fill, GatherAndBegin, GatherBatch, Gemm,
     GradCheck, GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany,
     ShardStats, SoftmaxCrossEntropy, SoftmaxHead, StepBegin, StepEnd,
 };
 use super::precision::Precision;
-use super::shapes::{Conv2dShape, Epilogue, GemmShape};
+use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape};
 use super::{BackendError, Memory};
 
 /// What every backend operation returns.
@@ -143,6 +144,89 @@ pub trait BackendImpl: Memory + Sized {
     ) -> OpResult {
         unpool_then_backward(self, op)
     }
+
+    /// Default: false (the recomputing calls' defaults keep `y` for the call).
+    fn recomputes_relu(&self, _conv: &Conv2dShape, _pool: &Pool2dShape) -> bool {
+        false
+    }
+
+    /// Default: [`BackendImpl::conv2d_relu_avg_pool_forward`] into a `y` allocated here
+    /// (`forward_into_temporary`).
+    fn conv2d_relu_avg_pool_forward_pooled<T: Precision>(
+        &self,
+        op: Checked<Conv2dReluAvgPoolForwardPooled<'_, Self, T>>,
+    ) -> OpResult {
+        forward_into_temporary(self, op)
+    }
+
+    /// Default: the forward again into a `y` allocated here, then
+    /// [`BackendImpl::conv2d_relu_avg_pool_backward`] reading it (`recompute_then_backward`).
+    fn conv2d_relu_avg_pool_backward_recomputed<T: Precision>(
+        &self,
+        op: Checked<Conv2dReluAvgPoolBackwardRecomputed<'_, Self, T>>,
+    ) -> OpResult {
+        recompute_then_backward(self, op)
+    }
+}
+
+/// [`BackendImpl::conv2d_relu_avg_pool_forward_pooled`] through the forward that keeps `y`,
+/// into a `y` allocated here (the default, and a recomputing backend's way for shapes it
+/// does not recompute).
+pub(super) fn forward_into_temporary<B: BackendImpl, T: Precision>(
+    backend: &B,
+    op: Checked<Conv2dReluAvgPoolForwardPooled<'_, B, T>>,
+) -> OpResult {
+    let op = op.into_inner();
+    let operands = (op.x, op.w, op.bias);
+    forward_keeping_y(backend, (op.conv, op.pool), operands, op.pooled).map(drop)
+}
+
+/// [`BackendImpl::conv2d_relu_avg_pool_backward_recomputed`] as the forward again into a `y`
+/// (and a pooled output) allocated here, then the backward reading it (the default, and a
+/// recomputing backend's way for shapes it does not recompute).
+pub(super) fn recompute_then_backward<B: BackendImpl, T: Precision>(
+    backend: &B,
+    op: Checked<Conv2dReluAvgPoolBackwardRecomputed<'_, B, T>>,
+) -> OpResult {
+    let op = op.into_inner();
+    let mut pooled = backend.alloc_zeros::<T>(op.pool.sizes().1)?;
+    let operands = (op.x, op.w, op.bias);
+    let y = forward_keeping_y(backend, (op.conv, op.pool), operands, &mut pooled)?;
+    let mut workspace = backend.alloc_zeros::<T>(op.conv.sizes().2)?;
+    let backward = Conv2dReluAvgPoolBackward {
+        conv: op.conv,
+        pool: op.pool,
+        x: op.x,
+        y: &y,
+        d_pooled: op.d_pooled,
+        dw: op.dw,
+        db: op.db,
+        input: None,
+        workspace: &mut workspace,
+    };
+    run(backend, backward, B::conv2d_relu_avg_pool_backward)
+}
+
+/// [`BackendImpl::conv2d_relu_avg_pool_forward`] into `pooled` and a `y` allocated here,
+/// which it returns.
+fn forward_keeping_y<B: BackendImpl, T: Precision>(
+    backend: &B,
+    (conv, pool): (&Conv2dShape, &Pool2dShape),
+    (x, w, bias): ConvOperands<'_, B, T>,
+    pooled: &mut B::Buffer<T>,
+) -> Result<B::Buffer<T>, BackendError> {
+    let mut y = backend.alloc_zeros::<T>(conv.sizes().2)?;
+    let forward = Conv2dReluAvgPoolForward {
+        conv,
+        pool,
+        x,
+        w,
+        bias,
+        y: &mut y,
+        pooled,
+    };
+    run(backend, forward, B::conv2d_relu_avg_pool_forward)?;
+    Ok(y)
 }
 
 /// [`BackendImpl::conv2d_relu_avg_pool_backward`] unfused: the convolution's output gradient

@@ -22,6 +22,9 @@ use crate::kernels::Scalar;
 
 type Buf<B, T> = <B as Memory>::Buffer<T>;
 
+/// A convolution's input, filter and bias.
+pub(crate) type ConvOperands<'a, B, T> = (&'a Buf<B, T>, &'a Buf<B, T>, Option<&'a Buf<B, f32>>);
+
 /// A convolution's filter and the buffer its input gradient goes to, for the backward passes
 /// that compute one.
 pub type InputGradient<'a, B, T> = (&'a Buf<B, T>, &'a mut Buf<B, T>);
@@ -441,6 +444,70 @@ impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolBackward<'_, B, T> {
             "conv2d_relu_avg_pool_backward workspace",
             self.workspace.len(),
             y,
+        )
+    }
+}
+
+/// [`Backend::conv2d_relu_avg_pool_forward_pooled`](super::Backend::conv2d_relu_avg_pool_forward_pooled)'s
+/// arguments.
+pub struct Conv2dReluAvgPoolForwardPooled<'a, B: Memory, T: DeviceScalar> {
+    pub conv: &'a Conv2dShape,
+    pub pool: &'a Pool2dShape,
+    pub x: &'a Buf<B, T>,
+    pub w: &'a Buf<B, T>,
+    pub bias: Option<&'a Buf<B, f32>>,
+    pub pooled: &'a mut Buf<B, T>,
+}
+
+/// The checks of a fused forward whose ReLU output (of length `y`) is not kept: the
+/// convolution's operands and the pool's output.
+fn unkept_forward<B: Memory, T: DeviceScalar>(
+    (conv, pool): (&Conv2dShape, &Pool2dShape),
+    (x, w, bias): ConvOperands<'_, B, T>,
+    pooled: (&'static str, usize),
+) -> Result<usize, BackendError> {
+    check::conv_then_pool(conv, pool)?;
+    let y = conv.sizes().2;
+    conv_forward(
+        "conv2d_forward",
+        conv,
+        [x.len(), w.len(), y],
+        bias.map(len::<B, _>),
+    )?;
+    check::pool(pooled.0, pool, y, pooled.1, None)?;
+    Ok(y)
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolForwardPooled<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let pooled = ("avg_pool_forward", self.pooled.len());
+        unkept_forward::<B, T>((self.conv, self.pool), (self.x, self.w, self.bias), pooled)
+            .map(drop)
+    }
+}
+
+/// [`Backend::conv2d_relu_avg_pool_backward_recomputed`](super::Backend::conv2d_relu_avg_pool_backward_recomputed)'s
+/// arguments.
+pub struct Conv2dReluAvgPoolBackwardRecomputed<'a, B: Memory, T: DeviceScalar> {
+    pub conv: &'a Conv2dShape,
+    pub pool: &'a Pool2dShape,
+    pub x: &'a Buf<B, T>,
+    pub w: &'a Buf<B, T>,
+    pub bias: Option<&'a Buf<B, f32>>,
+    pub d_pooled: &'a Buf<B, T>,
+    pub dw: &'a mut Buf<B, f32>,
+    pub db: &'a mut Buf<B, f32>,
+}
+
+impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolBackwardRecomputed<'_, B, T> {
+    fn check(&self) -> Result<(), BackendError> {
+        let d_pooled = ("avg_pool_backward", self.d_pooled.len());
+        let operands = (self.x, self.w, self.bias);
+        let y = unkept_forward::<B, T>((self.conv, self.pool), operands, d_pooled)?;
+        filter_gradients(
+            self.conv,
+            [self.x.len(), y, self.dw.len()],
+            Some(self.db.len()),
         )
     }
 }

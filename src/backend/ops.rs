@@ -13,10 +13,11 @@ use super::backend_impl::{run, BackendImpl};
 use super::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, BeginStep, Cast,
     Conv2dBackward, Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherAndBegin, GatherBatch, Gemm,
-    GradCheck, GradCheckMany, HeadGradient, InputGradient, MaxPoolBackward, MaxPoolForward,
-    ReluBackward, Scale, Sgd, SgdMany, SgdTensor, ShardStats, SoftmaxCrossEntropy, SoftmaxHead,
-    StepBegin, StepEnd,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolBackwardRecomputed, Conv2dReluAvgPoolForward,
+    Conv2dReluAvgPoolForwardPooled, Fill, GatherAndBegin, GatherBatch, Gemm, GradCheck,
+    GradCheckMany, HeadGradient, InputGradient, MaxPoolBackward, MaxPoolForward, ReluBackward,
+    Scale, Sgd, SgdMany, SgdTensor, ShardStats, SoftmaxCrossEntropy, SoftmaxHead, StepBegin,
+    StepEnd,
 };
 use super::precision::Precision;
 use super::shapes::{Conv2dShape, Epilogue, GemmShape, Pool2dShape, SgdStep};
@@ -216,6 +217,43 @@ pub trait Backend: Memory + Sized {
         db: &mut Buf<Self, f32>,
         input: Option<InputGradient<'_, Self, T>>,
         workspace: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+
+    /// Whether this backend's [`Backend::conv2d_relu_avg_pool_backward_recomputed`]
+    /// recomputes the ReLU's output where it needs it, so that a first layer (no input
+    /// gradient) keeps no tensor the size of its convolution's output between the passes: the
+    /// kernel backends where `kernels/conv_direct.cu` takes the layer (one input channel, a
+    /// 3x3 filter at stride 1, a 2x2 stride-2 pool). Where false, keep `y`
+    /// ([`Backend::conv2d_relu_avg_pool_forward`], [`Backend::conv2d_relu_avg_pool_backward`]):
+    /// the recomputing calls work everywhere, with the same results, but there they allocate
+    /// `y` and run the forward again.
+    fn recomputes_relu(&self, conv: &Conv2dShape, pool: &Pool2dShape) -> bool;
+    /// [`Backend::conv2d_relu_avg_pool_forward`] keeping only `pooled`: `y` is not written
+    /// (its backward is [`Backend::conv2d_relu_avg_pool_backward_recomputed`]).
+    fn conv2d_relu_avg_pool_forward_pooled<T: Precision>(
+        &self,
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+        x: &Buf<Self, T>,
+        w: &Buf<Self, T>,
+        bias: Option<&Buf<Self, f32>>,
+        pooled: &mut Buf<Self, T>,
+    ) -> Result<(), BackendError>;
+    /// [`Backend::conv2d_relu_avg_pool_backward`] for a first layer (no input gradient) whose
+    /// forward kept no `y`: the ReLU's output is recomputed from `x`, `w` and `bias` (the
+    /// forward's operands, rounded to `T` as the forward would have stored it), so the
+    /// gradients are the same bits as from the stored `y`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_relu_avg_pool_backward_recomputed<T: Precision>(
+        &self,
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+        x: &Buf<Self, T>,
+        w: &Buf<Self, T>,
+        bias: Option<&Buf<Self, f32>>,
+        d_pooled: &Buf<Self, T>,
+        dw: &mut Buf<Self, f32>,
+        db: &mut Buf<Self, f32>,
     ) -> Result<(), BackendError>;
 
     /// [`Backend::sgd_step`] on every tensor of `tensors` (at least one), in one launch on
@@ -671,6 +709,58 @@ impl<B: BackendImpl> Backend for B {
             workspace,
         };
         run(self, op, BackendImpl::conv2d_relu_avg_pool_backward)
+    }
+
+    fn recomputes_relu(&self, conv: &Conv2dShape, pool: &Pool2dShape) -> bool {
+        BackendImpl::recomputes_relu(self, conv, pool)
+    }
+
+    fn conv2d_relu_avg_pool_forward_pooled<T: Precision>(
+        &self,
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+        x: &Buf<B, T>,
+        w: &Buf<B, T>,
+        bias: Option<&Buf<B, f32>>,
+        pooled: &mut Buf<B, T>,
+    ) -> Result<(), BackendError> {
+        let op = Conv2dReluAvgPoolForwardPooled {
+            conv,
+            pool,
+            x,
+            w,
+            bias,
+            pooled,
+        };
+        run(self, op, BackendImpl::conv2d_relu_avg_pool_forward_pooled)
+    }
+
+    fn conv2d_relu_avg_pool_backward_recomputed<T: Precision>(
+        &self,
+        conv: &Conv2dShape,
+        pool: &Pool2dShape,
+        x: &Buf<B, T>,
+        w: &Buf<B, T>,
+        bias: Option<&Buf<B, f32>>,
+        d_pooled: &Buf<B, T>,
+        dw: &mut Buf<B, f32>,
+        db: &mut Buf<B, f32>,
+    ) -> Result<(), BackendError> {
+        let op = Conv2dReluAvgPoolBackwardRecomputed {
+            conv,
+            pool,
+            x,
+            w,
+            bias,
+            d_pooled,
+            dw,
+            db,
+        };
+        run(
+            self,
+            op,
+            BackendImpl::conv2d_relu_avg_pool_backward_recomputed,
+        )
     }
 
     fn softmax_cross_entropy<T: Precision>(

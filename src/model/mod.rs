@@ -139,7 +139,9 @@ struct Activations<B: Backend, T: Precision> {
     batch: usize,
     x: B::Buffer<T>,
     labels: B::Buffer<u8>,
-    c1: B::Buffer<T>,
+    /// conv1's ReLU output and the workspace of its backward (each conv1's output size),
+    /// where the backend does not recompute the ReLU's output ([`Backend::recomputes_relu`]).
+    c1: Option<(B::Buffer<T>, B::Buffer<T>)>,
     p1: B::Buffer<T>,
     c2: B::Buffer<T>,
     p2: B::Buffer<T>,
@@ -155,14 +157,13 @@ struct Activations<B: Backend, T: Precision> {
     /// conv2's output gradient, where a backend that does not fuse its backward holds it.
     d_c2: B::Buffer<T>,
     d_p1: B::Buffer<T>,
-    /// conv1's output gradient, likewise.
-    d_c1: B::Buffer<T>,
 }
 
 impl<B: Backend, T: Precision> Activations<B, T> {
     fn new(dev: &B, batch: usize) -> Result<Self, BackendError> {
         let f = |n| dev.alloc_zeros::<T>(n);
         let (x, _, c1) = conv1(batch).sizes();
+        let keep_c1 = !dev.recomputes_relu(&conv1(batch), &pool1(batch));
         let (p1, _, c2) = conv2(batch).sizes();
         let (hidden, classes) = (batch * LENET.hidden, batch * CLASSES);
         let p2 = pool2(batch).sizes().1;
@@ -170,7 +171,7 @@ impl<B: Backend, T: Precision> Activations<B, T> {
             batch,
             x: f(x)?,
             labels: dev.alloc_zeros::<u8>(batch)?,
-            c1: f(c1)?,
+            c1: keep_c1.then(|| Ok((f(c1)?, f(c1)?))).transpose()?,
             p1: f(p1)?,
             c2: f(c2)?,
             p2: f(p2)?,
@@ -183,7 +184,6 @@ impl<B: Backend, T: Precision> Activations<B, T> {
             d_p2: f(p2)?,
             d_c2: f(c2)?,
             d_p1: f(p1)?,
-            d_c1: f(c1)?,
         })
     }
 }
@@ -483,16 +483,16 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
             unreachable!("eight tensors")
         };
 
-        // Forward.
-        dev.conv2d_relu_avg_pool_forward(
-            &conv1(n),
-            &pool1(n),
-            &a.x,
-            w1,
-            Some(b1),
-            &mut a.c1,
-            &mut a.p1,
-        )?;
+        // Forward (conv1's ReLU output kept only where its backward does not recompute it).
+        let (c1, p1) = (conv1(n), pool1(n));
+        match &mut a.c1 {
+            Some((y, _)) => {
+                dev.conv2d_relu_avg_pool_forward(&c1, &p1, &a.x, w1, Some(b1), y, &mut a.p1)?
+            }
+            None => {
+                dev.conv2d_relu_avg_pool_forward_pooled(&c1, &p1, &a.x, w1, Some(b1), &mut a.p1)?
+            }
+        }
         dev.conv2d_relu_avg_pool_forward(
             &conv2(n),
             &pool2(n),
@@ -586,17 +586,21 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         ready(weight(CONV2), g_w2);
         ready(bias(CONV2), g_b2);
         // pool1, conv1's ReLU, conv1 (no gradient for the images).
-        dev.conv2d_relu_avg_pool_backward(
-            &conv1(n),
-            &pool1(n),
-            &a.x,
-            &a.c1,
-            &a.d_p1,
-            g_w1,
-            g_b1,
-            None,
-            &mut a.d_c1,
-        )?;
+        let (x, d_p1) = (&a.x, &a.d_p1);
+        match &mut a.c1 {
+            Some((y, workspace)) => dev
+                .conv2d_relu_avg_pool_backward(&c1, &p1, x, y, d_p1, g_w1, g_b1, None, workspace)?,
+            None => dev.conv2d_relu_avg_pool_backward_recomputed(
+                &c1,
+                &p1,
+                x,
+                w1,
+                Some(b1),
+                d_p1,
+                g_w1,
+                g_b1,
+            )?,
+        }
         ready(weight(CONV1), g_w1);
         ready(bias(CONV1), g_b1);
         Ok(if read_back {

@@ -8,12 +8,14 @@
 
 use super::{KernelArg, KernelDevice, LaunchConfig, SCRATCH_COUNTERS, SCRATCH_FLOATS};
 use crate::backend::backend_impl::{
-    conv_relu_then_pool, head_unfused, unpool_then_backward, OpResult,
+    conv_relu_then_pool, forward_into_temporary, head_unfused, recompute_then_backward,
+    unpool_then_backward, OpResult,
 };
 use crate::backend::op::{
     Add, AvgPoolBackward, AvgPoolForward, AvgPoolReluBackward, Axpy, BeginStep, Cast, Checked,
     Conv2dBackwardBias, Conv2dBackwardFilter, Conv2dBackwardInput, Conv2dForward,
-    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolForward, Fill, GatherAndBegin, GatherBatch, Gemm,
+    Conv2dReluAvgPoolBackward, Conv2dReluAvgPoolBackwardRecomputed, Conv2dReluAvgPoolForward,
+    Conv2dReluAvgPoolForwardPooled, ConvOperands, Fill, GatherAndBegin, GatherBatch, Gemm,
     GradCheck, GradCheckMany, MaxPoolBackward, MaxPoolForward, ReluBackward, Scale, Sgd, SgdMany,
     ShardStats, SoftmaxCrossEntropy, SoftmaxHead, StepBegin, StepEnd,
 };
@@ -89,12 +91,12 @@ fn output_region(s: &Conv2dShape, pooled: bool) -> (usize, usize) {
     }
 }
 
-/// A convolution's input, filter and bias.
-type ConvOperands<'a, D, T> = (
-    &'a <D as Memory>::Buffer<T>,
-    &'a <D as Memory>::Buffer<T>,
-    Option<&'a <D as Memory>::Buffer<f32>>,
-);
+/// Where `kernels/conv_direct.cu`'s filter gradient finds the ReLU's output: the forward's
+/// `y`, or the forward's filter and bias to recompute it from.
+enum ReluOutput<'a, D: Memory, T: DeviceScalar> {
+    Kept(&'a D::Buffer<T>),
+    Recomputed(&'a D::Buffer<T>, Option<&'a D::Buffer<f32>>),
+}
 
 /// Launches `kernels/conv.cu`'s forward: `y` and, with `pooled`, its 2x2 average pool (the
 /// columns in pooled order, four per window: `y` only at the windows' pixels).
@@ -280,19 +282,20 @@ fn direct_fits(s: &Conv2dShape) -> bool {
         && direct_image_floats(s) * 4 + 1024 <= 48 << 10
 }
 
-/// Launches `kernels/conv_direct.cu`'s forward: `y` at the pool windows' pixels, and `pooled`.
+/// Launches `kernels/conv_direct.cu`'s forward: `y` at the pool windows' pixels where given,
+/// and `pooled`.
 fn launch_direct_forward<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
     (x, w, bias): ConvOperands<'_, D, T>,
-    y: &mut D::Buffer<T>,
+    y: Option<&mut D::Buffer<T>>,
     pooled: &mut D::Buffer<T>,
 ) -> OpResult {
     let mut args = vec![
         KernelArg::buffer(x),
         KernelArg::buffer(w),
         KernelArg::optional(bias),
-        KernelArg::buffer_mut(y),
+        KernelArg::optional_mut(y),
         KernelArg::buffer_mut(pooled),
     ];
     args.extend(conv_dims(s));
@@ -317,7 +320,7 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     device: &D,
     s: &Conv2dShape,
     x: &D::Buffer<T>,
-    y: &D::Buffer<T>,
+    relu: ReluOutput<'_, D, T>,
     d_pooled: &D::Buffer<T>,
     dw: &mut D::Buffer<f32>,
     db: &mut D::Buffer<f32>,
@@ -331,9 +334,15 @@ fn launch_direct_filter<D: KernelDevice, T: Precision>(
     let slices = fitting_splits(pieces, tiles, partial);
     // No empty slice: the kernel gives each ⌈pieces / slices⌉ pieces.
     let slices = pieces.div_ceil(pieces.div_ceil(slices));
+    let (y, w, bias) = match relu {
+        ReluOutput::Kept(y) => (Some(y), None, None),
+        ReluOutput::Recomputed(w, bias) => (None, Some(w), bias),
+    };
     let mut args = vec![
         KernelArg::buffer(x),
-        KernelArg::buffer(y),
+        KernelArg::optional(y),
+        KernelArg::optional(w),
+        KernelArg::optional(bias),
         KernelArg::buffer(d_pooled),
         KernelArg::buffer_mut(dw),
         KernelArg::buffer_mut(db),
@@ -736,7 +745,7 @@ impl<D: KernelDevice> BackendImpl for D {
         let op = op.into_inner();
         let inputs = (op.x, op.w, op.bias);
         if direct_fits(op.conv) {
-            return launch_direct_forward(self, op.conv, inputs, op.y, op.pooled);
+            return launch_direct_forward(self, op.conv, inputs, Some(op.y), op.pooled);
         }
         launch_conv_forward(self, op.conv, inputs, op.y, Some(op.pooled), true)
     }
@@ -775,7 +784,8 @@ impl<D: KernelDevice> BackendImpl for D {
         }
         let op = op.into_inner();
         if op.input.is_none() && direct_fits(op.conv) {
-            return launch_direct_filter(self, op.conv, op.x, op.y, op.d_pooled, op.dw, op.db);
+            let (x, y, d_pooled) = (op.x, ReluOutput::Kept(op.y), op.d_pooled);
+            return launch_direct_filter(self, op.conv, x, y, d_pooled, op.dw, op.db);
         }
         let dy = FilterDy::Pooled {
             d_pooled: op.d_pooled,
@@ -792,6 +802,40 @@ impl<D: KernelDevice> BackendImpl for D {
             }
             None => Ok(()),
         }
+    }
+
+    /// Where `kernels/conv_direct.cu` takes the layer under LeNet's pool: its filter gradient
+    /// recomputes the ReLU's output from the staged images.
+    fn recomputes_relu(&self, conv: &Conv2dShape, pool: &Pool2dShape) -> bool {
+        fuses_pool(pool) && direct_fits(conv)
+    }
+
+    /// One launch of `kernels/conv_direct.cu`'s forward writing no `y`, where it recomputes
+    /// ([`BackendImpl::recomputes_relu`]); else the trait's default.
+    fn conv2d_relu_avg_pool_forward_pooled<T: Precision>(
+        &self,
+        op: Checked<Conv2dReluAvgPoolForwardPooled<'_, D, T>>,
+    ) -> OpResult {
+        if !BackendImpl::recomputes_relu(self, op.conv, op.pool) {
+            return forward_into_temporary(self, op);
+        }
+        let op = op.into_inner();
+        launch_direct_forward(self, op.conv, (op.x, op.w, op.bias), None, op.pooled)
+    }
+
+    /// One launch of `kernels/conv_direct.cu`'s filter gradient recomputing the ReLU's
+    /// output, where it recomputes ([`BackendImpl::recomputes_relu`]); else the trait's
+    /// default.
+    fn conv2d_relu_avg_pool_backward_recomputed<T: Precision>(
+        &self,
+        op: Checked<Conv2dReluAvgPoolBackwardRecomputed<'_, D, T>>,
+    ) -> OpResult {
+        if !BackendImpl::recomputes_relu(self, op.conv, op.pool) {
+            return recompute_then_backward(self, op);
+        }
+        let op = op.into_inner();
+        let relu = ReluOutput::Recomputed(op.w, op.bias);
+        launch_direct_filter(self, op.conv, op.x, relu, op.d_pooled, op.dw, op.db)
     }
 
     fn conv2d_backward_bias<T: Precision>(
