@@ -37,6 +37,17 @@
 // (256 threads) for the input gradient by planes (LeNet's conv2: 5 channels' 125 taps by
 // the 64 pixels of a plane's pool windows).
 //
+// Tensor cores (the forward, f16 and bf16; bf16 from sm_80): the slices are staged as stored
+// (16-bit, A k-major as a column-major fragment, both padded by 8 values a row) and each warp
+// multiplies a 16 x 32 corner of the tile with wmma (16x16x16, f32 accumulation, two
+// fragments), kept in fragments across the reduction; the sums then go through shared memory
+// into each thread's TM x TN registers, and the epilogue is the CUDA cores' one. At LeNet's
+// conv2 (batch 256, bf16) the stand-in's profile counts 11.1 M PTX instructions (33.2 M on
+// CUDA cores) and estimates 27.4 µs (81.9): 0.82 GFLOP useful, 0.8 µs at an H100's ~990
+// TFLOP/s of dense 16-bit tensor-core math, 3% of it at the estimate: the gather and staging
+// now bound it. Not yet measured on a GPU. The input and filter gradients run on CUDA cores
+// for every type (their sums are compensated or go to shared memory per plane).
+//
 // Gathering: each thread loads fixed rows or columns of the staged slices; the positions
 // they stand for ((c, i, j) of a filter tap, (n, p, q) of a pixel) advance with the
 // reduction by carries, not divisions.
@@ -168,25 +179,77 @@ __device__ __forceinline__ void multiply_slice(const float (*as)[Cfg::AS], const
         }
 }
 
+// Whether a product staged as TS runs on tensor cores: f32 on CUDA cores, the 16-bit types
+// (the forward's operands, staged as they are stored) by wmma with f32 accumulation.
+template <class TS>
+struct OnTensorCores {
+    static constexpr bool value = true;
+};
+template <>
+struct OnTensorCores<float> {
+    static constexpr bool value = false;
+};
+
+// The first row and column of this warp's 16 x 32 corner of a Cfg tile on tensor cores: the
+// warps tile the block BN / 32 to a row.
+template <class Cfg>
+__device__ __forceinline__ int2 warp_corner() {
+    constexpr int WARPS_N = Cfg::BN / 32;
+    static_assert((Cfg::BM / 16) * WARPS_N * 32 == Cfg::THREADS, "a 16 x 32 corner a warp");
+    const int warp = threadIdx.x / 32;
+    return make_int2(warp / WARPS_N * 16, warp % WARPS_N * 32);
+}
+
+// acc (the warp's corner, two fragments) += the slice's product on tensor cores: A staged
+// k-major (as[k][m], a column-major fragment), B row-major (bs[k][n]); every step of the
+// slice is multiplied (past the reduction's end the staged operands are zeros).
+template <class Cfg, int AS, int BS, class TS, class Frag>
+__device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS], Frag (&sums)[2]) {
+    using namespace nvcuda;
+    const int2 corner = warp_corner<Cfg>();
+    const int wm = corner.x, wn = corner.y;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, TS, wmma::col_major> a;
+    wmma::load_matrix_sync(a, &as[0][wm], AS);
+    SIMT_UNROLL
+    for (int j = 0; j < 2; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, TS, wmma::row_major> b;
+        wmma::load_matrix_sync(b, &bs[0][wn + 16 * j], BS);
+        wmma::mma_sync(sums[j], a, b, sums[j]);
+    }
+}
+
 // The product's main loop over the reduction range [begin, end), 16 steps a slice:
 // entry(k) gives step k's table entry (OFF_PLANE row past end); load_a(m, r, e) the A element
 // of tile row m (this thread's r-th A row) at the step of entry e; load_b(e) this thread's
 // B column at the step of entry e, each called once per slice, slices in order (loads only:
 // whatever else a loaded A value feeds goes in stage_a(m, r, e, value), called, slices in
 // order, when the value is stored to shared memory). Leaves the TM x TN sums in acc (minus
-// carry when COMPENSATED).
+// carry when COMPENSATED). Staged as TS: float, multiplied on CUDA cores (multiply_slice), or
+// a 16-bit type on tensor cores (mma_slice; the forward's only: the sums go through shared
+// memory into acc at the end, uncompensated, COMPENSATED false).
 // Pipelined: the next slice's global loads are issued into registers before this slice's
 // products, and stored to shared memory after them, so their latency hides behind the FMAs.
 struct NoStage {
     __device__ __forceinline__ void operator()(int, int, Tap, float) const {}
 };
-template <class Cfg, bool COMPENSATED, class Entry, class LoadA, class LoadB, class StageA = NoStage>
+template <class Cfg, bool COMPENSATED, class TS = float, class Entry, class LoadA, class LoadB,
+          class StageA = NoStage>
 __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Entry entry, LoadA load_a,
                                                  LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
                                                  float (&carry)[Cfg::TM][Cfg::TN], StageA stage_a = StageA()) {
-    __shared__ __align__(16) float as[CONV_BK][Cfg::AS];
-    __shared__ __align__(16) float bs[CONV_BK][Cfg::BN];
+    constexpr bool TC = OnTensorCores<TS>::value;
+    static_assert(!(TC && COMPENSATED), "tensor cores sum uncompensated");
+    // The staged rows: A's Cfg::AS floats and B's BN; for wmma 8 16-bit values past BM and BN
+    // (a multiple of 8, wmma's ldm, whose 16-byte offset per row spreads the banks).
+    constexpr int AS = TC ? Cfg::BM + 8 : Cfg::AS, BS = TC ? Cfg::BN + 8 : Cfg::BN;
+    __shared__ __align__(32) TS as[CONV_BK][AS];
+    __shared__ __align__(32) TS bs[CONV_BK][BS];
     __shared__ Tap table[2][CONV_BK];
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> sums[2];  // tensor cores only
+    if constexpr (TC) {
+        nvcuda::wmma::fill_fragment(sums[0], 0.0f);
+        nvcuda::wmma::fill_fragment(sums[1], 0.0f);
+    }
     const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
     const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
@@ -210,14 +273,16 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
         const Tap ea = table[now][a_k];
         SIMT_UNROLL
         for (int r = 0; r < Cfg::A_PER; ++r) {
-            as[a_k][a_m + Cfg::A_ROWS * r] = ra[r];
+            as[a_k][a_m + Cfg::A_ROWS * r] = (TS)ra[r];  // exact: ra came from TS
             stage_a(m0 + a_m + Cfg::A_ROWS * r, r, ea, ra[r]);
         }
         SIMT_UNROLL
-        for (int r = 0; r < Cfg::B_PER; ++r) bs[b_row + Cfg::B_ROWS * r][b_col] = rb[r];
+        for (int r = 0; r < Cfg::B_PER; ++r) bs[b_row + Cfg::B_ROWS * r][b_col] = (TS)rb[r];
         __syncthreads();  // the slice staged; table[now ^ 1] (the next slice's entries) written
-        if (k0 + CONV_BK < end) {
-            fetch(now ^ 1);
+        if (k0 + CONV_BK < end) fetch(now ^ 1);
+        if constexpr (TC) {
+            mma_slice<Cfg, AS, BS>(as, bs, sums);
+        } else if (k0 + CONV_BK < end) {
             multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, CONV_BK);
         } else {  // the last slice: its steps past the end would multiply zeros
             multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, end - k0);
@@ -225,6 +290,20 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
         __syncthreads();  // the slice and table[now] read by every thread
         if (tid < CONV_BK) table[now][tid] = entry(k0 + 2 * CONV_BK + tid);
         now ^= 1;
+    }
+    if constexpr (TC) {  // the warps' fragments through shared memory into each thread's acc
+        constexpr int LDC = Cfg::BN + 4;  // floats: a multiple of 4 (wmma's ldm)
+        __shared__ __align__(32) float cs[Cfg::BM][LDC];
+        const int2 corner = warp_corner<Cfg>();
+        SIMT_UNROLL
+        for (int j = 0; j < 2; ++j)
+            nvcuda::wmma::store_matrix_sync(&cs[corner.x][corner.y + 16 * j], sums[j], LDC,
+                                            nvcuda::wmma::mem_row_major);
+        __syncthreads();
+        SIMT_UNROLL
+        for (int i = 0; i < Cfg::TM; ++i)
+            SIMT_UNROLL
+            for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = cs[ty * Cfg::TM + i][tx * Cfg::TN + j];
     }
 }
 
@@ -248,6 +327,22 @@ __device__ __forceinline__ int2 pixel_of(int idx, int out_w, bool pooled) {
 __device__ __forceinline__ int image_columns(int out_h, int out_w, bool pooled) {
     return pooled ? 4 * (out_h / 2) * (out_w / 2) : out_h * out_w;
 }
+
+// The type the forward stages its operands in: the 16-bit types as they are, for tensor
+// cores; f32 as it is, for CUDA cores. bf16 below sm_80 (Turing's tensor cores lack it) takes
+// CUDA cores, staged as f32: other bits than on sm_80 and later.
+template <class T>
+struct ConvStagedOf {
+    using type = T;
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <>
+struct ConvStagedOf<__nv_bfloat16> {
+    using type = float;
+};
+#endif
+template <class T>
+using ConvStaged = typename ConvStagedOf<T>::type;
 
 // Grid (ceil(batch·columns / BN), ceil(O / BM)). A = w[o][k] (rows of the filter), B = x̂[k][(n,p,q)]:
 // entry(k = (c, i, j)) = (c·H·W + i·W + j, i, j, k); each thread's B column is one output pixel.
@@ -285,7 +380,7 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
         return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[x_col + e.b] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
+    gathered_product<Cfg, false, ConvStaged<T>>(0, depth, m0, entry, load_a, load_b, acc, carry);
     const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
     const int ph = out_h / 2, pw = out_w / 2;
     static_assert(Cfg::TN == 4, "pooled order: a thread's four columns are one window");
