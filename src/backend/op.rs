@@ -378,16 +378,31 @@ pub struct Conv2dReluAvgPoolForward<'a, B: Memory, T: DeviceScalar> {
 
 impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolForward<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
-        check::conv_then_pool(self.conv, self.pool)?;
-        conv_forward(
-            "conv2d_forward",
-            self.conv,
-            [self.x.len(), self.w.len(), self.y.len()],
-            self.bias.map(len::<B, _>),
-        )?;
-        let (y, pooled) = (self.y.len(), self.pooled.len());
-        check::pool("avg_pool_forward", self.pool, y, pooled, None)
+        let (operands, y) = ((self.x, self.w, self.bias), Some(self.y.len()));
+        let pooled = ("avg_pool_forward", self.pooled.len());
+        fused_forward::<B, T>((self.conv, self.pool), operands, y, pooled).map(drop)
     }
+}
+
+/// The checks of a convolution with its ReLU and pool: its operands, `y` (of length `y`, or
+/// where it is not kept, None: the shape's), and the pool's output or its gradient
+/// (`pooled`: the pool operation's name and the length). Returns y's length.
+fn fused_forward<B: Memory, T: DeviceScalar>(
+    (conv, pool): (&Conv2dShape, &Pool2dShape),
+    (x, w, bias): ConvOperands<'_, B, T>,
+    y: Option<usize>,
+    pooled: (&'static str, usize),
+) -> Result<usize, BackendError> {
+    check::conv_then_pool(conv, pool)?;
+    let y = y.unwrap_or(conv.sizes().2);
+    conv_forward(
+        "conv2d_forward",
+        conv,
+        [x.len(), w.len(), y],
+        bias.map(len::<B, _>),
+    )?;
+    check::pool(pooled.0, pool, y, pooled.1, None)?;
+    Ok(y)
 }
 
 /// [`Backend::avg_pool_relu_backward`](super::Backend::avg_pool_relu_backward)'s arguments.
@@ -459,30 +474,11 @@ pub struct Conv2dReluAvgPoolForwardPooled<'a, B: Memory, T: DeviceScalar> {
     pub pooled: &'a mut Buf<B, T>,
 }
 
-/// The checks of a fused forward whose ReLU output (of length `y`) is not kept: the
-/// convolution's operands and the pool's output.
-fn unkept_forward<B: Memory, T: DeviceScalar>(
-    (conv, pool): (&Conv2dShape, &Pool2dShape),
-    (x, w, bias): ConvOperands<'_, B, T>,
-    pooled: (&'static str, usize),
-) -> Result<usize, BackendError> {
-    check::conv_then_pool(conv, pool)?;
-    let y = conv.sizes().2;
-    conv_forward(
-        "conv2d_forward",
-        conv,
-        [x.len(), w.len(), y],
-        bias.map(len::<B, _>),
-    )?;
-    check::pool(pooled.0, pool, y, pooled.1, None)?;
-    Ok(y)
-}
-
 impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolForwardPooled<'_, B, T> {
     fn check(&self) -> Result<(), BackendError> {
         let pooled = ("avg_pool_forward", self.pooled.len());
-        unkept_forward::<B, T>((self.conv, self.pool), (self.x, self.w, self.bias), pooled)
-            .map(drop)
+        let operands = (self.x, self.w, self.bias);
+        fused_forward::<B, T>((self.conv, self.pool), operands, None, pooled).map(drop)
     }
 }
 
@@ -503,7 +499,7 @@ impl<B: Memory, T: DeviceScalar> Args for Conv2dReluAvgPoolBackwardRecomputed<'_
     fn check(&self) -> Result<(), BackendError> {
         let d_pooled = ("avg_pool_backward", self.d_pooled.len());
         let operands = (self.x, self.w, self.bias);
-        let y = unkept_forward::<B, T>((self.conv, self.pool), operands, d_pooled)?;
+        let y = fused_forward::<B, T>((self.conv, self.pool), operands, None, d_pooled)?;
         filter_gradients(
             self.conv,
             [self.x.len(), y, self.dw.len()],
