@@ -37,16 +37,20 @@
 // (256 threads) for the input gradient by planes (LeNet's conv2: 5 channels' 125 taps by
 // the 64 pixels of a plane's pool windows).
 //
-// Tensor cores (the forward, f16 and bf16; bf16 from sm_80): the slices are staged as stored
-// (16-bit, A k-major as a column-major fragment, both padded by 8 values a row) and each warp
-// multiplies a 16 x 32 corner of the tile with wmma (16x16x16, f32 accumulation, two
-// fragments), kept in fragments across the reduction; the sums then go through shared memory
-// into each thread's TM x TN registers, and the epilogue is the CUDA cores' one. At LeNet's
-// conv2 (batch 256, bf16) the stand-in's profile counts 11.1 M PTX instructions (33.2 M on
-// CUDA cores) and estimates 27.4 µs (81.9): 0.82 GFLOP useful, 0.8 µs at an H100's ~990
-// TFLOP/s of dense 16-bit tensor-core math, 3% of it at the estimate: the gather and staging
-// now bound it. Not yet measured on a GPU. The input and filter gradients run on CUDA cores
-// for every type (their sums are compensated or go to shared memory per plane).
+// Tensor cores (the forward and the filter gradient, f16 and bf16; bf16 from sm_80; tiles
+// whose warps each take a 16 x 32 corner): the slices are staged as stored (16-bit, A k-major
+// as a column-major fragment, both padded by 8 values a row; through a pool the filter
+// gradient stages 4·dy, exact, and scales its sums by 1/4) and each warp multiplies its
+// corner with wmma (16x16x16, f32 accumulation, two fragments), kept in fragments across the
+// reduction (the filter gradient: a fresh fragment a slice, added through Kahan carries
+// element by element); the sums then go through shared memory into each thread's TM x TN
+// registers, and the epilogue is the CUDA cores' one. At LeNet's conv2 (batch 256, bf16) the
+// stand-in's profile counts 11.1 M PTX instructions for the forward and 22.3 M for the
+// filter gradient (33.2 M and 44.7 M on CUDA cores) and estimates 27.4 and 55.0 µs (81.9 and
+// 110.3): 0.82 GFLOP useful a pass, 0.8 µs at an H100's ~990 TFLOP/s of dense 16-bit
+// tensor-core math: the gather, staging and carries bound them. Not yet measured on a GPU.
+// The input gradient runs on CUDA cores for every type (its products go to shared memory a
+// plane at a time).
 //
 // Gathering: each thread loads fixed rows or columns of the staged slices; the positions
 // they stand for ((c, i, j) of a filter tap, (n, p, q) of a pixel) advance with the
@@ -107,14 +111,17 @@ __device__ __forceinline__ Tap tap(int b, int row, int col, int a, int pooled) {
 }
 __device__ __forceinline__ Tap no_tap() { return tap(0, OFF_PLANE, 0, -1, -1); }
 
-// The convolution's output gradient at a pixel of a window of the 2x2, stride-2 average pool
-// that follows its ReLU: d_pooled of the window / 4 where the ReLU passed (y > 0), else 0.
+// Four times the convolution's output gradient at a pixel of a window of the 2x2, stride-2
+// average pool that follows its ReLU: d_pooled of the window where the ReLU passed (y > 0),
+// else 0. Exact in T, so it can be staged as T for tensor cores; the pool's 1/4 (a power of
+// two: exact) is applied to what is summed from it (POOL_SCALE).
 template <class T>
 __device__ __forceinline__ float through_pool(const T* __restrict__ d_pooled, const T* __restrict__ y, int y_at,
                                               int pooled_at) {
-    const float d = (float)d_pooled[pooled_at] * 0.25f;  // both loads in flight at once
+    const float d = (float)d_pooled[pooled_at];  // both loads in flight at once
     return (float)y[y_at] > 0.0f ? d : 0.0f;
 }
+#define POOL_SCALE 0.25f
 
 template <int BM_, int BN_, int TM_, int TN_>
 struct Tile {
@@ -200,11 +207,17 @@ __device__ __forceinline__ int2 warp_corner() {
     return make_int2(warp / WARPS_N * 16, warp % WARPS_N * 32);
 }
 
-// acc (the warp's corner, two fragments) += the slice's product on tensor cores: A staged
-// k-major (as[k][m], a column-major fragment), B row-major (bs[k][n]); every step of the
-// slice is multiplied (past the reduction's end the staged operands are zeros).
-template <class Cfg, int AS, int BS, class TS, class Frag>
-__device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS], Frag (&sums)[2]) {
+// A warp's share of a tile's sums on tensor cores: its 16 x 32 corner, two fragments.
+using ConvSums = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>[2];
+
+// sums (the warp's corner) += the slice's product on tensor cores: A staged k-major
+// (as[k][m], a column-major fragment), B row-major (bs[k][n]); every step of the slice is
+// multiplied (past the reduction's end the staged operands are zeros). COMPENSATED: the
+// slice's product into fresh fragments first, then added to sums through a Kahan carry,
+// element by element (accumulator fragments of one shape share their layout).
+template <class Cfg, bool COMPENSATED, int AS, int BS, class TS>
+__device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS], ConvSums& sums,
+                                          ConvSums& carries) {
     using namespace nvcuda;
     const int2 corner = warp_corner<Cfg>();
     const int wm = corner.x, wn = corner.y;
@@ -214,7 +227,20 @@ __device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS]
     for (int j = 0; j < 2; ++j) {
         wmma::fragment<wmma::matrix_b, 16, 16, 16, TS, wmma::row_major> b;
         wmma::load_matrix_sync(b, &bs[0][wn + 16 * j], BS);
-        wmma::mma_sync(sums[j], a, b, sums[j]);
+        if constexpr (COMPENSATED) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> part;
+            wmma::fill_fragment(part, 0.0f);
+            wmma::mma_sync(part, a, b, part);
+            SIMT_UNROLL
+            for (int e = 0; e < part.num_elements; ++e) {
+                const float y = part.x[e] - carries[j].x[e];
+                const float t = sums[j].x[e] + y;
+                carries[j].x[e] = (t - sums[j].x[e]) - y;
+                sums[j].x[e] = t;
+            }
+        } else {
+            wmma::mma_sync(sums[j], a, b, sums[j]);
+        }
     }
 }
 
@@ -225,8 +251,8 @@ __device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS]
 // whatever else a loaded A value feeds goes in stage_a(m, r, e, value), called, slices in
 // order, when the value is stored to shared memory). Leaves the TM x TN sums in acc (minus
 // carry when COMPENSATED). Staged as TS: float, multiplied on CUDA cores (multiply_slice), or
-// a 16-bit type on tensor cores (mma_slice; the forward's only: the sums go through shared
-// memory into acc at the end, uncompensated, COMPENSATED false).
+// a 16-bit type on tensor cores (mma_slice: the sums, their carries folded in, go through
+// shared memory into acc at the end, and carry is left zero).
 // Pipelined: the next slice's global loads are issued into registers before this slice's
 // products, and stored to shared memory after them, so their latency hides behind the FMAs.
 struct NoStage {
@@ -238,18 +264,18 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
                                                  LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
                                                  float (&carry)[Cfg::TM][Cfg::TN], StageA stage_a = StageA()) {
     constexpr bool TC = OnTensorCores<TS>::value;
-    static_assert(!(TC && COMPENSATED), "tensor cores sum uncompensated");
     // The staged rows: A's Cfg::AS floats and B's BN; for wmma 8 16-bit values past BM and BN
     // (a multiple of 8, wmma's ldm, whose 16-byte offset per row spreads the banks).
     constexpr int AS = TC ? Cfg::BM + 8 : Cfg::AS, BS = TC ? Cfg::BN + 8 : Cfg::BN;
     __shared__ __align__(32) TS as[CONV_BK][AS];
     __shared__ __align__(32) TS bs[CONV_BK][BS];
     __shared__ Tap table[2][CONV_BK];
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> sums[2];  // tensor cores only
-    if constexpr (TC) {
-        nvcuda::wmma::fill_fragment(sums[0], 0.0f);
-        nvcuda::wmma::fill_fragment(sums[1], 0.0f);
-    }
+    ConvSums sums, carries;  // tensor cores only (carries: COMPENSATED only)
+    if constexpr (TC)
+        for (int j = 0; j < 2; ++j) {
+            nvcuda::wmma::fill_fragment(sums[j], 0.0f);
+            nvcuda::wmma::fill_fragment(carries[j], 0.0f);
+        }
     const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
     const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
@@ -281,7 +307,7 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
         __syncthreads();  // the slice staged; table[now ^ 1] (the next slice's entries) written
         if (k0 + CONV_BK < end) fetch(now ^ 1);
         if constexpr (TC) {
-            mma_slice<Cfg, AS, BS>(as, bs, sums);
+            mma_slice<Cfg, COMPENSATED, AS, BS>(as, bs, sums, carries);
         } else if (k0 + CONV_BK < end) {
             multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, CONV_BK);
         } else {  // the last slice: its steps past the end would multiply zeros
@@ -296,9 +322,13 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
         __shared__ __align__(32) float cs[Cfg::BM][LDC];
         const int2 corner = warp_corner<Cfg>();
         SIMT_UNROLL
-        for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < 2; ++j) {
+            if constexpr (COMPENSATED)  // the carries folded in here: carry stays 0
+                SIMT_UNROLL
+                for (int e = 0; e < sums[j].num_elements; ++e) sums[j].x[e] -= carries[j].x[e];
             nvcuda::wmma::store_matrix_sync(&cs[corner.x][corner.y + 16 * j], sums[j], LDC,
                                             nvcuda::wmma::mem_row_major);
+        }
         __syncthreads();
         SIMT_UNROLL
         for (int i = 0; i < Cfg::TM; ++i)
@@ -328,8 +358,8 @@ __device__ __forceinline__ int image_columns(int out_h, int out_w, bool pooled) 
     return pooled ? 4 * (out_h / 2) * (out_w / 2) : out_h * out_w;
 }
 
-// The type the forward stages its operands in: the 16-bit types as they are, for tensor
-// cores; f32 as it is, for CUDA cores. bf16 below sm_80 (Turing's tensor cores lack it) takes
+// The type the forward and the filter gradient stage their operands in: the 16-bit types as
+// they are, for tensor cores; f32 as it is, for CUDA cores. bf16 below sm_80 (Turing's tensor cores lack it) takes
 // CUDA cores, staged as f32: other bits than on sm_80 and later.
 template <class T>
 struct ConvStagedOf {
@@ -341,8 +371,18 @@ struct ConvStagedOf<__nv_bfloat16> {
     using type = float;
 };
 #endif
-template <class T>
-using ConvStaged = typename ConvStagedOf<T>::type;
+// That type for a tile whose warps can each take a 16 x 32 corner (warp_corner); float for
+// one too small (the 32x16 filter-gradient tile).
+template <class T, class Cfg, bool CORNERS = (Cfg::BM / 16) * (Cfg::BN / 32) * 32 == Cfg::THREADS>
+struct ConvStagedFor {
+    using type = typename ConvStagedOf<T>::type;
+};
+template <class T, class Cfg>
+struct ConvStagedFor<T, Cfg, false> {
+    using type = float;
+};
+template <class T, class Cfg>
+using ConvStaged = typename ConvStagedFor<T, Cfg>::type;
 
 // Grid (ceil(batch·columns / BN), ceil(O / BM)). A = w[o][k] (rows of the filter), B = x̂[k][(n,p,q)]:
 // entry(k = (c, i, j)) = (c·H·W + i·W + j, i, j, k); each thread's B column is one output pixel.
@@ -380,7 +420,7 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
         return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[x_col + e.b] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    gathered_product<Cfg, false, ConvStaged<T>>(0, depth, m0, entry, load_a, load_b, acc, carry);
+    gathered_product<Cfg, false, ConvStaged<T, Cfg>>(0, depth, m0, entry, load_a, load_b, acc, carry);
     const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
     const int ph = out_h / 2, pw = out_w / 2;
     static_assert(Cfg::TN == 4, "pooled order: a thread's four columns are one window");
@@ -609,6 +649,8 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     };
     float bias_acc[Cfg::A_PER], bias_carry[Cfg::A_PER];
     for (int r = 0; r < Cfg::A_PER; ++r) bias_acc[r] = bias_carry[r] = 0.0f;
+    // A: dy, or through the pool 4·dy (exact in T), the sums scaled by 1/4 as they are written.
+    const float scale = y ? POOL_SCALE : 1.0f;
     auto load_a = [&](int o, int, Tap e) {
         if (e.a < 0 || o >= out_c) return 0.0f;
         const int at = e.a + o * pixels;
@@ -617,7 +659,7 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     // What an A value feeds besides the product, once it has arrived: the output gradient
     // for the input gradient's pass, and these lanes' share of db (Kahan, a term at a time).
     auto stage_a = [&](int o, int r, Tap e, float v) {
-        if (dy_out && blockIdx.x == 0 && e.a >= 0 && o < out_c) dy_out[e.a + o * pixels] = (T)v;
+        if (dy_out && blockIdx.x == 0 && e.a >= 0 && o < out_c) dy_out[e.a + o * pixels] = (T)(v * scale);
         if (with_bias) {
             const float yv = v - bias_carry[r];
             const float t = bias_acc[r] + yv;
@@ -630,7 +672,7 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
         return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[e.b + x_tap] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    gathered_product<Cfg, true>(r0, r1, m0, entry, load_a, load_b, acc, carry, stage_a);
+    gathered_product<Cfg, true, ConvStaged<T, Cfg>>(r0, r1, m0, entry, load_a, load_b, acc, carry, stage_a);
     // The bias partials: the CONV_BK lanes sharing each row of A (consecutive lanes) added
     // by a fixed tree of shuffles.
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
@@ -638,7 +680,7 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
     for (int r = 0; r < Cfg::A_PER; ++r) {
         float v = bias_acc[r] - bias_carry[r];
         for (int off = CONV_BK / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-        bias_part[r] = v;
+        bias_part[r] = v * scale;
     }
     const int total = out_c * depth + out_c;
     float* slot = splits == 1 ? nullptr : scratch + (long long)s * total;
@@ -649,7 +691,7 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
         for (int j = 0; j < Cfg::TN; ++j) {
             const int k = n0 + tx * Cfg::TN + j;
             if (k >= depth) continue;
-            const float v = acc[i][j] - carry[i][j];
+            const float v = (acc[i][j] - carry[i][j]) * scale;
             if (slot) slot[o * depth + k] = v;
             else dw[o * depth + k] = v;
         }

@@ -559,6 +559,106 @@ fn the_kernel_backends_recompute_conv1s_relu() {
     }
 }
 
+/// On the emulators (the SIMT backend, both executors of the CUDA stand-in) a tensor core
+/// adds a 16-step slice's products in step order onto the fragment it is given, and 16-bit
+/// products are exact in f32: so the 16-bit filter and bias gradients (tensor cores, a fresh
+/// fragment a slice added through Kahan carries, the pool's 1/4 after the sums) must equal
+/// the f32 kernel's (CUDA cores, fresh registers a slice, the same carries) on the same values
+/// bit for bit, with and without the pool. A GPU's tensor cores add in an order of their own
+/// (the float64 checks above hold there).
+#[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
+fn tensor_cores_sum_the_filter_gradient_as_cuda_cores() {
+    fn gradients<B: Backend, T: Precision>(
+        dev: &B,
+        s: &Conv2dShape,
+        x: &[f32],
+        dy: &[f32],
+        pooled: Option<(&[f32], &[f32])>,
+    ) -> Vec<u8> {
+        let up = |v: &[f32]| {
+            dev.upload(&v.iter().map(|&e| T::from_f32(e)).collect::<Vec<T>>())
+                .unwrap()
+        };
+        let (xs, ws, ys) = s.sizes();
+        let (mut dw, mut db) = (
+            dev.upload(&vec![f32::NAN; ws]).unwrap(),
+            dev.upload(&vec![f32::NAN; s.out_c]).unwrap(),
+        );
+        let x = up(&x[..xs]);
+        match pooled {
+            None => dev
+                .conv2d_backward_filter_bias(s, &x, &up(&dy[..ys]), &mut dw, &mut db)
+                .unwrap(),
+            Some((y, d_pooled)) => {
+                let pool = nanoddp::model::pool2(s.batch);
+                let mut workspace = dev.upload(&vec![T::from_f32(f32::NAN); ys]).unwrap();
+                dev.conv2d_relu_avg_pool_backward(
+                    s,
+                    &pool,
+                    &x,
+                    &up(y),
+                    &up(d_pooled),
+                    &mut dw,
+                    &mut db,
+                    None,
+                    &mut workspace,
+                )
+                .unwrap();
+            }
+        }
+        [dev.download(&dw).unwrap(), dev.download(&db).unwrap()]
+            .concat()
+            .iter()
+            .flat_map(|v| v.to_bits().to_le_bytes())
+            .collect()
+    }
+    fn same_bits<B: Backend>(dev: &B, what: &str) {
+        let _lean = common::Lean::on_the_ptx_executor();
+        let s = nanoddp::model::conv2(common::sized(64, 4));
+        let p = nanoddp::model::pool2(s.batch);
+        let (xs, _, ys) = s.sizes();
+        let mut g = rng(17);
+        for bf in [true, false] {
+            // Values exact in the 16-bit type, so that both kernels see the same ones.
+            let round = |v: Vec<f32>| -> Vec<f32> {
+                v.into_iter()
+                    .map(|e| {
+                        if bf {
+                            bf16::from_f32(e).to_f32()
+                        } else {
+                            f16::from_f32(e).to_f32()
+                        }
+                    })
+                    .collect()
+            };
+            let x = round(random::<f32>(&mut g, xs));
+            let dy = round(random::<f32>(&mut g, ys));
+            let d_pooled = round(random::<f32>(&mut g, p.sizes().1));
+            for pooled in [None, Some((&dy[..], &d_pooled[..]))] {
+                let want = gradients::<B, f32>(dev, &s, &x, &dy, pooled);
+                let got = if bf {
+                    gradients::<B, bf16>(dev, &s, &x, &dy, pooled)
+                } else {
+                    gradients::<B, f16>(dev, &s, &x, &dy, pooled)
+                };
+                let kind = if bf { "bf16" } else { "f16" };
+                assert!(
+                    got == want,
+                    "{what}: {kind} filter gradient (pool: {}) differs from f32's",
+                    pooled.is_some()
+                );
+            }
+        }
+    }
+    if cfg!(simt_emulator) {
+        same_bits(&nanoddp::backend::simt::SimtDevice::new(0), "SIMT backend");
+        if nanoddp::backend::cuda::is_standin() || common::cuda_driver().contains("stand-in") {
+            same_bits(&common::cuda_device(0), "CUDA stand-in");
+        }
+    }
+}
+
 per_backend!(
     conv_f32,
     conv_f16,
