@@ -37,20 +37,21 @@
 // (256 threads) for the input gradient by planes (LeNet's conv2: 5 channels' 125 taps by
 // the 64 pixels of a plane's pool windows).
 //
-// Tensor cores (the forward and the filter gradient, f16 and bf16; bf16 from sm_80; tiles
-// whose warps each take a 16 x 32 corner): the slices are staged as stored (16-bit, A k-major
-// as a column-major fragment, both padded by 8 values a row; through a pool the filter
-// gradient stages 4·dy, exact, and scales its sums by 1/4) and each warp multiplies its
-// corner with wmma (16x16x16, f32 accumulation, two fragments), kept in fragments across the
+// Tensor cores (every pass but the implicit-GEMM input gradient, f16 and bf16; bf16 from
+// sm_80; tiles whose warps cover them in corners, WarpTile: 16 x 32 for 64x64 and 32x128,
+// 32 x 32 for the planes' 128x64; not the 32x16 filter tile): the slices are staged as stored
+// (16-bit, A k-major as a column-major fragment, both padded by 8 values a row; through a
+// pool the filter gradient stages 4·dy, exact, and scales its sums by 1/4) and each warp
+// multiplies its corner with wmma (16x16x16, f32 accumulation), kept in fragments across the
 // reduction (the filter gradient: a fresh fragment a slice, added through Kahan carries
-// element by element); the sums then go through shared memory into each thread's TM x TN
-// registers, and the epilogue is the CUDA cores' one. At LeNet's conv2 (batch 256, bf16) the
-// stand-in's profile counts 11.1 M PTX instructions for the forward and 22.3 M for the
-// filter gradient (33.2 M and 44.7 M on CUDA cores) and estimates 27.4 and 55.0 µs (81.9 and
-// 110.3): 0.82 GFLOP useful a pass, 0.8 µs at an H100's ~990 TFLOP/s of dense 16-bit
-// tensor-core math: the gather, staging and carries bound them. Not yet measured on a GPU.
-// The input gradient runs on CUDA cores for every type (its products go to shared memory a
-// plane at a time).
+// element by element). The forward's and filter gradient's sums then go through shared
+// memory into each thread's TM x TN registers for the CUDA cores' epilogue; the planes'
+// products go from each warp's fragments into the planes. At LeNet's conv2 (batch 256,
+// bf16) the stand-in's profile counts 10.9 M, 22.3 M and 17.7 M PTX instructions for the
+// forward, filter gradient and input gradient by planes (33.2 M, 44.7 M and 32.0 M on CUDA
+// cores) and estimates 27.0, 55.1 and 43.8 µs (81.9, 110.3, 79.0): 0.82 GFLOP useful a
+// pass, 0.8 µs at an H100's ~990 TFLOP/s of dense 16-bit tensor-core math: the gather,
+// staging, carries and col2im bound them. Not yet measured on a GPU.
 //
 // Gathering: each thread loads fixed rows or columns of the staged slices; the positions
 // they stand for ((c, i, j) of a filter tap, (n, p, q) of a pixel) advance with the
@@ -197,18 +198,32 @@ struct OnTensorCores<float> {
     static constexpr bool value = false;
 };
 
-// The first row and column of this warp's 16 x 32 corner of a Cfg tile on tensor cores: the
-// warps tile the block BN / 32 to a row.
+// How a Cfg tile's warps share it on tensor cores: BN / 32 warps to a row of corners, each
+// corner FM 16-row fragments by two 16-column ones (64x64 and 32x128: 16 x 32; 128x64: 32 x 32).
+template <class Cfg>
+struct WarpTile {
+    static constexpr int WARPS_N = Cfg::BN >= 32 ? Cfg::BN / 32 : 1;
+    static constexpr int WARPS_M = Cfg::THREADS >= 32 * WARPS_N ? Cfg::THREADS / 32 / WARPS_N : 1;
+    static constexpr int FM = Cfg::BM >= 16 * WARPS_M ? Cfg::BM / 16 / WARPS_M : 1;
+    // Whether the warps cover the tile exactly so (not the 32x16 filter tile's four warps).
+    static constexpr bool fits =
+        FM * 16 * WARPS_M == Cfg::BM && WARPS_N * 32 == Cfg::BN && WARPS_M * WARPS_N * 32 == Cfg::THREADS;
+};
+
+// The first row and column of this warp's corner.
 template <class Cfg>
 __device__ __forceinline__ int2 warp_corner() {
-    constexpr int WARPS_N = Cfg::BN / 32;
-    static_assert((Cfg::BM / 16) * WARPS_N * 32 == Cfg::THREADS, "a 16 x 32 corner a warp");
+    using W = WarpTile<Cfg>;
+    static_assert(W::fits, "the warps tile the block in corners of 16·FM x 32");
     const int warp = threadIdx.x / 32;
-    return make_int2(warp / WARPS_N * 16, warp % WARPS_N * 32);
+    return make_int2(warp / W::WARPS_N * 16 * W::FM, warp % W::WARPS_N * 32);
 }
 
-// A warp's share of a tile's sums on tensor cores: its 16 x 32 corner, two fragments.
-using ConvSums = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>[2];
+// A warp's share of a tile's sums on tensor cores: its corner's fragments, f[row][column].
+template <class Cfg>
+struct ConvSums {
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> f[WarpTile<Cfg>::FM][2];
+};
 
 // sums (the warp's corner) += the slice's product on tensor cores: A staged k-major
 // (as[k][m], a column-major fragment), B row-major (bs[k][n]); every step of the slice is
@@ -216,30 +231,36 @@ using ConvSums = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, f
 // slice's product into fresh fragments first, then added to sums through a Kahan carry,
 // element by element (accumulator fragments of one shape share their layout).
 template <class Cfg, bool COMPENSATED, int AS, int BS, class TS>
-__device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS], ConvSums& sums,
-                                          ConvSums& carries) {
+__device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS], ConvSums<Cfg>& sums,
+                                          ConvSums<Cfg>& carries) {
     using namespace nvcuda;
     const int2 corner = warp_corner<Cfg>();
     const int wm = corner.x, wn = corner.y;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, TS, wmma::col_major> a;
-    wmma::load_matrix_sync(a, &as[0][wm], AS);
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, TS, wmma::row_major> b[2];
     SIMT_UNROLL
-    for (int j = 0; j < 2; ++j) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, TS, wmma::row_major> b;
-        wmma::load_matrix_sync(b, &bs[0][wn + 16 * j], BS);
-        if constexpr (COMPENSATED) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> part;
-            wmma::fill_fragment(part, 0.0f);
-            wmma::mma_sync(part, a, b, part);
-            SIMT_UNROLL
-            for (int e = 0; e < part.num_elements; ++e) {
-                const float y = part.x[e] - carries[j].x[e];
-                const float t = sums[j].x[e] + y;
-                carries[j].x[e] = (t - sums[j].x[e]) - y;
-                sums[j].x[e] = t;
+    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &bs[0][wn + 16 * j], BS);
+    SIMT_UNROLL
+    for (int i = 0; i < WarpTile<Cfg>::FM; ++i) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, TS, wmma::col_major> a;
+        wmma::load_matrix_sync(a, &as[0][wm + 16 * i], AS);
+        SIMT_UNROLL
+        for (int j = 0; j < 2; ++j) {
+            auto& sum = sums.f[i][j];
+            if constexpr (COMPENSATED) {
+                auto& carry = carries.f[i][j];
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> part;
+                wmma::fill_fragment(part, 0.0f);
+                wmma::mma_sync(part, a, b[j], part);
+                SIMT_UNROLL
+                for (int e = 0; e < part.num_elements; ++e) {
+                    const float y = part.x[e] - carry.x[e];
+                    const float t = sum.x[e] + y;
+                    carry.x[e] = (t - sum.x[e]) - y;
+                    sum.x[e] = t;
+                }
+            } else {
+                wmma::mma_sync(sum, a, b[j], sum);
             }
-        } else {
-            wmma::mma_sync(sums[j], a, b, sums[j]);
         }
     }
 }
@@ -251,18 +272,17 @@ __device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS]
 // whatever else a loaded A value feeds goes in stage_a(m, r, e, value), called, slices in
 // order, when the value is stored to shared memory). Leaves the TM x TN sums in acc (minus
 // carry when COMPENSATED). Staged as TS: float, multiplied on CUDA cores (multiply_slice), or
-// a 16-bit type on tensor cores (mma_slice: the sums, their carries folded in, go through
-// shared memory into acc at the end, and carry is left zero).
+// a 16-bit type on tensor cores (mma_slice: the warp's sums are left in `sums`, their carries
+// folded in; gathered_product then moves them through shared memory into acc, carry zero).
 // Pipelined: the next slice's global loads are issued into registers before this slice's
 // products, and stored to shared memory after them, so their latency hides behind the FMAs.
 struct NoStage {
     __device__ __forceinline__ void operator()(int, int, Tap, float) const {}
 };
-template <class Cfg, bool COMPENSATED, class TS = float, class Entry, class LoadA, class LoadB,
-          class StageA = NoStage>
-__device__ __forceinline__ void gathered_product(int begin, int end, int m0, Entry entry, LoadA load_a,
-                                                 LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
-                                                 float (&carry)[Cfg::TM][Cfg::TN], StageA stage_a = StageA()) {
+template <class Cfg, bool COMPENSATED, class TS, class Entry, class LoadA, class LoadB, class StageA>
+__device__ __forceinline__ void gathered_sums(int begin, int end, int m0, Entry entry, LoadA load_a, LoadB load_b,
+                                              float (&acc)[Cfg::TM][Cfg::TN], float (&carry)[Cfg::TM][Cfg::TN],
+                                              StageA stage_a, ConvSums<Cfg>& sums) {
     constexpr bool TC = OnTensorCores<TS>::value;
     // The staged rows: A's Cfg::AS floats and B's BN; for wmma 8 16-bit values past BM and BN
     // (a multiple of 8, wmma's ldm, whose 16-byte offset per row spreads the banks).
@@ -270,12 +290,13 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
     __shared__ __align__(32) TS as[CONV_BK][AS];
     __shared__ __align__(32) TS bs[CONV_BK][BS];
     __shared__ Tap table[2][CONV_BK];
-    ConvSums sums, carries;  // tensor cores only (carries: COMPENSATED only)
+    ConvSums<Cfg> carries;  // tensor cores, COMPENSATED only
     if constexpr (TC)
-        for (int j = 0; j < 2; ++j) {
-            nvcuda::wmma::fill_fragment(sums[j], 0.0f);
-            nvcuda::wmma::fill_fragment(carries[j], 0.0f);
-        }
+        for (int i = 0; i < WarpTile<Cfg>::FM; ++i)
+            for (int j = 0; j < 2; ++j) {
+                nvcuda::wmma::fill_fragment(sums.f[i][j], 0.0f);
+                nvcuda::wmma::fill_fragment(carries.f[i][j], 0.0f);
+            }
     const int tid = threadIdx.x, tx = tid % Cfg::TX, ty = tid / Cfg::TX;
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
     const int b_col = tid % Cfg::BN, b_row = tid / Cfg::BN;
@@ -317,19 +338,35 @@ __device__ __forceinline__ void gathered_product(int begin, int end, int m0, Ent
         if (tid < CONV_BK) table[now][tid] = entry(k0 + 2 * CONV_BK + tid);
         now ^= 1;
     }
-    if constexpr (TC) {  // the warps' fragments through shared memory into each thread's acc
+    if constexpr (TC && COMPENSATED)  // the carries folded into the sums
+        for (int i = 0; i < WarpTile<Cfg>::FM; ++i)
+            for (int j = 0; j < 2; ++j)
+                SIMT_UNROLL
+                for (int e = 0; e < sums.f[i][j].num_elements; ++e) sums.f[i][j].x[e] -= carries.f[i][j].x[e];
+}
+
+// gathered_sums, then on tensor cores the warps' fragments through shared memory into each
+// thread's acc (carry zero).
+template <class Cfg, bool COMPENSATED, class TS = float, class Entry, class LoadA, class LoadB,
+          class StageA = NoStage>
+__device__ __forceinline__ void gathered_product(int begin, int end, int m0, Entry entry, LoadA load_a,
+                                                 LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
+                                                 float (&carry)[Cfg::TM][Cfg::TN], StageA stage_a = StageA()) {
+    ConvSums<Cfg> sums;  // tensor cores only
+    gathered_sums<Cfg, COMPENSATED, TS>(begin, end, m0, entry, load_a, load_b, acc, carry, stage_a, sums);
+    if constexpr (OnTensorCores<TS>::value) {
+        if (begin >= end) return;
         constexpr int LDC = Cfg::BN + 4;  // floats: a multiple of 4 (wmma's ldm)
         __shared__ __align__(32) float cs[Cfg::BM][LDC];
         const int2 corner = warp_corner<Cfg>();
         SIMT_UNROLL
-        for (int j = 0; j < 2; ++j) {
-            if constexpr (COMPENSATED)  // the carries folded in here: carry stays 0
-                SIMT_UNROLL
-                for (int e = 0; e < sums[j].num_elements; ++e) sums[j].x[e] -= carries[j].x[e];
-            nvcuda::wmma::store_matrix_sync(&cs[corner.x][corner.y + 16 * j], sums[j], LDC,
-                                            nvcuda::wmma::mem_row_major);
-        }
+        for (int i = 0; i < WarpTile<Cfg>::FM; ++i)
+            SIMT_UNROLL
+            for (int j = 0; j < 2; ++j)
+                nvcuda::wmma::store_matrix_sync(&cs[corner.x + 16 * i][corner.y + 16 * j], sums.f[i][j], LDC,
+                                                nvcuda::wmma::mem_row_major);
         __syncthreads();
+        const int ty = threadIdx.x / Cfg::TX, tx = threadIdx.x % Cfg::TX;
         SIMT_UNROLL
         for (int i = 0; i < Cfg::TM; ++i)
             SIMT_UNROLL
@@ -371,9 +408,9 @@ struct ConvStagedOf<__nv_bfloat16> {
     using type = float;
 };
 #endif
-// That type for a tile whose warps can each take a 16 x 32 corner (warp_corner); float for
-// one too small (the 32x16 filter-gradient tile).
-template <class T, class Cfg, bool CORNERS = (Cfg::BM / 16) * (Cfg::BN / 32) * 32 == Cfg::THREADS>
+// That type for a tile whose warps cover it in corners (WarpTile); float for one they do not
+// (the 32x16 filter-gradient tile).
+template <class T, class Cfg, bool CORNERS = WarpTile<Cfg>::fits>
 struct ConvStagedFor {
     using type = typename ConvStagedOf<T>::type;
 };
@@ -536,6 +573,7 @@ __device__ __forceinline__ void conv_backward_input_planes(const T* __restrict__
     const int window = k_h * k_w, rows = nc * window, depth = in_c * window;
     const int out_plane = out_h * out_w, region = region_h * region_w;
     const T* __restrict__ dy_img = dy + (long long)n * out_c * out_plane;
+    using TS = ConvStaged<T, Cfg>;
     auto entry = [&](int o) { return o < out_c ? tap(o * out_plane, 0, 0, o * depth + c0 * window, 0) : no_tap(); };
     auto load_a = [&](int m, int, Tap e) { return (e.a >= 0 && m < rows) ? (float)w[e.a + m] : 0.0f; };
     const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
@@ -548,7 +586,29 @@ __device__ __forceinline__ void conv_backward_input_planes(const T* __restrict__
         }
         auto load_b = [&](Tap e) { return (e.a >= 0 && at >= 0) ? (float)dy_img[e.b + at] : 0.0f; };
         float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-        gathered_product<Cfg, false>(0, out_c, 0, entry, load_a, load_b, acc, carry);
+        ConvSums<Cfg> sums;  // tensor cores only
+        gathered_sums<Cfg, false, TS>(0, out_c, 0, entry, load_a, load_b, acc, carry, NoStage(), sums);
+        if constexpr (OnTensorCores<TS>::value) {
+            // Each warp's fragments into the planes through a 16 x 16 tile of its own (the
+            // corner's rows past the group's taps and columns past the region dropped).
+            __shared__ __align__(32) float frag[Cfg::THREADS / 32][16 * 16];
+            float* __restrict__ mine = frag[threadIdx.x / 32];
+            const int lane = threadIdx.x % 32;
+            const int2 corner = warp_corner<Cfg>();
+            SIMT_UNROLL
+            for (int i = 0; i < WarpTile<Cfg>::FM; ++i)
+                SIMT_UNROLL
+                for (int j = 0; j < 2; ++j) {
+                    nvcuda::wmma::store_matrix_sync(mine, sums.f[i][j], 16, nvcuda::wmma::mem_row_major);
+                    __syncwarp();
+                    for (int e = lane; e < 16 * 16; e += 32) {
+                        const int m = corner.x + 16 * i + e / 16, c = col0 + corner.y + 16 * j + e % 16;
+                        if (m < rows && c < region) planes[m * region + c] = mine[e];
+                    }
+                    __syncwarp();  // every lane has read the tile before the next overwrites it
+                }
+            continue;
+        }
         static_assert(Cfg::TN == 4, "a thread's columns: one vector store");
         const int c = col0 + tx * Cfg::TN;
         SIMT_UNROLL
