@@ -236,21 +236,22 @@ __device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS]
     using namespace nvcuda;
     const int2 corner = warp_corner<Cfg>();
     const int wm = corner.x, wn = corner.y;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, TS, wmma::row_major> b[2];
+    constexpr int FM = WarpTile<Cfg>::FM;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, TS, wmma::col_major> a[FM];
     SIMT_UNROLL
-    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &bs[0][wn + 16 * j], BS);
+    for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], &as[0][wm + 16 * i], AS);
     SIMT_UNROLL
-    for (int i = 0; i < WarpTile<Cfg>::FM; ++i) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, TS, wmma::col_major> a;
-        wmma::load_matrix_sync(a, &as[0][wm + 16 * i], AS);
+    for (int j = 0; j < 2; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, TS, wmma::row_major> b;
+        wmma::load_matrix_sync(b, &bs[0][wn + 16 * j], BS);
         SIMT_UNROLL
-        for (int j = 0; j < 2; ++j) {
+        for (int i = 0; i < FM; ++i) {
             auto& sum = sums.f[i][j];
             if constexpr (COMPENSATED) {
                 auto& carry = carries.f[i][j];
                 wmma::fragment<wmma::accumulator, 16, 16, 16, float> part;
                 wmma::fill_fragment(part, 0.0f);
-                wmma::mma_sync(part, a, b[j], part);
+                wmma::mma_sync(part, a[i], b, part);
                 SIMT_UNROLL
                 for (int e = 0; e < part.num_elements; ++e) {
                     const float y = part.x[e] - carry.x[e];
@@ -259,7 +260,7 @@ __device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS]
                     sum.x[e] = t;
                 }
             } else {
-                wmma::mma_sync(sum, a, b[j], sum);
+                wmma::mma_sync(sum, a[i], b, sum);
             }
         }
     }

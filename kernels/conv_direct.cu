@@ -75,10 +75,15 @@ __device__ __forceinline__ void stage_rows(const T* __restrict__ x, float* __res
     }
 }
 
-// The first output channel of this thread's warp: warps take DIRECT_CHANNELS channels each,
+// The first output channel of this block: warps take DIRECT_CHANNELS channels each,
 // blockIdx.y the next group of warps.
+__device__ __forceinline__ int direct_block_first_channel() {
+    return blockIdx.y * (blockDim.x / 32) * DIRECT_CHANNELS;
+}
+
+// The first output channel of this thread's warp.
 __device__ __forceinline__ int direct_first_channel() {
-    return (blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32) * DIRECT_CHANNELS;
+    return direct_block_first_channel() + threadIdx.x / 32 * DIRECT_CHANNELS;
 }
 
 // The ReLU's output at one pixel: its 9 taps' products, in tap order, from the staged pixels
@@ -209,10 +214,9 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
     // channel's in three 16-byte loads); the first piece's barrier publishes them.
     __shared__ __align__(16) float wb[DIRECT_WARPS * DIRECT_CHANNELS][DIRECT_WB];
     const int pitch = direct_pitch(in_w, pad), rows = 2 * band_rows + DIRECT_K - 1;
-    const int lane = threadIdx.x % 32, o0 = direct_first_channel();
+    const int lane = threadIdx.x % 32, o0 = direct_first_channel(), first = direct_block_first_channel();
     const bool recompute = y == nullptr;
     if (recompute) {
-        const int first = blockIdx.y * (blockDim.x / 32) * DIRECT_CHANNELS;
         for (int e = threadIdx.x; e < (int)(blockDim.x / 32) * DIRECT_CHANNELS * DIRECT_WB; e += blockDim.x) {
             const int o = first + e / DIRECT_WB, t = e % DIRECT_WB;
             const bool tap = t < DIRECT_MAX_TAPS, b = t == DIRECT_MAX_TAPS && bias != nullptr;
@@ -297,7 +301,6 @@ __device__ __forceinline__ void conv_direct_relu_pool_filter(
 
     // Element e of this block's warps' shares to its place in a slot (conv.cu's layout: dw,
     // O·K floats, then db), or -1 past the channels.
-    const int first = blockIdx.y * (blockDim.x / 32) * DIRECT_CHANNELS;
     auto place = [&](int e) -> long long {
         const int o = first + e / DIRECT_ROW, t = e % DIRECT_ROW;
         if (o >= out_c) return -1;
