@@ -60,8 +60,10 @@
 // Work at LeNet's conv2 (batch 256: O 50, C 20, 5x5 on 13x13 → 9x9, pooled to 4x4 from its
 // top-left 8x8): 0.82 GFLOP per pass over the 64 pixels the pool reads (1.04 over all 81),
 // compulsory bytes 7.7 MB, ~110 FLOP/B: compute-bound on an H100 (ridge ~20 FLOP/B). The
-// tiles pad M (50 of 64 rows, 125 of 128), so the kernels execute 1.08, 0.88 and 1.25 GFLOP
-// for forward, input and filter gradient (the stand-in's profile).
+// tiles pad M (50 of 64 rows, 125 of 128); a warp whose rows all lie in the padding stages
+// its share of the slices but multiplies nothing (gathered_sums: one of the 64x64 tile's
+// eight), so the CUDA-core kernels execute 0.95, 0.88 and 1.07 GFLOP for forward, input and
+// filter gradient (the stand-in's profile; 1.08, 0.88 and 1.23 when every warp multiplied).
 // Measured on an H100 SXM (ncu --clock-control none, fp32, one training step at batch 256;
 // docs/kernels.md has the history): forward with bias, ReLU and pool 48 µs (17.0 TFLOP/s
 // useful: 25% of the 67 TFLOP/s fp32 FMA rate), input gradient by planes 59 µs (13.9, 21%),
@@ -266,8 +268,8 @@ __device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS]
     }
 }
 
-// The product's main loop over the reduction range [begin, end), 16 steps a slice:
-// entry(k) gives step k's table entry (OFF_PLANE row past end); load_a(m, r, e) the A element
+// The product's main loop over the reduction range [begin, end), 16 steps a slice, for the
+// tile at row m0 of a product of `rows` rows (M): entry(k) gives step k's table entry (OFF_PLANE row past end); load_a(m, r, e) the A element
 // of tile row m (this thread's r-th A row) at the step of entry e; load_b(e) this thread's
 // B column at the step of entry e, each called once per slice, slices in order (loads only:
 // whatever else a loaded A value feeds goes in stage_a(m, r, e, value), called, slices in
@@ -281,7 +283,8 @@ struct NoStage {
     __device__ __forceinline__ void operator()(int, int, Tap, float) const {}
 };
 template <class Cfg, bool COMPENSATED, class TS, class Entry, class LoadA, class LoadB, class StageA>
-__device__ __forceinline__ void gathered_sums(int begin, int end, int m0, Entry entry, LoadA load_a, LoadB load_b,
+__device__ __forceinline__ void gathered_sums(int begin, int end, int m0, int rows, Entry entry, LoadA load_a,
+                                              LoadB load_b,
                                               float (&acc)[Cfg::TM][Cfg::TN], float (&carry)[Cfg::TM][Cfg::TN],
                                               StageA stage_a, ConvSums<Cfg>& sums) {
     constexpr bool TC = OnTensorCores<TS>::value;
@@ -311,6 +314,12 @@ __device__ __forceinline__ void gathered_sums(int begin, int end, int m0, Entry 
         SIMT_UNROLL
         for (int r = 0; r < Cfg::B_PER; ++r) rb[r] = load_b(table[t][b_row + Cfg::B_ROWS * r]);
     };
+    // A warp whose tile rows all lie at or past `rows` (the tile's padding: LeNet's conv2 has
+    // 50 output channels in a 64-row tile) stages its share but multiplies nothing.
+    int warp_row;
+    if constexpr (TC) warp_row = warp_corner<Cfg>().x;
+    else warp_row = tid / 32 * 32 / Cfg::TX * Cfg::TM;
+    const bool busy = m0 + warp_row < rows;
     if (begin >= end) return;
     if (tid < CONV_BK) table[0][tid] = entry(begin + tid);
     __syncthreads();
@@ -328,12 +337,13 @@ __device__ __forceinline__ void gathered_sums(int begin, int end, int m0, Entry 
         for (int r = 0; r < Cfg::B_PER; ++r) bs[b_row + Cfg::B_ROWS * r][b_col] = (TS)rb[r];
         __syncthreads();  // the slice staged; table[now ^ 1] (the next slice's entries) written
         if (k0 + CONV_BK < end) fetch(now ^ 1);
-        if constexpr (TC) {
-            mma_slice<Cfg, COMPENSATED, AS, BS>(as, bs, sums, carries);
-        } else if (k0 + CONV_BK < end) {
-            multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, CONV_BK);
-        } else {  // the last slice: its steps past the end would multiply zeros
-            multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, end - k0);
+        if (busy) {
+            if constexpr (TC)
+                mma_slice<Cfg, COMPENSATED, AS, BS>(as, bs, sums, carries);
+            else if (k0 + CONV_BK < end)
+                multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, CONV_BK);
+            else  // the last slice: its steps past the end would multiply zeros
+                multiply_slice<Cfg, COMPENSATED>(as, bs, acc, carry, ty, tx, end - k0);
         }
         __syncthreads();  // the slice and table[now] read by every thread
         if (tid < CONV_BK) table[now][tid] = entry(k0 + 2 * CONV_BK + tid);
@@ -350,11 +360,11 @@ __device__ __forceinline__ void gathered_sums(int begin, int end, int m0, Entry 
 // thread's acc (carry zero).
 template <class Cfg, bool COMPENSATED, class TS = float, class Entry, class LoadA, class LoadB,
           class StageA = NoStage>
-__device__ __forceinline__ void gathered_product(int begin, int end, int m0, Entry entry, LoadA load_a,
+__device__ __forceinline__ void gathered_product(int begin, int end, int m0, int rows, Entry entry, LoadA load_a,
                                                  LoadB load_b, float (&acc)[Cfg::TM][Cfg::TN],
                                                  float (&carry)[Cfg::TM][Cfg::TN], StageA stage_a = StageA()) {
     ConvSums<Cfg> sums;  // tensor cores only
-    gathered_sums<Cfg, COMPENSATED, TS>(begin, end, m0, entry, load_a, load_b, acc, carry, stage_a, sums);
+    gathered_sums<Cfg, COMPENSATED, TS>(begin, end, m0, rows, entry, load_a, load_b, acc, carry, stage_a, sums);
     if constexpr (OnTensorCores<TS>::value) {
         if (begin >= end) return;
         constexpr int LDC = Cfg::BN + 4;  // floats: a multiple of 4 (wmma's ldm)
@@ -458,7 +468,7 @@ __device__ __forceinline__ void conv_forward(const T* __restrict__ x, const T* _
         return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[x_col + e.b] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    gathered_product<Cfg, false, ConvStaged<T, Cfg>>(0, depth, m0, entry, load_a, load_b, acc, carry);
+    gathered_product<Cfg, false, ConvStaged<T, Cfg>>(0, depth, m0, out_c, entry, load_a, load_b, acc, carry);
     const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
     const int ph = out_h / 2, pw = out_w / 2;
     static_assert(Cfg::TN == 4, "pooled order: a thread's four columns are one window");
@@ -538,7 +548,7 @@ __device__ __forceinline__ void conv_backward_input(const T* __restrict__ dy, co
                                                                                 : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    gathered_product<Cfg, false>(0, depth, m0, entry, load_a, load_b, acc, carry);
+    gathered_product<Cfg, false>(0, depth, m0, in_c, entry, load_a, load_b, acc, carry);
     const int tx = threadIdx.x % Cfg::TX, ty = threadIdx.x / Cfg::TX;
     for (int j = 0; j < Cfg::TN; ++j) {
         const int cl = n0 + tx * Cfg::TN + j;
@@ -588,7 +598,7 @@ __device__ __forceinline__ void conv_backward_input_planes(const T* __restrict__
         auto load_b = [&](Tap e) { return (e.a >= 0 && at >= 0) ? (float)dy_img[e.b + at] : 0.0f; };
         float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
         ConvSums<Cfg> sums;  // tensor cores only
-        gathered_sums<Cfg, false, TS>(0, out_c, 0, entry, load_a, load_b, acc, carry, NoStage(), sums);
+        gathered_sums<Cfg, false, TS>(0, out_c, 0, rows, entry, load_a, load_b, acc, carry, NoStage(), sums);
         if constexpr (OnTensorCores<TS>::value) {
             // Each warp's fragments into the planes through a 16 x 16 tile of its own (the
             // corner's rows past the group's taps and columns past the region dropped).
@@ -733,7 +743,7 @@ __device__ __forceinline__ void conv_backward_filter(const T* __restrict__ x, co
         return ((unsigned)ih < (unsigned)in_h && (unsigned)iw < (unsigned)in_w) ? (float)x[e.b + x_tap] : 0.0f;
     };
     float acc[Cfg::TM][Cfg::TN], carry[Cfg::TM][Cfg::TN];
-    gathered_product<Cfg, true, ConvStaged<T, Cfg>>(r0, r1, m0, entry, load_a, load_b, acc, carry, stage_a);
+    gathered_product<Cfg, true, ConvStaged<T, Cfg>>(r0, r1, m0, out_c, entry, load_a, load_b, acc, carry, stage_a);
     // The bias partials: the CONV_BK lanes sharing each row of A (consecutive lanes) added
     // by a fixed tree of shuffles.
     const int a_k = tid % CONV_BK, a_m = tid / CONV_BK;
