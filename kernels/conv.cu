@@ -269,11 +269,12 @@ __device__ __forceinline__ void mma_slice(const TS (*as)[AS], const TS (*bs)[BS]
 }
 
 // The product's main loop over the reduction range [begin, end), 16 steps a slice, for the
-// tile at row m0 of a product of `rows` rows (M): entry(k) gives step k's table entry (OFF_PLANE row past end); load_a(m, r, e) the A element
-// of tile row m (this thread's r-th A row) at the step of entry e; load_b(e) this thread's
-// B column at the step of entry e, each called once per slice, slices in order (loads only:
-// whatever else a loaded A value feeds goes in stage_a(m, r, e, value), called, slices in
-// order, when the value is stored to shared memory). Leaves the TM x TN sums in acc (minus
+// tile at row m0 of a product of `rows` rows (M): entry(k) gives step k's table entry
+// (OFF_PLANE row past end); load_a(m, r, e) the A element of tile row m (this thread's r-th
+// A row) at the step of entry e; load_b(e) this thread's B column at the step of entry e,
+// each called once per slice, slices in order (loads only: whatever else a loaded A value
+// feeds goes in stage_a(m, r, e, value), called, slices in order, when the value is stored
+// to shared memory). Leaves the TM x TN sums in acc (minus
 // carry when COMPENSATED). Staged as TS: float, multiplied on CUDA cores (multiply_slice), or
 // a 16-bit type on tensor cores (mma_slice: the warp's sums are left in `sums`, their carries
 // folded in; gathered_product then moves them through shared memory into acc, carry zero).
@@ -407,8 +408,8 @@ __device__ __forceinline__ int image_columns(int out_h, int out_w, bool pooled) 
 }
 
 // The type the forward and the filter gradient stage their operands in: the 16-bit types as
-// they are, for tensor cores; f32 as it is, for CUDA cores. bf16 below sm_80 (Turing's tensor cores lack it) takes
-// CUDA cores, staged as f32: other bits than on sm_80 and later.
+// they are, for tensor cores; f32 as it is, for CUDA cores. bf16 below sm_80 (Turing's
+// tensor cores lack it) takes CUDA cores, staged as f32: other bits than on sm_80 and later.
 template <class T>
 struct ConvStagedOf {
     using type = T;
