@@ -48,8 +48,8 @@
 // memory into each thread's TM x TN registers for the CUDA cores' epilogue; the planes'
 // products go from each warp's fragments into the planes. At LeNet's conv2 (batch 256,
 // bf16) the stand-in's profile counts 10.9 M, 22.3 M and 17.7 M PTX instructions for the
-// forward, filter gradient and input gradient by planes (33.2 M, 44.7 M and 32.0 M on CUDA
-// cores) and estimates 27.0, 55.1 and 43.8 µs (81.9, 110.3, 79.0): 0.82 GFLOP useful a
+// forward, filter gradient and input gradient by planes (33.2 M, 45.4 M and 32.0 M on CUDA
+// cores) and estimates 27.0, 55.1 and 43.8 µs (81.9, 112.0, 79.0): 0.82 GFLOP useful a
 // pass, 0.8 µs at an H100's ~990 TFLOP/s of dense 16-bit tensor-core math: the gather,
 // staging, carries and col2im bound them. Not yet measured on a GPU.
 //
@@ -60,9 +60,9 @@
 // Work at LeNet's conv2 (batch 256: O 50, C 20, 5x5 on 13x13 → 9x9, pooled to 4x4 from its
 // top-left 8x8): 0.82 GFLOP per pass over the 64 pixels the pool reads (1.04 over all 81),
 // compulsory bytes 7.7 MB, ~110 FLOP/B: compute-bound on an H100 (ridge ~20 FLOP/B). The
-// tiles pad M (50 of 64 rows, 125 of 128); a warp whose rows all lie in the padding stages
-// its share of the slices but multiplies nothing (gathered_sums: one of the 64x64 tile's
-// eight), so the CUDA-core kernels execute 0.95, 0.88 and 1.07 GFLOP for forward, input and
+// tiles pad M (50 of 64 rows, 125 of 128); on CUDA cores a warp whose rows all lie in the
+// padding stages its share of the slices but multiplies nothing (gathered_sums: one of the
+// 64x64 tile's eight), so the CUDA-core kernels execute 0.95, 0.88 and 1.07 GFLOP for forward, input and
 // filter gradient (the stand-in's profile; 1.08, 0.88 and 1.23 when every warp multiplied).
 // Measured on an H100 SXM (ncu --clock-control none, fp32, one training step at batch 256;
 // docs/kernels.md has the history): forward with bias, ReLU and pool 48 µs (17.0 TFLOP/s
@@ -315,12 +315,11 @@ __device__ __forceinline__ void gathered_sums(int begin, int end, int m0, int ro
         SIMT_UNROLL
         for (int r = 0; r < Cfg::B_PER; ++r) rb[r] = load_b(table[t][b_row + Cfg::B_ROWS * r]);
     };
-    // A warp whose tile rows all lie at or past `rows` (the tile's padding: LeNet's conv2 has
-    // 50 output channels in a 64-row tile) stages its share but multiplies nothing.
-    int warp_row;
-    if constexpr (TC) warp_row = warp_corner<Cfg>().x;
-    else warp_row = tid / 32 * 32 / Cfg::TX * Cfg::TM;
-    const bool busy = m0 + warp_row < rows;
+    // On CUDA cores a warp whose tile rows all lie at or past `rows` (the tile's padding:
+    // LeNet's conv2 has 50 output channels in a 64-row tile) stages its share but multiplies
+    // nothing. (On tensor cores the test cost more than it saved: no LeNet tile has such a
+    // warp there.)
+    const bool busy = TC || m0 + tid / 32 * 32 / Cfg::TX * Cfg::TM < rows;
     if (begin >= end) return;
     if (tid < CONV_BK) table[0][tid] = entry(begin + tid);
     __syncthreads();
