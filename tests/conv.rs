@@ -613,47 +613,34 @@ fn tensor_cores_sum_the_filter_gradient_as_cuda_cores() {
             .flat_map(|v| v.to_bits().to_le_bytes())
             .collect()
     }
+    /// The 16-bit gradients against the f32 kernel's on fresh values exact in `T`.
+    fn same_bits_in<B: Backend, T: Precision>(dev: &B, what: &str, g: &mut impl rand::Rng) {
+        let s = nanoddp::model::conv2(common::sized(64, 4));
+        let (xs, _, ys) = s.sizes();
+        let mut exact = |n| -> Vec<f32> { random::<T>(g, n).iter().map(|v| v.to_f32()).collect() };
+        let (x, dy) = (exact(xs), exact(ys));
+        let d_pooled = exact(nanoddp::model::pool2(s.batch).sizes().1);
+        for pooled in [None, Some((&dy[..], &d_pooled[..]))] {
+            let want = gradients::<B, f32>(dev, &s, &x, &dy, pooled);
+            assert!(
+                gradients::<B, T>(dev, &s, &x, &dy, pooled) == want,
+                "{what}: {:?} filter gradient (pool: {}) differs from f32's",
+                T::DTYPE,
+                pooled.is_some()
+            );
+        }
+    }
     fn same_bits<B: Backend>(dev: &B, what: &str) {
         let _lean = common::Lean::on_the_ptx_executor();
-        let s = nanoddp::model::conv2(common::sized(64, 4));
-        let p = nanoddp::model::pool2(s.batch);
-        let (xs, _, ys) = s.sizes();
         let mut g = rng(17);
-        for bf in [true, false] {
-            // Values exact in the 16-bit type, so that both kernels see the same ones.
-            let round = |v: Vec<f32>| -> Vec<f32> {
-                v.into_iter()
-                    .map(|e| {
-                        if bf {
-                            bf16::from_f32(e).to_f32()
-                        } else {
-                            f16::from_f32(e).to_f32()
-                        }
-                    })
-                    .collect()
-            };
-            let x = round(random::<f32>(&mut g, xs));
-            let dy = round(random::<f32>(&mut g, ys));
-            let d_pooled = round(random::<f32>(&mut g, p.sizes().1));
-            for pooled in [None, Some((&dy[..], &d_pooled[..]))] {
-                let want = gradients::<B, f32>(dev, &s, &x, &dy, pooled);
-                let got = if bf {
-                    gradients::<B, bf16>(dev, &s, &x, &dy, pooled)
-                } else {
-                    gradients::<B, f16>(dev, &s, &x, &dy, pooled)
-                };
-                let kind = if bf { "bf16" } else { "f16" };
-                assert!(
-                    got == want,
-                    "{what}: {kind} filter gradient (pool: {}) differs from f32's",
-                    pooled.is_some()
-                );
-            }
-        }
+        same_bits_in::<B, bf16>(dev, what, &mut g);
+        same_bits_in::<B, f16>(dev, what, &mut g);
     }
     if cfg!(simt_emulator) {
         same_bits(&nanoddp::backend::simt::SimtDevice::new(0), "SIMT backend");
-        if nanoddp::backend::cuda::is_standin() || common::cuda_driver().contains("stand-in") {
+        common::cuda_driver(); // loads the stand-in where the machine has no driver
+                               // On a real GPU the tensor cores' order is their own: the float64 checks hold there.
+        if nanoddp::backend::cuda::is_standin() {
             same_bits(&common::cuda_device(0), "CUDA stand-in");
         }
     }
