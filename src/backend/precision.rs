@@ -231,7 +231,7 @@ impl Precision for bf16 {
         bf16::to_f32(self)
     }
     fn from_f32(v: f32) -> Self {
-        super::cpu::half_convert::bf16_from_f32(v)
+        bf16_from_f32(v)
     }
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
         super::cpu::half_convert::widen_bf16(src, dst);
@@ -244,6 +244,20 @@ impl Precision for bf16 {
         // As for f16, up to bf16's +infinity (0x7f80).
         self.to_bits().wrapping_sub(1) < 0x7f80
     }
+}
+
+/// `f32 -> bf16` rounded to nearest even, NaN to the canonical quiet NaN `0x7fff`: exactly
+/// what CUDA's `__float2bfloat16_rn` (PTX `cvt.rn.bf16.f32`) and the SIMT emulator give, so
+/// every backend stores the same bits. (`half::bf16::from_f32` rounds alike but keeps a NaN's
+/// sign and payload.)
+#[inline(always)]
+pub(crate) fn bf16_from_f32(v: f32) -> bf16 {
+    let x = v.to_bits();
+    // Adding 0x7fff rounds up past the halfway point; the low result bit breaks ties to even;
+    // a carry into the exponent rounds up to the next binade or to infinity, as it should.
+    let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16;
+    let nan = (x & 0x7fff_ffff) > 0x7f80_0000;
+    bf16::from_bits(if nan { 0x7fff } else { rounded })
 }
 
 #[cfg(test)]

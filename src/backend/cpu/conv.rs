@@ -17,7 +17,7 @@ use crate::backend::shapes::{Conv2dShape, Pool2dShape};
 use crate::backend::Precision;
 
 use super::engine::{with_engine, Engine};
-use super::half_convert::narrow_bf16;
+use super::half_convert::{narrow_bf16, narrow_epilogue};
 use super::isa::isa;
 use super::lanes::{
     fold_lanes, into_lanes, lane_filter_product, lane_input_grad, lane_plane, lane_product,
@@ -282,9 +282,11 @@ fn write_outputs<'a, T: Precision>(
             Some(src) => src,
             None => &scratch[..pq],
         };
-        let values = write_f32(dst, wide, |dst| {
-            add_bias_relu(src, bias.map_or(0.0, |b| b[o]), relu, dst)
-        });
+        let b = bias.map_or(0.0, |b| b[o]);
+        let values = match narrow_epilogue(src, (b, relu), wide, dst) {
+            true => &wide[..],
+            false => write_f32(dst, wide, |dst| add_bias_relu(src, b, relu, dst)),
+        };
         if let (Some(p), Some(out)) = (pool, pooled_planes.as_mut().and_then(Iterator::next)) {
             write_f32(out, wide_pooled, |out| avg_plane(p, values, out));
         }
@@ -867,14 +869,16 @@ fn lane_sum(v: &[f32]) -> f32 {
 pub(super) fn backward_bias<T: Precision>(s: &Conv2dShape, dy: &[T], db: &mut [f32]) {
     let pq = s.out_h() * s.out_w();
     db.par_iter_mut().enumerate().for_each_init(
-        || (vec![0.0f32; pq], vec![0.0f32; s.batch]),
+        || (Vec::new(), vec![0.0f32; s.batch]),
         |(wide, per_image), (o, db)| {
             // Each image's plane, then the images as a tree (the batch can be long: the
             // linear layers' bias gradients are one term per image).
             for (n, sum) in per_image.iter_mut().enumerate() {
                 let plane = &dy[(n * s.out_c + o) * pq..(n * s.out_c + o + 1) * pq];
-                T::widen_slice(plane, wide);
-                *sum = lane_sum(wide);
+                *sum = match plane {
+                    [one] => 0.0 + one.to_f32(), // lane_sum's bits (a linear layer's term)
+                    _ => lane_sum(widened(plane, wide)),
+                };
             }
             *db = pairwise_sum(per_image);
         },

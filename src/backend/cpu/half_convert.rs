@@ -2,96 +2,68 @@
 //!
 //! Mixed precision on the CPU converts every activation it touches: through the `half`
 //! crate that is a function call per 8 elements. On x86 (both vector engines) f16 converts
-//! inline with F16C, 16 elements a step, and bf16 rounds in AVX2's integer lanes; elsewhere
-//! f16 goes through `half` and bf16 through loops the compiler vectorizes for the process's
-//! engine. The rounding is to nearest even everywhere (as `f16::from_f32`, and
-//! [`bf16_from_f32`]), so each path gives the same bits.
+//! inline with F16C, 8 elements a step, and bf16 rounds in AVX2's integer lanes, the
+//! forward's epilogue (bias and ReLU) fused in where it asks ([`narrow_epilogue`]); elsewhere
+//! f16 goes through `half` and bf16 through a plain loop. The rounding is to nearest even
+//! everywhere (as `f16::from_f32`, and [`bf16_from_f32`]), so each path gives the same bits.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use super::isa::{isa, EngineKind};
+use crate::backend::precision::{bf16_from_f32, Precision};
+use crate::dtype::DType;
 
-/// `dst[i] = f32(src[i])` (equal lengths).
+/// Whether this thread's engine ([`isa`]) converts a slice of `n` elements with F16C and
+/// AVX2 ([`avx2`]): both x86 vector engines (every CPU with either has them), 8 or more.
+fn by_avx2(n: usize) -> bool {
+    let x86 = matches!(isa().engine(), EngineKind::Avx512 | EngineKind::Avx2);
+    cfg!(target_arch = "x86_64") && n >= 8 && x86 && super::isa::cpu().avx2
+}
+
+/// `dst[i] = f32(src[i])` (equal lengths): [`avx2`] where [`by_avx2`], else through `half`.
 pub(crate) fn widen(src: &[f16], dst: &mut [f32]) {
-    widen_on(isa().engine(), src, dst);
-}
-
-/// `dst[i] = f16(src[i])`, rounded to nearest even (equal lengths).
-pub(crate) fn narrow(src: &[f32], dst: &mut [f16]) {
-    narrow_on(isa().engine(), src, dst);
-}
-
-/// [`widen`] as `engine` converts: both x86 vector engines with AVX2 and F16C ([`avx2`];
-/// every AVX-512 CPU has them), the others through `half`.
-fn widen_on(engine: EngineKind, src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen: lengths differ");
-    match engine {
-        // SAFETY: AVX2 and F16C are there (checked); lengths are equal.
+    match by_avx2(src.len()) {
+        // SAFETY: AVX2 and F16C are there (checked); lengths are equal, at least 8.
         #[cfg(target_arch = "x86_64")]
-        EngineKind::Avx512 | EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe {
-            avx2::widen(src, dst)
-        },
+        true => unsafe { avx2::widen(src, dst) },
         _ => src.convert_to_f32_slice(dst),
     }
 }
 
-/// [`narrow`] as `engine` converts, as [`widen_on`].
-fn narrow_on(engine: EngineKind, src: &[f32], dst: &mut [f16]) {
+/// `dst[i] = f16(src[i])`, rounded to nearest even (equal lengths), as [`widen`] converts.
+pub(crate) fn narrow(src: &[f32], dst: &mut [f16]) {
     assert_eq!(src.len(), dst.len(), "narrow: lengths differ");
-    match engine {
-        // SAFETY: as in `widen_on`.
+    match by_avx2(src.len()) {
+        // SAFETY: as in `widen`.
         #[cfg(target_arch = "x86_64")]
-        EngineKind::Avx512 | EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe {
-            avx2::narrow(src, dst)
-        },
+        true => unsafe { avx2::narrow(src, bytemuck::cast_slice_mut(dst), false) },
         _ => dst.convert_from_f32_slice(src),
     }
 }
 
-/// Runs `block` on each 16 elements of `src` and `dst` (equal lengths). A ragged tail is
-/// converted as the last 16 elements, overlapping the block before (each element converts
-/// on its own, so converting one twice writes the same value); only a slice shorter than 16
-/// goes through zero-padded copies. So a plane-sized call costs no call into `half` or libc.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn by_blocks<S: Copy + Default, D: Copy + Default>(
-    src: &[S],
-    dst: &mut [D],
-    block: impl Fn(&[S; 16], &mut [D; 16]),
-) {
-    let n = src.len();
-    if n < 16 {
-        let (mut sb, mut db) = ([S::default(); 16], [D::default(); 16]);
-        sb[..n].copy_from_slice(src);
-        block(&sb, &mut db);
-        dst.copy_from_slice(&db[..n]);
-        return;
+/// The forward's epilogue and its rounding in one pass, where [`by_avx2`]: `wide[i] = v`
+/// (resized to fit) and `dst[i] = v` rounded to T (f16 or bf16), for `v = src[i] + bias`
+/// through the ReLU where `relu` (equal lengths). False, and nothing written, elsewhere (and
+/// for f32).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables, clippy::ptr_arg))]
+pub(super) fn narrow_epilogue<T: Precision>(
+    src: &[f32],
+    epilogue: (f32, bool),
+    wide: &mut Vec<f32>,
+    dst: &mut [T],
+) -> bool {
+    assert_eq!(src.len(), dst.len(), "narrow_epilogue: lengths differ");
+    let fused = by_avx2(src.len()) && T::DTYPE != DType::F32;
+    #[cfg(target_arch = "x86_64")]
+    if fused {
+        wide.resize(src.len(), 0.0);
+        let (bits, bf16) = (bytemuck::cast_slice_mut(dst), T::DTYPE == DType::BF16);
+        // SAFETY: as in `widen`.
+        unsafe { avx2::narrow_epilogue(src, epilogue, wide, bits, bf16) };
     }
-    for (s, d) in src.chunks_exact(16).zip(dst.chunks_exact_mut(16)) {
-        block(s.try_into().expect("16"), d.try_into().expect("16"));
-    }
-    if !n.is_multiple_of(16) {
-        let last = n - 16;
-        block(
-            src[last..].try_into().expect("16"),
-            (&mut dst[last..]).try_into().expect("16"),
-        );
-    }
-}
-
-/// `f32 -> bf16` rounded to nearest even, NaN to the canonical quiet NaN `0x7fff`: exactly
-/// what CUDA's `__float2bfloat16_rn` (PTX `cvt.rn.bf16.f32`) and the SIMT emulator give, so
-/// every backend stores the same bits. (`half::bf16::from_f32` rounds alike but keeps a NaN's
-/// sign and payload.)
-#[inline(always)]
-pub(crate) fn bf16_from_f32(v: f32) -> bf16 {
-    let x = v.to_bits();
-    // Adding 0x7fff rounds up past the halfway point; the low result bit breaks ties to even;
-    // a carry into the exponent rounds up to the next binade or to infinity, as it should.
-    let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16;
-    let nan = (x & 0x7fff_ffff) > 0x7f80_0000;
-    bf16::from_bits(if nan { 0x7fff } else { rounded })
+    fused
 }
 
 super::engine::multiversion!(
@@ -107,109 +79,113 @@ fn widen_bf16_body(src: &[bf16], dst: &mut [f32]) {
         .for_each(|(d, s)| *d = f32::from_bits(u32::from(s.to_bits()) << 16))
 }
 
-/// `dst[i] = bf16(src[i])` as [`bf16_from_f32`] (equal lengths).
+/// `dst[i] = bf16(src[i])` as [`bf16_from_f32`] (equal lengths), as [`widen`] converts (else
+/// a plain loop).
 pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
-    narrow_bf16_on(isa().engine(), src, dst);
-}
-
-/// [`narrow_bf16`] as `engine` converts: AVX2 by hand where it is the engine (its compiled
-/// loop packs each 8 results to 16 bits apart, which costs more than the rounding), else the
-/// compiled loop.
-fn narrow_bf16_on(engine: EngineKind, src: &[f32], dst: &mut [bf16]) {
     assert_eq!(src.len(), dst.len(), "narrow_bf16: lengths differ");
-    match engine {
-        // SAFETY: AVX2 is there (checked); lengths are equal.
+    match by_avx2(src.len()) {
+        // SAFETY: as in `widen`.
         #[cfg(target_arch = "x86_64")]
-        EngineKind::Avx2 if super::isa::cpu().avx2 => unsafe { avx2::narrow_bf16(src, dst) },
-        _ => narrow_bf16_loops(src, dst),
+        true => unsafe { avx2::narrow(src, bytemuck::cast_slice_mut(dst), true) },
+        _ => dst
+            .iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = bf16_from_f32(*s)),
     }
 }
 
-super::engine::multiversion!(
-    /// [`narrow_bf16`]'s loop, compiled for the process's engine.
-    fn narrow_bf16_loops(src: &[f32], dst: &mut [bf16]) = narrow_bf16_body
-);
-
-#[inline(always)]
-fn narrow_bf16_body(src: &[f32], dst: &mut [bf16]) {
-    assert_eq!(src.len(), dst.len(), "narrow_bf16: lengths differ");
-    dst.iter_mut()
-        .zip(src)
-        .for_each(|(d, s)| *d = bf16_from_f32(*s))
-}
-
-/// F16C with AVX: 8 lanes per conversion; and bf16 rounded in AVX2's integer lanes.
+/// F16C with AVX2: 8 lanes per conversion; and bf16 rounded in AVX2's integer lanes.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use half::{bf16, f16};
+    use half::f16;
 
-    /// [`super::narrow_bf16`], 16 at a time: [`super::bf16_from_f32`]'s rounding in two
-    /// vectors of 8, packed to 16 bits together.
+    /// Runs `block(at)` over `0..n` (n at least 8) 8 at a time, a ragged tail as the last 8,
+    /// overlapping the block before (each element converts on its own: converting one twice
+    /// writes the same value). So a plane-sized call costs no call into `half` or libc.
+    #[inline(always)]
+    fn by_eights(n: usize, mut block: impl FnMut(usize)) {
+        (0..n / 8).for_each(|i| block(8 * i));
+        if !n.is_multiple_of(8) {
+            block(n - 8);
+        }
+    }
+
+    /// [`super::widen`].
     ///
     /// # Safety
-    /// AVX2, and `dst.len() == src.len()`.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
-        let round = |x: __m256i| {
+    /// AVX2 and F16C; equal lengths, at least 8.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+        // SAFETY: `at + 8` is within both slices; F16C is enabled here.
+        by_eights(src.len(), |at| unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(at).cast());
+            _mm256_storeu_ps(dst.as_mut_ptr().add(at), _mm256_cvtph_ps(h));
+        })
+    }
+
+    /// [`super::narrow`] (`bf16` false) and [`super::narrow_bf16`] (true) of 8 values: F16C,
+    /// or [`super::bf16_from_f32`]'s rounding on the values' bits, then packed.
+    #[inline(always)]
+    unsafe fn narrow_8(v: __m256, bf16: bool) -> __m128i {
+        if bf16 {
+            let x = _mm256_castps_si256(v);
             let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
             let up = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd);
             let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
             let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
-            _mm256_blendv_epi8(_mm256_srli_epi32::<16>(up), _mm256_set1_epi32(0x7fff), nan)
-        };
-        super::by_blocks(src, dst, |s, d| {
-            // SAFETY: 16 elements in each block; AVX2 enabled here.
-            unsafe {
-                let lo = round(_mm256_loadu_si256(s.as_ptr().cast()));
-                let hi = round(_mm256_loadu_si256(s.as_ptr().add(8).cast()));
-                // The pack interleaves the vectors' 128-bit halves: put them in order.
-                let packed = _mm256_packus_epi32(lo, hi);
-                let ordered = _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
-                _mm256_storeu_si256(d.as_mut_ptr().cast(), ordered);
-            }
+            let r = _mm256_blendv_epi8(_mm256_srli_epi32::<16>(up), _mm256_set1_epi32(0x7fff), nan);
+            // The pack works within 128-bit halves: the low quarter of each half, together.
+            let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_packus_epi32(r, r));
+            return _mm256_castsi256_si128(packed);
+        }
+        let mut h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        // Keeps the conversion's result in a register: LLVM otherwise folds the store into
+        // `vcvtps2ph`'s memory form, which AMD's cores run at less than half the rate of the
+        // register form and a store. The `asm!` is empty.
+        std::arch::asm!("/* {h} */", h = inout(xmm_reg) h,
+            options(pure, nomem, nostack, preserves_flags));
+        h
+    }
+
+    /// [`super::narrow`] and [`super::narrow_bf16`] (as [`narrow_8`]) on the bits.
+    ///
+    /// # Safety
+    /// AVX2 and F16C; equal lengths, at least 8.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [u16], bf16: bool) {
+        // SAFETY: `at + 8` is within both slices; AVX2 and F16C are enabled here.
+        by_eights(src.len(), |at| unsafe {
+            let h = narrow_8(_mm256_loadu_ps(src.as_ptr().add(at)), bf16);
+            _mm_storeu_si128(dst.as_mut_ptr().add(at).cast(), h);
         })
     }
 
-    /// [`super::widen`], 8 at a time.
+    /// [`super::narrow_epilogue`], rounding as [`narrow`] (to bf16 where `bf16`). The ReLU is
+    /// `max(v, 0)`, as `f32::max` (0 for NaN).
     ///
     /// # Safety
-    /// AVX and F16C, and `dst.len() == src.len()`.
-    #[target_feature(enable = "avx,f16c")]
-    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
-        super::by_blocks(src, dst, |s, d| {
-            for half in 0..2 {
-                // SAFETY: 16 elements in each block; AVX and F16C enabled here.
-                unsafe {
-                    let h = _mm_loadu_si128(s.as_ptr().add(8 * half).cast());
-                    _mm256_storeu_ps(d.as_mut_ptr().add(8 * half), _mm256_cvtph_ps(h));
-                }
-            }
-        })
-    }
-
-    /// [`super::narrow`], 8 at a time.
-    ///
-    /// # Safety
-    /// AVX and F16C, and `dst.len() == src.len()`.
-    #[target_feature(enable = "avx,f16c")]
-    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
-        super::by_blocks(src, dst, |s, d| {
-            for half in 0..2 {
-                // SAFETY: 16 elements in each block; AVX and F16C enabled here; the `asm!` is
-                // empty (it only names `h` in a register).
-                unsafe {
-                    let v = _mm256_loadu_ps(s.as_ptr().add(8 * half));
-                    let mut h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-                    // Keeps the conversion's result in a register: LLVM otherwise folds the
-                    // store into `vcvtps2ph`'s memory form, which AMD's cores run at less than
-                    // half the rate of the register form and a store.
-                    std::arch::asm!("/* {h} */", h = inout(xmm_reg) h,
-                        options(pure, nomem, nostack, preserves_flags));
-                    _mm_storeu_si128(d.as_mut_ptr().add(8 * half).cast(), h);
-                }
-            }
+    /// AVX2 and F16C; equal lengths, at least 8.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn narrow_epilogue(
+        src: &[f32],
+        (bias, relu): (f32, bool),
+        wide: &mut [f32],
+        dst: &mut [u16],
+        bf16: bool,
+    ) {
+        let b = _mm256_set1_ps(bias);
+        // SAFETY: `at + 8` is within the three slices; AVX2 and F16C are enabled here.
+        by_eights(src.len(), |at| unsafe {
+            let v = _mm256_add_ps(_mm256_loadu_ps(src.as_ptr().add(at)), b);
+            let v = if relu {
+                _mm256_max_ps(v, _mm256_setzero_ps())
+            } else {
+                v
+            };
+            _mm256_storeu_ps(wide.as_mut_ptr().add(at), v);
+            _mm_storeu_si128(dst.as_mut_ptr().add(at).cast(), narrow_8(v, bf16));
         })
     }
 }
@@ -218,7 +194,18 @@ mod avx2 {
 mod tests {
     use half::f16;
 
-    use super::super::isa::{cpu, EngineKind};
+    use super::super::isa::{levels, set_thread_isa};
+    use super::narrow_epilogue;
+    use crate::backend::Precision;
+
+    /// Runs `check` on this thread under every level this CPU can run, naming it.
+    fn on_each_level(check: impl Fn(&str)) {
+        for (name, level) in levels() {
+            set_thread_isa(Some(level));
+            check(name);
+        }
+        set_thread_isa(None);
+    }
 
     /// Every f16 bit pattern widens as `f16::to_f32` does, and narrowing a spread of f32
     /// values (ties, subnormals, overflow, NaN, infinities) rounds as `f16::from_f32`, at
@@ -226,30 +213,8 @@ mod tests {
     /// has it.
     #[test]
     fn same_bits_as_half() {
-        let mut engines = vec![EngineKind::Portable];
-        engines.extend(cpu().avx2.then_some(EngineKind::Avx2));
-        for engine in engines {
-            println!("{engine:?}");
-            same_bits_as_half_on(engine);
-        }
-    }
-
-    fn same_bits_as_half_on(engine: EngineKind) {
         let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
-        let mut wide = vec![0.0f32; all.len()];
-        super::widen_on(engine, &all, &mut wide);
-        for (h, w) in all.iter().zip(&wide) {
-            assert_eq!(
-                h.to_f32().to_bits(),
-                w.to_bits(),
-                "widen {:#06x}",
-                h.to_bits()
-            );
-        }
-        let mut probe: Vec<f32> = Vec::new();
-        for bits in (0..=u32::MAX).step_by(65_537) {
-            probe.push(f32::from_bits(bits));
-        }
+        let mut probe: Vec<f32> = (0..=u32::MAX).step_by(65_537).map(f32::from_bits).collect();
         probe.extend([
             0.5,
             65504.0,
@@ -259,25 +224,57 @@ mod tests {
             f32::INFINITY,
             f32::NAN,
         ]);
-        for len in [probe.len(), 15, 16, 17, 33, 1, 0] {
-            let src = &probe[..len];
-            let mut got = vec![f16::ZERO; len];
-            super::narrow_on(engine, src, &mut got);
-            for (s, g) in src.iter().zip(&got) {
-                let want = f16::from_f32(*s);
-                assert!(
-                    want.to_bits() == g.to_bits() || (want.is_nan() && g.is_nan()),
-                    "narrow {s:e}: {:#06x} vs {:#06x}",
-                    g.to_bits(),
-                    want.to_bits()
+        on_each_level(|level| {
+            let mut wide = vec![0.0f32; all.len()];
+            super::widen(&all, &mut wide);
+            for (h, w) in all.iter().zip(&wide) {
+                let bits = h.to_bits();
+                assert_eq!(
+                    h.to_f32().to_bits(),
+                    w.to_bits(),
+                    "{level}: widen {bits:#06x}"
                 );
             }
+            for len in [probe.len(), 15, 16, 17, 33, 1, 0] {
+                let mut got = vec![f16::ZERO; len];
+                super::narrow(&probe[..len], &mut got);
+                for (s, g) in probe.iter().zip(&got) {
+                    let (g, want) = (g.to_bits(), f16::from_f32(*s));
+                    let same = want.to_bits() == g || (want.is_nan() && f16::from_bits(g).is_nan());
+                    assert!(same, "{level}: narrow {s:e}: {g:#06x} vs {want}");
+                }
+            }
+        });
+    }
+
+    /// The fused epilogue against its two passes (`f32::max`, then [`Precision::from_f32`]),
+    /// bit for bit, for f16 and bf16, with and without the ReLU, at lengths with tails of each
+    /// size, at every level; it must run wherever [`super::by_avx2`] says it does.
+    #[test]
+    fn narrow_epilogue_is_the_epilogue_then_the_rounding() {
+        fn check<T: Precision>(level: &str) {
+            let mut src: Vec<f32> = (0..40).map(|i| (i * 37 % 23) as f32 * 0.37 - 4.1).collect();
+            src.extend([f32::NAN, -0.0, 1e-9, 7e4, -f32::INFINITY, 0.5]);
+            for (len, bias) in [(46, -0.25), (8, 1.5), (17, 0.0), (23, 2.0), (24, 0.0)] {
+                let relu = len % 2 == 0;
+                let (mut wide, mut got) = (vec![0.0f32; len], vec![T::from_f32(0.0); len]);
+                let done = narrow_epilogue(&src[..len], (bias, relu), &mut wide, &mut got);
+                assert_eq!(done, super::by_avx2(len), "{level}");
+                for ((s, w), g) in src.iter().zip(&wide).zip(&got).filter(|_| done) {
+                    let v = if relu { (s + bias).max(0.0) } else { s + bias };
+                    let bits = |x: T| bytemuck::cast::<T, u16>(x);
+                    let nan = v.is_nan() && g.to_f32().is_nan();
+                    let same = bits(*g) == bits(T::from_f32(v)) || nan;
+                    assert!(w.to_bits() == v.to_bits() && same, "{level}: {s} {bias}");
+                }
+            }
         }
+        on_each_level(|level| (check::<f16>(level), check::<half::bf16>(level)).1);
     }
 
     /// bf16: every bit pattern widens to its top-half f32 exactly, and narrowing rounds to
     /// nearest even (ties both ways, carries into the exponent and to infinity, subnormals)
-    /// with NaN to 0x7fff, on every path (the compiled loop, and AVX2 by hand where the CPU has it) and tail length.
+    /// with NaN to 0x7fff, at every level (a plain loop, or AVX2) and tail length.
     #[test]
     fn bf16_conversions_are_exact_and_round_to_nearest_even() {
         use half::bf16;
@@ -338,23 +335,15 @@ mod tests {
             0.0,
             -0.0,
         ]);
-        let mut engines = vec![EngineKind::Portable];
-        engines.extend(cpu().avx2.then_some(EngineKind::Avx2));
-        for (engine, len) in engines
-            .into_iter()
-            .flat_map(|e| [probe.len(), 15, 16, 17, 33, 1, 0].map(|len| (e, len)))
-        {
-            let src = &probe[..len];
-            let mut got = vec![bf16::ZERO; len];
-            super::narrow_bf16_on(engine, src, &mut got);
-            for (s, g) in src.iter().zip(&got) {
-                assert_eq!(
-                    g.to_bits(),
-                    reference(*s),
-                    "{engine:?}: narrow {s:e} ({:#010x})",
-                    s.to_bits()
-                );
+        on_each_level(|level| {
+            for len in [probe.len(), 15, 16, 17, 33, 1, 0] {
+                let mut got = vec![bf16::ZERO; len];
+                super::narrow_bf16(&probe[..len], &mut got);
+                for (s, g) in probe.iter().zip(&got) {
+                    let bits = s.to_bits();
+                    assert_eq!(g.to_bits(), reference(*s), "{level}: {s:e} ({bits:#010x})");
+                }
             }
-        }
+        });
     }
 }

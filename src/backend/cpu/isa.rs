@@ -144,6 +144,12 @@ impl Isa {
         } else {
             "widened to f32, matrixmultiply"
         };
+        let convert = match self.engine() {
+            EngineKind::Avx512 | EngineKind::Avx2 => {
+                "F16C and AVX2, the forward's bias and ReLU fused"
+            }
+            _ => "the half crate (f16), a plain loop (bf16)",
+        };
         vec![
             (
                 "convolutions from 64 taps (conv2), f32 and f16",
@@ -160,8 +166,9 @@ impl Isa {
                     .to_string(),
             ),
             ("linear layers, bf16", linear_bf16.to_string()),
+            ("f16 and bf16 conversions", convert.to_string()),
             (
-                "pools, bias and ReLU, conversions, SGD step",
+                "pools, bias and ReLU, SGD step",
                 if self.avx512 {
                     "plain loops compiled for AVX-512; LeNet's 2x2 pools in AVX-512 registers"
                         .to_string()
