@@ -2,7 +2,7 @@
 //!
 //! Mixed precision on the CPU converts every activation it touches: through the `half`
 //! crate that is a function call per 8 elements. On x86 (both vector engines) f16 converts
-//! inline with F16C, 8 elements a step, and bf16 rounds in AVX2's integer lanes, the
+//! inline with F16C, 16 elements a step, and bf16 rounds in AVX2's integer lanes, the
 //! forward's epilogue (bias and ReLU) fused in where it asks ([`narrow_epilogue`]); elsewhere
 //! f16 goes through `half` and bf16 through a plain loop. The rounding is to nearest even
 //! everywhere (as `f16::from_f32`, and [`bf16_from_f32`]), so each path gives the same bits.
@@ -15,17 +15,17 @@ use crate::backend::precision::{bf16_from_f32, Precision};
 use crate::dtype::DType;
 
 /// Whether this thread's engine ([`isa`]) converts a slice of `n` elements with F16C and
-/// AVX2 ([`avx2`]): both x86 vector engines (every CPU with either has them), 8 or more.
+/// AVX2 ([`avx2`]): both x86 vector engines (every CPU with either has them), 16 or more.
 fn by_avx2(n: usize) -> bool {
     let x86 = matches!(isa().engine(), EngineKind::Avx512 | EngineKind::Avx2);
-    cfg!(target_arch = "x86_64") && n >= 8 && x86 && super::isa::cpu().avx2
+    cfg!(target_arch = "x86_64") && n >= 16 && x86 && super::isa::cpu().avx2
 }
 
 /// `dst[i] = f32(src[i])` (equal lengths): [`avx2`] where [`by_avx2`], else through `half`.
 pub(crate) fn widen(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen: lengths differ");
     match by_avx2(src.len()) {
-        // SAFETY: AVX2 and F16C are there (checked); lengths are equal, at least 8.
+        // SAFETY: AVX2 and F16C are there (checked); lengths are equal, at least 16.
         #[cfg(target_arch = "x86_64")]
         true => unsafe { avx2::widen(src, dst) },
         _ => src.convert_to_f32_slice(dst),
@@ -94,71 +94,81 @@ pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
     }
 }
 
-/// F16C with AVX2: 8 lanes per conversion; and bf16 rounded in AVX2's integer lanes.
+/// F16C with AVX2, 16 elements a step; and bf16 rounded in AVX2's integer lanes.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
     use half::f16;
 
-    /// Runs `block(at)` over `0..n` (n at least 8) 8 at a time, a ragged tail as the last 8,
-    /// overlapping the block before (each element converts on its own: converting one twice
-    /// writes the same value). So a plane-sized call costs no call into `half` or libc.
+    /// Runs `block(at)` over `0..n` (n at least 16) 16 at a time, a ragged tail as the last
+    /// 16, overlapping the block before (each element converts on its own: converting one
+    /// twice writes the same value). So a plane-sized call costs no call into `half` or libc.
     #[inline(always)]
-    fn by_eights(n: usize, mut block: impl FnMut(usize)) {
-        (0..n / 8).for_each(|i| block(8 * i));
-        if !n.is_multiple_of(8) {
-            block(n - 8);
+    fn by_sixteens(n: usize, mut block: impl FnMut(usize)) {
+        (0..n / 16).for_each(|i| block(16 * i));
+        if !n.is_multiple_of(16) {
+            block(n - 16);
         }
     }
 
     /// [`super::widen`].
     ///
     /// # Safety
-    /// AVX2 and F16C; equal lengths, at least 8.
+    /// AVX2 and F16C; equal lengths, at least 16.
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
-        // SAFETY: `at + 8` is within both slices; F16C is enabled here.
-        by_eights(src.len(), |at| unsafe {
-            let h = _mm_loadu_si128(src.as_ptr().add(at).cast());
-            _mm256_storeu_ps(dst.as_mut_ptr().add(at), _mm256_cvtph_ps(h));
+        // SAFETY: `at + 16` is within both slices; F16C is enabled here.
+        by_sixteens(src.len(), |at| unsafe {
+            let h = _mm256_loadu_si256(src.as_ptr().add(at).cast());
+            let (lo, hi) = (_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(at), _mm256_cvtph_ps(lo));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(at + 8), _mm256_cvtph_ps(hi));
         })
     }
 
-    /// [`super::narrow`] (`bf16` false) and [`super::narrow_bf16`] (true) of 8 values: F16C,
-    /// or [`super::bf16_from_f32`]'s rounding on the values' bits, then packed.
+    /// [`super::bf16_from_f32`] on 8 values' bits: each 32-bit lane's low half the result.
     #[inline(always)]
-    unsafe fn narrow_8(v: __m256, bf16: bool) -> __m128i {
-        if bf16 {
-            let x = _mm256_castps_si256(v);
-            let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
-            let up = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd);
-            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
-            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
-            let r = _mm256_blendv_epi8(_mm256_srli_epi32::<16>(up), _mm256_set1_epi32(0x7fff), nan);
-            // The pack works within 128-bit halves: the low quarter of each half, together.
-            let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_packus_epi32(r, r));
-            return _mm256_castsi256_si128(packed);
-        }
-        let mut h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-        // Keeps the conversion's result in a register: LLVM otherwise folds the store into
-        // `vcvtps2ph`'s memory form, which AMD's cores run at less than half the rate of the
-        // register form and a store. The `asm!` is empty.
-        std::arch::asm!("/* {h} */", h = inout(xmm_reg) h,
-            options(pure, nomem, nostack, preserves_flags));
-        h
+    unsafe fn round_bf16(v: __m256) -> __m256i {
+        let x = _mm256_castps_si256(v);
+        let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+        let up = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd);
+        let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
+        let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
+        _mm256_blendv_epi8(_mm256_srli_epi32::<16>(up), _mm256_set1_epi32(0x7fff), nan)
     }
 
-    /// [`super::narrow`] and [`super::narrow_bf16`] (as [`narrow_8`]) on the bits.
+    /// [`super::narrow`] (`bf16` false) and [`super::narrow_bf16`] (true) of 16 values: F16C,
+    /// or [`super::bf16_from_f32`]'s rounding on the values' bits, packed together.
+    #[inline(always)]
+    unsafe fn narrow_16(lo: __m256, hi: __m256, bf16: bool) -> __m256i {
+        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT;
+        if bf16 {
+            // The pack interleaves the vectors' 128-bit halves: put them in order.
+            let packed = _mm256_packus_epi32(round_bf16(lo), round_bf16(hi));
+            return _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
+        }
+        let mut l = _mm256_cvtps_ph::<NEAREST>(lo);
+        let mut h = _mm256_cvtps_ph::<NEAREST>(hi);
+        // Keeps the conversions' results in registers: LLVM otherwise folds the stores into
+        // `vcvtps2ph`'s memory form, which AMD's cores run at less than half the rate of the
+        // register form and a store. The `asm!` is empty.
+        std::arch::asm!("/* {l} {h} */", l = inout(xmm_reg) l, h = inout(xmm_reg) h,
+            options(pure, nomem, nostack, preserves_flags));
+        _mm256_set_m128i(h, l)
+    }
+
+    /// [`super::narrow`] and [`super::narrow_bf16`] (as [`narrow_16`]) on the bits.
     ///
     /// # Safety
-    /// AVX2 and F16C; equal lengths, at least 8.
+    /// AVX2 and F16C; equal lengths, at least 16.
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn narrow(src: &[f32], dst: &mut [u16], bf16: bool) {
-        // SAFETY: `at + 8` is within both slices; AVX2 and F16C are enabled here.
-        by_eights(src.len(), |at| unsafe {
-            let h = narrow_8(_mm256_loadu_ps(src.as_ptr().add(at)), bf16);
-            _mm_storeu_si128(dst.as_mut_ptr().add(at).cast(), h);
+        // SAFETY: `at + 16` is within both slices; AVX2 and F16C are enabled here.
+        by_sixteens(src.len(), |at| unsafe {
+            let lo = _mm256_loadu_ps(src.as_ptr().add(at));
+            let hi = _mm256_loadu_ps(src.as_ptr().add(at + 8));
+            _mm256_storeu_si256(dst.as_mut_ptr().add(at).cast(), narrow_16(lo, hi, bf16));
         })
     }
 
@@ -166,7 +176,7 @@ mod avx2 {
     /// `max(v, 0)`, as `f32::max` (0 for NaN).
     ///
     /// # Safety
-    /// AVX2 and F16C; equal lengths, at least 8.
+    /// AVX2 and F16C; equal lengths, at least 16.
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn narrow_epilogue(
         src: &[f32],
@@ -175,17 +185,18 @@ mod avx2 {
         dst: &mut [u16],
         bf16: bool,
     ) {
-        let b = _mm256_set1_ps(bias);
-        // SAFETY: `at + 8` is within the three slices; AVX2 and F16C are enabled here.
-        by_eights(src.len(), |at| unsafe {
+        let (b, zero) = (_mm256_set1_ps(bias), _mm256_setzero_ps());
+        // SAFETY: `at + 16` is within the three slices; AVX2 and F16C are enabled here.
+        let mut at8 = |at: usize| unsafe {
             let v = _mm256_add_ps(_mm256_loadu_ps(src.as_ptr().add(at)), b);
-            let v = if relu {
-                _mm256_max_ps(v, _mm256_setzero_ps())
-            } else {
-                v
-            };
+            let v = if relu { _mm256_max_ps(v, zero) } else { v };
             _mm256_storeu_ps(wide.as_mut_ptr().add(at), v);
-            _mm_storeu_si128(dst.as_mut_ptr().add(at).cast(), narrow_8(v, bf16));
+            v
+        };
+        by_sixteens(src.len(), |at| {
+            let (lo, hi) = (at8(at), at8(at + 8));
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add(at).cast(), narrow_16(lo, hi, bf16)) }
         })
     }
 }
@@ -227,14 +238,9 @@ mod tests {
         on_each_level(|level| {
             let mut wide = vec![0.0f32; all.len()];
             super::widen(&all, &mut wide);
-            for (h, w) in all.iter().zip(&wide) {
-                let bits = h.to_bits();
-                assert_eq!(
-                    h.to_f32().to_bits(),
-                    w.to_bits(),
-                    "{level}: widen {bits:#06x}"
-                );
-            }
+            let mut pairs = all.iter().zip(&wide);
+            let bad = pairs.find(|(h, w)| h.to_f32().to_bits() != w.to_bits());
+            assert!(bad.is_none(), "{level}: widen {bad:?}");
             for len in [probe.len(), 15, 16, 17, 33, 1, 0] {
                 let mut got = vec![f16::ZERO; len];
                 super::narrow(&probe[..len], &mut got);
@@ -281,14 +287,9 @@ mod tests {
         let all: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
         let mut wide = vec![0.0f32; all.len()];
         super::widen_bf16(&all, &mut wide);
-        for (h, w) in all.iter().zip(&wide) {
-            assert_eq!(
-                u32::from(h.to_bits()) << 16,
-                w.to_bits(),
-                "widen {:#06x}",
-                h.to_bits()
-            );
-        }
+        let mut pairs = all.iter().zip(&wide);
+        let bad = pairs.find(|(h, w)| u32::from(h.to_bits()) << 16 != w.to_bits());
+        assert!(bad.is_none(), "widen {bad:?}");
         // The rule, stated independently: the nearest bf16 in f64, ties to the even one.
         let reference = |x: f32| -> u16 {
             if x.is_nan() {
