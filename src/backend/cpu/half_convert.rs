@@ -127,7 +127,7 @@ mod avx2 {
         })
     }
 
-    /// [`super::bf16_from_f32`] on 8 values' bits: each 32-bit lane's low half the result.
+    /// [`super::bf16_from_f32`] on 8 values' bits, each lane's low half (safe with AVX2).
     #[inline(always)]
     unsafe fn round_bf16(v: __m256) -> __m256i {
         let x = _mm256_castps_si256(v);
@@ -139,7 +139,7 @@ mod avx2 {
     }
 
     /// [`super::narrow`] (`bf16` false) and [`super::narrow_bf16`] (true) of 16 values: F16C,
-    /// or [`super::bf16_from_f32`]'s rounding on the values' bits, packed together.
+    /// or [`super::bf16_from_f32`]'s rounding on the bits, packed (safe with AVX2 and F16C).
     #[inline(always)]
     unsafe fn narrow_16(lo: __m256, hi: __m256, bf16: bool) -> __m256i {
         const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT;
@@ -152,7 +152,7 @@ mod avx2 {
         let mut h = _mm256_cvtps_ph::<NEAREST>(hi);
         // Keeps the conversions' results in registers: LLVM otherwise folds the stores into
         // `vcvtps2ph`'s memory form, which AMD's cores run at less than half the rate of the
-        // register form and a store. The `asm!` is empty.
+        // register form and a store. SAFETY: the `asm!` is empty.
         std::arch::asm!("/* {l} {h} */", l = inout(xmm_reg) l, h = inout(xmm_reg) h,
             options(pure, nomem, nostack, preserves_flags));
         _mm256_set_m128i(h, l)
