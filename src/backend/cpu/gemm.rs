@@ -22,41 +22,50 @@ use super::summation::Cascade;
 /// blocks of 64, PyTorch float32 2.2e-7.
 const K_BLOCK: usize = 64;
 
-/// `C = α·op(A)·op(B) + β·C`, then the bias and the ReLU, on f32 operands.
-pub(super) fn gemm_f32<O: Precision>(
+/// `C = α·op(A)·op(B) + β·C`, then the bias and the ReLU, through matrixmultiply's f32
+/// product. Half operands are widened by each task into its thread's buffers (in that core's
+/// cache, where one pass over the threads leaves half of them in the other core's): the same
+/// products on the same values as widening first.
+pub(super) fn gemm_f32<T: Precision, O: Precision>(
     shape: &GemmShape,
-    a: &[f32],
-    b: &[f32],
+    a: &[T],
+    b: &[T],
     bias: Option<&[f32]>,
     c: &mut [O],
     ep: Epilogue,
 ) {
     let ((rsa, csa), (rsb, csb)) = strides(shape);
-    let ldc = shape.n;
-    gemm_rows(shape, bias, c, ep, |row0, (k0, len), beta, c_panel| {
-        let m = c_panel.len() / ldc;
-        // SAFETY: a holds M·K elements, b K·N, c's panel m·N (checked by the caller); the
-        // panel's rows of op(A) start at row0 and its columns at k0 < K, which the strides
-        // (rsa, csa) reach inside a; op(B)'s rows start at k0 (rsb) inside b; k0 + len ≤ K,
-        // so every (row stride, column stride) pair addresses inside its slice.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                len,
-                shape.n,
-                ep.alpha,
-                a.as_ptr().add(row0 * rsa + k0 * csa),
-                rsa as isize,
-                csa as isize,
-                b.as_ptr().add(k0 * rsb),
-                rsb as isize,
-                csb as isize,
-                beta,
-                c_panel.as_mut_ptr(),
-                ldc as isize,
-                1,
-            );
-        }
+    let n = shape.n;
+    gemm_rows(shape, bias, c, ep, |row0, c_rows| {
+        let m = c_rows.len() / n;
+        super::with_scratch(|[wide_a, wide_b]| {
+            let (a, b) = (super::widened(a, wide_a), super::widened(b, wide_b));
+            in_k_blocks(shape.k, ep.beta, c_rows, |(k0, len), beta, c_part| {
+                // SAFETY: a holds M·K elements, b K·N, C M·N (checked by the caller); the
+                // task's rows of op(A) start at row0 and its columns at k0 < K, which the
+                // strides (rsa, csa) reach inside a; op(B)'s rows start at k0 (rsb) inside b;
+                // k0 + len ≤ K, so every (row stride, column stride) pair addresses inside
+                // its slice.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        m,
+                        len,
+                        n,
+                        ep.alpha,
+                        a.as_ptr().add(row0 * rsa + k0 * csa),
+                        rsa as isize,
+                        csa as isize,
+                        b.as_ptr().add(k0 * rsb),
+                        rsb as isize,
+                        csb as isize,
+                        beta,
+                        c_part.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    );
+                }
+            })
+        })
     });
 }
 
@@ -88,25 +97,27 @@ pub(super) fn gemm_bf16<O: Precision>(
             pb
         })
         .collect();
-    gemm_rows(shape, bias, c, ep, |row0, (k0, len), beta, c_panel| {
-        let m = c_panel.len() / n;
-        let mut pa = PairPanels::default();
-        let at = (row0 * rsa + k0 * csa).min(a.len());
-        pa.pack_bits(&a[at..], m, len, (rsa, csa));
-        let pb = &packed_b[k0 / blocks];
-        if ep.alpha == 1.0 && (beta == 0.0 || beta == 1.0) {
-            return pairs::gemm_bf16(&pa, pb, c_panel, n, beta == 1.0);
-        }
-        let mut product = vec![0.0f32; c_panel.len()];
-        pairs::gemm_bf16(&pa, pb, &mut product, n, false);
-        for (c, p) in c_panel.iter_mut().zip(&product) {
-            // β = 0 ignores C's old contents, NaN included (BLAS semantics).
-            *c = if beta == 0.0 {
-                ep.alpha * p
-            } else {
-                ep.alpha.mul_add(*p, beta * *c)
-            };
-        }
+    gemm_rows(shape, bias, c, ep, |row0, c_rows| {
+        in_k_blocks(shape.k, ep.beta, c_rows, |(k0, len), beta, c_panel| {
+            let m = c_panel.len() / n;
+            let mut pa = PairPanels::default();
+            let at = (row0 * rsa + k0 * csa).min(a.len());
+            pa.pack_bits(&a[at..], m, len, (rsa, csa));
+            let pb = &packed_b[k0 / blocks];
+            if ep.alpha == 1.0 && (beta == 0.0 || beta == 1.0) {
+                return pairs::gemm_bf16(&pa, pb, c_panel, n, beta == 1.0);
+            }
+            let mut product = vec![0.0f32; c_panel.len()];
+            pairs::gemm_bf16(&pa, pb, &mut product, n, false);
+            for (c, p) in c_panel.iter_mut().zip(&product) {
+                // β = 0 ignores C's old contents, NaN included (BLAS semantics).
+                *c = if beta == 0.0 {
+                    ep.alpha * p
+                } else {
+                    ep.alpha.mul_add(*p, beta * *c)
+                };
+            }
+        })
     });
 }
 
@@ -121,17 +132,46 @@ fn strides(shape: &GemmShape) -> Strides {
     )
 }
 
+/// `c_rows = Σ block((k0, len), β, part) + β·c_rows` over K: `block` computes its part
+/// `α·op(A)[.., k0..k0 + len]·op(B)[k0..k0 + len, :]` (plus β times what the part held):
+/// over the whole K in one call (into C with the caller's β) or, past [`K_BLOCK`], in
+/// blocks summed as a tree.
+fn in_k_blocks(
+    k: usize,
+    beta: f32,
+    c_rows: &mut [f32],
+    mut block: impl FnMut((usize, usize), f32, &mut [f32]),
+) {
+    if k <= K_BLOCK {
+        return block((0, k), beta, c_rows);
+    }
+    let mut blocks = Cascade::default();
+    for k0 in (0..k).step_by(K_BLOCK) {
+        let mut part = blocks.spare(c_rows.len());
+        block((k0, K_BLOCK.min(k - k0)), 0.0, &mut part);
+        blocks.push(part);
+    }
+    let total = blocks.total().expect("K > K_BLOCK: at least two blocks");
+    if beta == 0.0 {
+        // β = 0 ignores C's old contents, NaN included (BLAS semantics).
+        c_rows.copy_from_slice(&total);
+    } else {
+        for (c, t) in c_rows.iter_mut().zip(&total) {
+            *c = beta.mul_add(*c, *t);
+        }
+    }
+}
+
 /// The driver both element types share: C's rows split over rayon's tasks, each task's
-/// product `product(row0, (k0, len), beta, c_panel)` (`c_panel = α·op(A)[row0.., k0..k0 +
-/// len]·op(B)[k0..k0 + len, :] + β·c_panel`) over the whole K or, past [`K_BLOCK`], in
-/// blocks summed as a tree; then the bias and the ReLU, and for half C the rounding, each
-/// task on its own rows (one pass over the threads in all).
+/// product `product(row0, c_rows)` (`c_rows = α·op(A)[row0..]·op(B) + β·c_rows`, through
+/// [`in_k_blocks`]); then the bias and the ReLU, and for half C the rounding, each task on
+/// its own rows (one pass over the threads in all).
 fn gemm_rows<O: Precision>(
     shape: &GemmShape,
     bias: Option<&[f32]>,
     c: &mut [O],
     ep: Epilogue,
-    product: impl Fn(usize, (usize, usize), f32, &mut [f32]) + Sync,
+    product: impl Fn(usize, &mut [f32]) + Sync,
 ) {
     let ldc = shape.n;
     // Big products are split by rows of C over rayon's threads, each a single-threaded
@@ -140,29 +180,10 @@ fn gemm_rows<O: Precision>(
     let rows_per_task = if shape.flops() < 4e6 {
         shape.m
     } else {
-        shape.m.div_ceil(rayon::current_num_threads() * 2).max(16)
+        shape.m.div_ceil(rayon::current_num_threads()).max(16)
     };
     let rows = |row0: usize, c_rows: &mut [f32]| {
-        if shape.k <= K_BLOCK {
-            product(row0, (0, shape.k), ep.beta, c_rows);
-        } else {
-            let mut blocks = Cascade::default();
-            for k0 in (0..shape.k).step_by(K_BLOCK) {
-                let mut part = blocks.spare(c_rows.len());
-                product(row0, (k0, K_BLOCK.min(shape.k - k0)), 0.0, &mut part);
-                blocks.push(part);
-            }
-            let total = blocks.total().expect("K > K_BLOCK: at least two blocks");
-            if ep.beta == 0.0 {
-                // β = 0 ignores C's old contents, NaN included (BLAS semantics).
-                c_rows.copy_from_slice(&total);
-            } else {
-                c_rows
-                    .iter_mut()
-                    .zip(&total)
-                    .for_each(|(c, t)| *c = ep.beta.mul_add(*c, *t));
-            }
-        }
+        product(row0, c_rows);
         for row in c_rows.chunks_mut(ldc) {
             if let Some(bias) = bias {
                 row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);

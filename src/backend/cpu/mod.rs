@@ -85,43 +85,25 @@ fn pair_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
 /// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`
 /// (resized to fit).
 fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
-    widened_by(src, scratch, T::widen_slice)
-}
-
-/// [`widened`] over rayon's threads, [`FLAT_CHUNK`] elements a task: for a whole tensor
-/// that the calling thread would otherwise convert alone while the others wait (the linear
-/// layers' operands). The same bits: each element converts on its own.
-fn widened_par<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
-    widened_by(src, scratch, |src, dst| {
-        zip_chunks(dst, src, |d, s| T::widen_slice(s, d))
-    })
-}
-
-/// [`widened`] with `convert` doing the widening.
-fn widened_by<'a, T: Precision>(
-    src: &'a [T],
-    scratch: &'a mut Vec<f32>,
-    convert: impl FnOnce(&[T], &mut [f32]),
-) -> &'a [f32] {
     match T::as_f32(src) {
         Some(s) => s,
         None => {
             scratch.resize(src.len(), 0.0);
-            convert(src, scratch);
+            T::widen_slice(src, scratch);
             scratch
         }
     }
 }
 
 thread_local! {
-    /// f32 scratch kept per thread between operations: a fresh allocation of a megabyte
-    /// costs a page fault per 4 KB on every call.
+    /// f32 scratch kept per thread between calls (the linear layers' widened blocks): a
+    /// fresh allocation of a megabyte costs a page fault per 4 KB on every call.
     static SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = std::cell::RefCell::default();
 }
 
 /// Runs `f` with this thread's [`SCRATCH`] buffers, or fresh ones where they are in use
 /// (an operation that rayon started on this thread while it waited inside another).
-fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 2]) -> R) -> R {
+pub(super) fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 2]) -> R) -> R {
     SCRATCH.with(|s| match s.try_borrow_mut() {
         Ok(mut mine) => f(&mut mine),
         Err(_) => f(&mut Default::default()),
@@ -363,13 +345,10 @@ impl BackendImpl for CpuDevice {
             let (shape, ep) = (op.shape, op.epilogue);
             let (a, b, c) = (&op.a.0, &op.b.0, &mut op.c.0);
             // bf16 on AVX512-BF16 multiplies the bf16 values themselves; other half operands
-            // are widened (both at once), then the f32 product runs on them.
+            // are widened for the f32 product.
             match bf16_bits(a).zip(bf16_bits(b)) {
                 Some((a, b)) => gemm::gemm_bf16(shape, a, b, bias, c, ep),
-                None => with_scratch(|[wide_a, wide_b]| {
-                    let (a, b) = rayon::join(|| widened_par(a, wide_a), || widened_par(b, wide_b));
-                    gemm::gemm_f32(shape, a, b, bias, c, ep)
-                }),
+                None => gemm::gemm_f32(shape, a, b, bias, c, ep),
             }
         })
     }
