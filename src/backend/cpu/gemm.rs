@@ -174,9 +174,9 @@ fn gemm_rows<O: Precision>(
     product: impl Fn(usize, &mut [f32]) + Sync,
 ) {
     let ldc = shape.n;
-    // Big products are split by rows of C over rayon's threads, each a single-threaded
-    // matrixmultiply call on its panel (matrixmultiply's own threads would fight rayon's when
-    // the callers are already parallel, as the convolutions are).
+    // Big products are split by rows of C, a task per rayon thread (each packs, and widens
+    // where half, all of op(B)), each task single-threaded in matrixmultiply (its own threads
+    // would fight rayon's when the callers are already parallel, as the convolutions are).
     let rows_per_task = if shape.flops() < 4e6 {
         shape.m
     } else {
