@@ -96,7 +96,7 @@ fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f3
 }
 
 thread_local! {
-    /// f32 scratch kept per thread between calls (the linear layers' widened blocks): a
+    /// f32 scratch kept per thread between calls (the linear layers' widened operands): a
     /// fresh allocation of a megabyte costs a page fault per 4 KB on every call.
     static SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = std::cell::RefCell::default();
 }
