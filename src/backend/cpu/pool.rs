@@ -112,25 +112,33 @@ pub(super) fn avg_forward<T: Precision>(s: &Pool2dShape, x: &[T], y: &mut [T]) {
     );
 }
 
-/// Body of [`avg_backward_plane`].
+/// Body of [`avg_backward_plane`]: the gradients `g` spread over the input plane `dx`, kept
+/// where `y` (if given: the ReLU's backward too) is above zero, else +0.0.
 #[inline(always)]
-fn avg_backward_plane_body(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) {
+fn avg_backward_plane_body<T: Precision>(
+    s: &Pool2dShape,
+    g: &[f32],
+    y: Option<&[T]>,
+    dx: &mut [f32],
+) {
     let (oh, ow) = (s.out_h(), s.out_w());
     let inv = 1.0 / (s.k_h * s.k_w) as f32;
     if is_2x2(s) {
-        // LeNet's pools: the windows tile the plane, so each input element takes at most
-        // one gradient (the same bits as the gather below; rows and columns past the last
-        // window get zero), written to its 2x2 window, vectorizable.
+        // LeNet's pools: the windows tile the plane, so each input element takes at most one
+        // gradient (the same bits as the gather below; rows and columns past the last window
+        // get zero), each written once, vectorizable (a ReLU applied to `dx` in place
+        // compiles to a masked store of the zeros, which AMD's cores run slowly).
         if s.in_h != 2 * oh || s.in_w != 2 * ow {
-            wide.fill(0.0);
+            dx.fill(0.0);
         }
-        for (p, g_row) in g.chunks_exact(ow).take(oh).enumerate() {
-            for i in 0..2 {
-                let row = &mut wide[(2 * p + i) * s.in_w..][..2 * ow];
-                for (q, v) in g_row.iter().enumerate() {
-                    row[2 * q] = v * inv;
-                    row[2 * q + 1] = v * inv;
-                }
+        for (h, g_row) in (0..2 * oh).zip(g.chunks_exact(ow).flat_map(|r| [r, r])) {
+            let row = dx[h * s.in_w..][..2 * ow].chunks_exact_mut(2).zip(g_row);
+            match y.map(|y| y[h * s.in_w..][..2 * ow].chunks_exact(2)) {
+                None => row.for_each(|(d, v)| d.copy_from_slice(&[v * inv; 2])),
+                Some(y) => row.zip(y).for_each(|((d, v), a)| {
+                    d[0] = if a[0].above_zero() { v * inv } else { 0.0 };
+                    d[1] = if a[1].above_zero() { v * inv } else { 0.0 };
+                }),
             }
         }
         return;
@@ -143,17 +151,10 @@ fn avg_backward_plane_body(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) {
                     acc += g[p * ow + q];
                 }
             }
-            wide[ih * s.in_w + iw] = acc * inv;
+            dx[ih * s.in_w + iw] = acc * inv;
         }
     }
-}
-
-/// Body of [`avg_relu_backward_plane_loops`]: the gradients spread, then kept where `y` is
-/// above zero.
-#[inline(always)]
-fn avg_relu_backward_plane_body<T: Precision>(s: &Pool2dShape, g: &[f32], y: &[T], dx: &mut [f32]) {
-    avg_backward_plane_body(s, g, dx);
-    for (d, a) in dx.iter_mut().zip(y) {
+    for (d, a) in dx.iter_mut().zip(y.unwrap_or_default()) {
         *d = if a.above_zero() { *d } else { 0.0 };
     }
 }
@@ -164,7 +165,7 @@ pub(super) fn avg_backward<T: Precision>(s: &Pool2dShape, dy: &[T], dx: &mut [T]
         || (Vec::new(), Vec::new()),
         |(g, wide), (pl, dx)| {
             let g = widened(&dy[pl * oh * ow..(pl + 1) * oh * ow], g);
-            write_f32(dx, wide, |dx| avg_backward_plane(s, g, dx));
+            write_f32(dx, wide, |dx| avg_backward_plane::<f32>(s, g, None, dx));
         },
     );
 }
@@ -200,7 +201,7 @@ pub(super) fn relu_pool_backward<T: Precision>(
         // SAFETY: AVX-512 F, VL, BW and DQ were detected (`Isa::avx512`).
         return unsafe { avx512::avg_relu_backward_2x2(s, g, act, dx) };
     }
-    avg_relu_backward_plane_loops(s, g, y, dx)
+    avg_backward_plane(s, g, Some(y), dx)
 }
 
 // The plane loops are compiled for the process's engine (`multiversion!`), picked at run time
@@ -227,17 +228,13 @@ pub(super) fn avg_plane(s: &Pool2dShape, wide: &[f32], out: &mut [f32]) {
 }
 multiversion!(
     /// Spreads one f32 plane of output gradients `g` (`out_h x out_w`) over the input plane
-    /// `wide` (`in_h x in_w`, overwritten).
-    fn avg_backward_plane(s: &Pool2dShape, g: &[f32], wide: &mut [f32]) = avg_backward_plane_body
-);
-multiversion!(
-    /// [`relu_pool_backward`] for any window: the loops above, vectorized.
-    fn avg_relu_backward_plane_loops<T: Precision>(
+    /// `dx` (`in_h x in_w`, overwritten), through the ReLU's backward where `y` is given.
+    fn avg_backward_plane<T: Precision>(
         s: &Pool2dShape,
         g: &[f32],
-        y: &[T],
+        y: Option<&[T]>,
         dx: &mut [f32],
-    ) = avg_relu_backward_plane_body
+    ) = avg_backward_plane_body
 );
 
 /// Whether [`avx512`]'s 2x2 kernels serve pools of shape `s` on this CPU.
@@ -313,7 +310,7 @@ mod avx512 {
         _mm512_mul_ps(sum, _mm512_set1_ps(0.25))
     }
 
-    /// [`super::avg_relu_backward_plane`] for 2x2 windows of stride 2: input row h takes
+    /// [`super::relu_pool_backward`] for 2x2 windows of stride 2: input row h takes
     /// output row h / 2's gradients, each duplicated to its pair of columns and times 1/4,
     /// kept where `act > 0`; rows and columns in no window get zero.
     ///
@@ -360,65 +357,101 @@ mod avx512 {
     }
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(test)]
 mod tests {
+    use half::{bf16, f16};
+
     use super::super::product_check::{seeded, uniform};
     use super::*;
-    use crate::backend::shapes::Pool2dShape;
 
-    fn shape(h: usize, w: usize) -> Pool2dShape {
-        Pool2dShape {
-            planes: 1,
-            in_h: h,
-            in_w: w,
-            k_h: 2,
-            k_w: 2,
-            stride: 2,
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// LeNet's pools (2x2 windows, stride 2; the backward with and without the ReLU's), as
+    /// the loops compute them and, on a CPU with AVX-512, its kernels, give the definition's
+    /// bits on every plane from 2 x 2 to 9 x 70 (LeNet's 26 x 26 and 9 x 9 among them; odd
+    /// sizes leave a row and a column in no window; rows of up to five vectors with ragged
+    /// ends), on random values with zeros, negative zeros and NaN among the activations (as
+    /// f32, f16 and bf16) and gradients; outputs poisoned, slices ending where the plane does.
+    #[test]
+    fn the_2x2_pools_give_the_definitions_bits() {
+        let mut rng = seeded(5);
+        for (in_h, in_w) in (2..=9).flat_map(|h| (2..=40).chain([64, 65, 70]).map(move |w| (h, w)))
+        {
+            let (k_h, k_w, stride, planes) = (2, 2, 2, 1);
+            let s = Pool2dShape {
+                planes,
+                in_h,
+                in_w,
+                k_h,
+                k_w,
+                stride,
+            };
+            let (oh, ow, w, what) = (s.out_h(), s.out_w(), in_w, format!("{in_h} x {in_w}"));
+            let (mut x, mut g) = (uniform(&mut rng, in_h * w), uniform(&mut rng, oh * ow));
+            let mut act = uniform(&mut rng, in_h * w);
+            for (i, v) in act.iter_mut().enumerate().step_by(5) {
+                *v = [0.0, -0.0, f32::NAN][i % 3];
+            }
+            (x[0], g[0], g[oh * ow / 2]) = (f32::NAN, -0.0, f32::NAN);
+            let at = |i: usize| 2 * (i / ow) * w + 2 * (i % ow);
+            let want: Vec<f32> = (0..oh * ow)
+                .map(|i| (((x[at(i)] + x[at(i) + 1]) + x[at(i) + w]) + x[at(i) + w + 1]) * 0.25)
+                .collect();
+            let (mut got, mut loops) = (vec![-1.0; oh * ow], vec![f32::NAN; oh * ow]);
+            avg_plane(&s, &x, &mut got);
+            avg_plane_loops(&s, &x, &mut loops);
+            assert_eq!(
+                (bits(&got), bits(&loops)),
+                (bits(&want), bits(&want)),
+                "{what}"
+            );
+
+            // dx: g spread to its window times 1/4 where act > 0 (not NaN), else +0.0.
+            let backward = |act: &[f32]| -> Vec<f32> {
+                let live = |i: usize| i / w < 2 * oh && i % w < 2 * ow && act[i] > 0.0;
+                let dx = |i: usize| g[i / w / 2 * ow + i % w / 2] * 0.25;
+                (0..in_h * w)
+                    .map(|i| if live(i) { dx(i) } else { 0.0 })
+                    .collect()
+            };
+            let mut got = vec![-1.0; in_h * w];
+            avg_backward_plane::<f32>(&s, &g, None, &mut got);
+            assert_eq!(bits(&got), bits(&backward(&vec![1.0; in_h * w])), "{what}");
+            relu_backward_matches(&s, &g, &act, &backward);
+            relu_backward_matches(
+                &s,
+                &g,
+                &act.iter().map(|v| f16::from_f32(*v)).collect::<Vec<_>>(),
+                &backward,
+            );
+            relu_backward_matches(
+                &s,
+                &g,
+                &act.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
+                &backward,
+            );
         }
     }
 
-    /// The AVX-512 kernels for 2x2 windows give the loops' bits on every plane from 2 x 2 to
-    /// 9 x 70 (LeNet's 26 x 26 and 9 x 9 among them; odd sizes leave a row and a column in
-    /// no window; rows of up to five vectors with ragged ends), on random values with
-    /// zeros, negative zeros and NaN among the activations and gradients; the outputs are
-    /// poisoned first and the slices end where the plane does.
-    #[test]
-    fn the_avx512_2x2_pools_give_the_loops_bits() {
-        if !isa().avx512 {
-            println!("this CPU has no AVX-512: only the loops run here");
-            return;
-        }
-        let mut rng = seeded(5);
-        let mut planes = 0;
-        for h in 2..=9 {
-            for w in (2..=40).chain([64, 65, 70]) {
-                let s = shape(h, w);
-                let (oh, ow) = (s.out_h(), s.out_w());
-                let mut x = uniform(&mut rng, h * w);
-                let mut g = uniform(&mut rng, oh * ow);
-                let mut act = uniform(&mut rng, h * w);
-                for (i, v) in act.iter_mut().enumerate().step_by(5) {
-                    *v = [0.0, -0.0, f32::NAN][i % 3];
-                }
-                x[0] = f32::NAN;
-                g[(oh * ow) / 2] = f32::NAN;
-                g[0] = -0.0;
-
-                let (mut want, mut got) = (vec![f32::NAN; oh * ow], vec![-1.0; oh * ow]);
-                avg_plane_loops(&s, &x, &mut want);
-                // SAFETY: AVX-512 was detected above.
-                unsafe { avx512::avg_2x2(&s, &x, &mut got) };
-                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "forward, {h} x {w}");
-
-                let (mut want, mut got) = (vec![f32::NAN; h * w], vec![-1.0; h * w]);
-                avg_relu_backward_plane_loops(&s, &g, &act, &mut want);
-                // SAFETY: as above.
-                unsafe { avx512::avg_relu_backward_2x2(&s, &g, &act, &mut got) };
-                assert_eq!(bits(&got), bits(&want), "ReLU backward, {h} x {w}");
-                planes += 1;
-            }
-        }
-        assert_eq!(planes, 8 * 42);
+    /// Asserts that [`relu_pool_backward`] (the process's kernel) and the loops as compiled
+    /// for its engine give `backward`'s bits for `act` widened, outputs poisoned first.
+    fn relu_backward_matches<T: Precision>(
+        s: &Pool2dShape,
+        g: &[f32],
+        act: &[T],
+        backward: &dyn Fn(&[f32]) -> Vec<f32>,
+    ) {
+        let want = backward(&act.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
+        let (mut got, mut loops) = (vec![-1.0; want.len()], vec![f32::NAN; want.len()]);
+        relu_pool_backward(s, g, act, &mut Vec::new(), &mut got);
+        avg_backward_plane(s, g, Some(act), &mut loops);
+        let what = format!("ReLU backward, {} x {}, {:?}", s.in_h, s.in_w, T::DTYPE);
+        assert_eq!(
+            (bits(&got), bits(&loops)),
+            (bits(&want), bits(&want)),
+            "{what}"
+        );
     }
 }
