@@ -237,50 +237,66 @@ pub(super) enum OutputGrad<'a, T> {
     },
 }
 
-/// The pool's shape and its output split per group of `group` images (None for each group
-/// without a pool): where [`write_outputs`] puts each group's pooled planes.
+/// The forward's driver: y in groups of `group` images, a rayon task each, with the pooled
+/// output split alike; each group's sums from `product(state, (first, imgs), out)` (`state`
+/// and `out` kept per worker), plane (m, o) at `out[start + p·step]` for `(start, step) =
+/// at(imgs, m, o)`; then [`write_outputs`].
 #[allow(clippy::type_complexity)]
-fn pooled_groups<'a, 'p, T: Precision>(
+fn forward_groups<T: Precision, S: Default>(
     s: &Conv2dShape,
-    pool: Option<(&'p Pool2dShape, &'a mut [T])>,
+    (bias, relu, pool): (Option<&[f32]>, bool, Option<(&Pool2dShape, &mut [T])>),
+    y: &mut [T],
     group: usize,
-) -> (Option<&'p Pool2dShape>, Vec<Option<&'a mut [T]>>) {
-    match pool {
+    at: impl Fn(usize, usize, usize) -> (usize, usize) + Sync,
+    product: impl Fn(&mut S, (usize, usize), &mut Vec<f32>) + Sync,
+) {
+    let image_out = s.out_c * s.out_h() * s.out_w();
+    let (pool, pooled): (_, Vec<Option<&mut [T]>>) = match pool {
         Some((p, pooled)) => {
-            let plane = p.out_h() * p.out_w();
-            (
-                Some(p),
-                pooled
-                    .chunks_mut(s.out_c * plane * group)
-                    .map(Some)
-                    .collect(),
-            )
+            let chunk = s.out_c * p.out_h() * p.out_w() * group;
+            (Some(p), pooled.chunks_mut(chunk).map(Some).collect())
         }
         None => (None, (0..s.batch.div_ceil(group)).map(|_| None).collect()),
-    }
+    };
+    y.par_chunks_mut(image_out * group)
+        .zip(pooled)
+        .enumerate()
+        .for_each_init(
+            || (S::default(), Vec::new(), Default::default()),
+            |(state, out, scratch), (g, (y_g, pooled_g))| {
+                let imgs = y_g.len() / image_out;
+                product(state, (g * group, imgs), out);
+                let sums = (&out[..], |m, o| at(imgs, m, o));
+                write_outputs(s, (bias, relu, pool), (y_g, pooled_g), sums, scratch);
+            },
+        );
 }
 
-/// The forward's epilogue for one group: each image m's plane o of y is the sums
-/// `plane(m, o, scratch)` returns (or, for None, what it wrote into `scratch`, a plane of
-/// f32) plus the bias, through the ReLU when asked, and with a pool also average-pooled from
-/// the f32 values. For half storage each plane is computed in f32 in `wide` (and `wide_pooled`),
-/// which stay in the L1 cache, and rounded into y (and the pooled output) plane by plane.
-#[allow(clippy::type_complexity)]
-fn write_outputs<'a, T: Precision>(
+/// The forward's epilogue for one group: each image m's plane o of y is the sums at
+/// `at(m, o)` (its first element and step in `sums`) plus the bias, through the ReLU when
+/// asked, and with a pool also average-pooled from the f32 values. A strided plane is
+/// gathered into `plane`; for half storage each plane is computed in f32 in `wide` (and
+/// `wide_pooled`), which stay in the L1 cache, and rounded into y (and the pooled output)
+/// plane by plane.
+fn write_outputs<T: Precision>(
     s: &Conv2dShape,
     (bias, relu, pool): (Option<&[f32]>, bool, Option<&Pool2dShape>),
     (y_g, pooled_g): (&mut [T], Option<&mut [T]>),
-    (scratch, wide, wide_pooled): (&mut [f32], &mut Vec<f32>, &mut Vec<f32>),
-    mut plane: impl FnMut(usize, usize, &mut [f32]) -> Option<&'a [f32]>,
+    (sums, at): (&[f32], impl Fn(usize, usize) -> (usize, usize)),
+    [plane, wide, wide_pooled]: &mut [Vec<f32>; 3],
 ) {
     let pq = s.out_h() * s.out_w();
     let pooled_len = pool.map_or(1, |p| p.out_h() * p.out_w());
     let mut pooled_planes = pooled_g.map(|p| p.chunks_mut(pooled_len));
     for (i, dst) in y_g.chunks_mut(pq).enumerate() {
         let (m, o) = (i / s.out_c, i % s.out_c);
-        let src = match plane(m, o, scratch) {
-            Some(src) => src,
-            None => &scratch[..pq],
+        let src = match at(m, o) {
+            (start, 1) => &sums[start..start + pq],
+            (start, step) => {
+                plane.clear();
+                plane.extend(sums[start..].iter().step_by(step).take(pq));
+                &plane[..]
+            }
         };
         let b = bias.map_or(0.0, |b| b[o]);
         let values = match narrow_epilogue(src, (b, relu), wide, dst) {
@@ -296,58 +312,31 @@ fn write_outputs<'a, T: Precision>(
 /// [`forward`] with the images in the lanes of engine E ([`lanes`]): the f32 and widened
 /// products of convolutions with [`WINDOW_TAPS`] taps or more: the taps summed in
 /// blocks of [`FORWARD_BLOCK`], in order.
+#[allow(clippy::type_complexity)]
 fn forward_lanes<E: Engine, T: Precision>(
     s: &Conv2dShape,
     x: &[T],
     w: &[T],
-    bias: Option<&[f32]>,
+    epilogue: (Option<&[f32]>, bool, Option<(&Pool2dShape, &mut [T])>),
     y: &mut [T],
-    relu: bool,
-    pool: Option<(&Pool2dShape, &mut [T])>,
 ) {
-    let k = s.in_c * s.k_h * s.k_w;
-    let pq = s.out_h() * s.out_w();
-    let (image_in, image_out) = (s.in_c * s.in_h * s.in_w, s.out_c * pq);
-    let filter = LaneFilter::<E>::pack(&widen(w), s.out_c, k);
+    let (k, pq) = (s.in_c * s.k_h * s.k_w, s.out_h() * s.out_w());
+    let image_in = s.in_c * s.in_h * s.in_w;
+    let filter = LaneFilter::<E>::pack(widened(w, &mut Vec::new()), s.out_c, k);
     let (taps, pixels) = lane_offsets(s, E::LANES);
-    let (pool_shape, pooled_groups) = pooled_groups(s, pool, E::LANES);
-    let out_len = filter.ld() * pq * E::LANES;
-    y.par_chunks_mut(image_out * E::LANES)
-        .zip(pooled_groups)
-        .enumerate()
-        .for_each_init(
-            || {
-                (
-                    (LaneImages::default(), Vec::new()),
-                    vec![0.0f32; out_len],
-                    (vec![0.0f32; pq], Vec::new()),
-                    Vec::new(),
-                )
-            },
-            |((images, wide), out, (plane, row), pooled_row), (g, (y_g, mut pooled_g))| {
-                let imgs = y_g.len() / image_out;
-                let first = g * E::LANES;
-                let xg = &x[first * image_in..(first + imgs) * image_in];
-                let windows = LaneWindows {
-                    src: images.build::<E, T>(s, xg, imgs, wide),
-                    pixels: &pixels,
-                    taps: &taps,
-                    block: FORWARD_BLOCK,
-                };
-                lane_product(&windows, &filter, out);
-                let epilogue = (bias, relu, pool_shape);
-                write_outputs(
-                    s,
-                    epilogue,
-                    (y_g, pooled_g.as_deref_mut()),
-                    (plane, row, pooled_row),
-                    |m, o, plane| {
-                        lane_plane(out, E::LANES, (o, m), &mut plane[..pq]);
-                        None
-                    },
-                );
-            },
-        );
+    // `lane_product`'s layout, [O][PQ][LANES].
+    let at = |_, m, o| (o * pq * E::LANES + m, E::LANES);
+    forward_groups(s, epilogue, y, E::LANES, at, |state, (first, imgs), out| {
+        let (images, wide): &mut (LaneImages, Vec<f32>) = state;
+        out.resize(filter.ld() * pq * E::LANES, 0.0);
+        let windows = LaneWindows {
+            src: images.build::<E, T>(s, &x[first * image_in..][..imgs * image_in], imgs, wide),
+            pixels: &pixels,
+            taps: &taps,
+            block: FORWARD_BLOCK,
+        };
+        lane_product(&windows, &filter, out);
+    });
 }
 
 /// Gathers a group's output gradients (images `first..first + imgs`, each O x PQ) into O rows
@@ -394,12 +383,6 @@ super::engine::multiversion!(
     fn add_bias_relu(src: &[f32], bias: f32, relu: bool, dst: &mut [f32]) = add_bias_relu_body
 );
 
-fn widen<T: Precision>(v: &[T]) -> Vec<f32> {
-    let mut out = vec![0.0f32; v.len()];
-    T::widen_slice(v, &mut out);
-    out
-}
-
 /// `y = conv(x, w) + bias` (ReLU'd if `relu`); with `pool`, each plane of y is also
 /// average-pooled into the pooled output while it is in cache (from the f32 values).
 pub(super) fn forward<T: Precision>(
@@ -411,17 +394,15 @@ pub(super) fn forward<T: Precision>(
     relu: bool,
     pool: Option<(&Pool2dShape, &mut [T])>,
 ) {
-    let k = s.in_c * s.k_h * s.k_w;
-    let pq = s.out_h() * s.out_w();
-    let image_out = s.out_c * pq;
-    if image_out == 0 {
+    let (k, pq) = (s.in_c * s.k_h * s.k_w, s.out_h() * s.out_w());
+    if s.out_c * pq == 0 {
         return;
     }
     // y_group (O x imgs·PQ) = w (O x K) · col (K x imgs·PQ), col read from the images
     // (the lanes, or the bf16 pairs) or written out (im2col, GEMM tile).
     let offsets = window_offsets(s);
     if offsets.is_some() && pair_bits(x).is_none() {
-        return with_engine!(E => forward_lanes::<E, T>(s, x, w, bias, y, relu, pool));
+        return with_engine!(E => forward_lanes::<E, T>(s, x, w, (bias, relu, pool), y));
     }
     let mut w_packed = PackedA::default();
     // bf16 on AMX or AVX512-BF16: the window product on the bf16 values themselves, by pairs
@@ -435,50 +416,36 @@ pub(super) fn forward<T: Precision>(
             grouped
         }
         None => {
-            w_packed.pack(&widen(w), s.out_c, k, k, 1);
+            w_packed.pack(widened(w, &mut Vec::new()), s.out_c, k, k, 1);
             Vec::new()
         }
     };
-    let (pool_shape, pooled_groups) = pooled_groups(s, pool, GROUP);
-    y.par_chunks_mut(image_out * GROUP)
-        .zip(pooled_groups)
-        .enumerate()
-        .for_each_init(
-            || {
-                (
-                    vec![0.0f32; s.out_c * pq * GROUP],
-                    (Vec::new(), Vec::new()),
-                    (Vec::new(), PairImage::default()),
-                    Vec::new(),
-                    Vec::new(),
-                )
-            },
-            |(out, (images, col), (bits, image_pairs), row, pooled_row),
-             (g, (y_g, mut pooled_g))| {
-                let imgs = y_g.len() / image_out;
-                let npq = imgs * pq;
-                if let Some((((_, pixels), x_bits), _)) = bf16 {
-                    let col = PairWindows {
-                        src: image_pairs.build(group_bits(s, x_bits, (g * GROUP, imgs), bits)),
-                        rows: &pixels[..npq],
-                        pairs: &tap_pairs,
-                        block: FORWARD_BLOCK / 2,
-                    };
-                    w_pairs.product(&col, out, npq, false);
-                } else {
-                    im2col_group(s, x, (g * GROUP, imgs), col, images);
-                    gemm(&w_packed, col, npq, npq, out, npq, false);
-                }
-                let (epilogue, sums): (_, &[f32]) = ((bias, relu, pool_shape), out);
-                write_outputs(
-                    s,
-                    epilogue,
-                    (y_g, pooled_g.as_deref_mut()),
-                    (&mut [], row, pooled_row),
-                    |m, o, _| Some(&sums[o * npq + m * pq..o * npq + (m + 1) * pq]),
-                );
-            },
-        );
+    // The GEMM's layout, [O][imgs·PQ].
+    let at = |imgs, m, o| (o * imgs * pq + m * pq, 1);
+    forward_groups(
+        s,
+        (bias, relu, pool),
+        y,
+        GROUP,
+        at,
+        |state, (first, imgs), out| {
+            let (images, col, bits, image_pairs): &mut (_, _, _, PairImage) = state;
+            let npq = imgs * pq;
+            out.resize(s.out_c * pq * GROUP, 0.0);
+            if let Some((((_, pixels), x_bits), _)) = bf16 {
+                let col = PairWindows {
+                    src: image_pairs.build(group_bits(s, x_bits, (first, imgs), bits)),
+                    rows: &pixels[..npq],
+                    pairs: &tap_pairs,
+                    block: FORWARD_BLOCK / 2,
+                };
+                w_pairs.product(&col, out, npq, false);
+            } else {
+                im2col_group(s, x, (first, imgs), col, images);
+                gemm(&w_packed, col, npq, npq, out, npq, false);
+            }
+        },
+    );
 }
 
 /// The filter transposed, as the input gradient's product `dcol = wᵀ · dy` takes it.
@@ -511,7 +478,7 @@ impl FilterT {
             return FilterT::Bf16(packed);
         }
         let mut packed = PackedA::default();
-        packed.pack(&widen(w), k, s.out_c, 1, k);
+        packed.pack(widened(w, &mut Vec::new()), k, s.out_c, 1, k);
         FilterT::F32(packed)
     }
 }
@@ -533,11 +500,10 @@ impl<E: Engine> LaneInput<E> {
     fn new<T: Precision>(s: &Conv2dShape, w: &[T]) -> Self {
         let k = s.in_c * s.k_h * s.k_w;
         let kpad = k.div_ceil(E::R) * E::R;
-        let wide = widen(w);
         let mut padded = vec![0.0f32; s.out_c * kpad];
         for (dst, src) in padded
             .chunks_exact_mut(kpad)
-            .zip(wide.chunks_exact(k.max(1)))
+            .zip(widened(w, &mut Vec::new()).chunks_exact(k.max(1)))
         {
             dst[..k].copy_from_slice(src);
         }
