@@ -293,8 +293,9 @@ fn write_outputs<T: Precision>(
         let src = match at(m, o) {
             (start, 1) => &sums[start..start + pq],
             (start, step) => {
-                plane.clear();
-                plane.extend(sums[start..].iter().step_by(step).take(pq));
+                plane.resize(pq, 0.0);
+                let src = sums[start..].chunks(step);
+                plane.iter_mut().zip(src).for_each(|(d, v)| *d = v[0]);
                 &plane[..]
             }
         };

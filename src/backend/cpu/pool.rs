@@ -126,19 +126,21 @@ fn avg_backward_plane_body<T: Precision>(
     if is_2x2(s) {
         // LeNet's pools: the windows tile the plane, so each input element takes at most one
         // gradient (the same bits as the gather below; rows and columns past the last window
-        // get zero), each written once, vectorizable (a ReLU applied to `dx` in place
-        // compiles to a masked store of the zeros, which AMD's cores run slowly).
+        // get zero).
         if s.in_h != 2 * oh || s.in_w != 2 * ow {
             dx.fill(0.0);
         }
-        for (h, g_row) in (0..2 * oh).zip(g.chunks_exact(ow).flat_map(|r| [r, r])) {
-            let row = dx[h * s.in_w..][..2 * ow].chunks_exact_mut(2).zip(g_row);
-            match y.map(|y| y[h * s.in_w..][..2 * ow].chunks_exact(2)) {
-                None => row.for_each(|(d, v)| d.copy_from_slice(&[v * inv; 2])),
-                Some(y) => row.zip(y).for_each(|((d, v), a)| {
-                    d[0] = if a[0].above_zero() { v * inv } else { 0.0 };
-                    d[1] = if a[1].above_zero() { v * inv } else { 0.0 };
-                }),
+        // Index loops, not iterator adapters (a `fold` left as a call is compiled for the
+        // baseline); the ReLU as a mask on each value written (a branch mispredicts, and a
+        // ReLU applied in place compiles to a masked store, which AMD's cores run slowly).
+        for h in 0..2 * oh {
+            let (g_row, d) = (&g[h / 2 * ow..][..ow], &mut dx[h * s.in_w..][..2 * ow]);
+            let a = y.map(|y| &y[h * s.in_w..][..2 * ow]);
+            let keep = |i: usize| u32::from(a.is_none_or(|a| a[i].above_zero())).wrapping_neg();
+            for q in 0..ow {
+                let v = (g_row[q] * inv).to_bits();
+                let (lo, hi) = (v & keep(2 * q), v & keep(2 * q + 1));
+                (d[2 * q], d[2 * q + 1]) = (f32::from_bits(lo), f32::from_bits(hi));
             }
         }
         return;
@@ -419,34 +421,26 @@ mod tests {
             let mut got = vec![-1.0; in_h * w];
             avg_backward_plane::<f32>(&s, &g, None, &mut got);
             assert_eq!(bits(&got), bits(&backward(&vec![1.0; in_h * w])), "{what}");
-            relu_backward_matches(&s, &g, &act, &backward);
-            relu_backward_matches(
-                &s,
-                &g,
-                &act.iter().map(|v| f16::from_f32(*v)).collect::<Vec<_>>(),
-                &backward,
-            );
-            relu_backward_matches(
-                &s,
-                &g,
-                &act.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
-                &backward,
-            );
+            relu_backward_matches::<f32>(&s, &g, &act, &backward);
+            relu_backward_matches::<f16>(&s, &g, &act, &backward);
+            relu_backward_matches::<bf16>(&s, &g, &act, &backward);
         }
     }
 
     /// Asserts that [`relu_pool_backward`] (the process's kernel) and the loops as compiled
-    /// for its engine give `backward`'s bits for `act` widened, outputs poisoned first.
+    /// for its engine give `backward`'s bits for `act` stored as T (and widened), outputs
+    /// poisoned first.
     fn relu_backward_matches<T: Precision>(
         s: &Pool2dShape,
         g: &[f32],
-        act: &[T],
+        act: &[f32],
         backward: &dyn Fn(&[f32]) -> Vec<f32>,
     ) {
+        let act: Vec<T> = act.iter().map(|v| T::from_f32(*v)).collect();
         let want = backward(&act.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
         let (mut got, mut loops) = (vec![-1.0; want.len()], vec![f32::NAN; want.len()]);
-        relu_pool_backward(s, g, act, &mut Vec::new(), &mut got);
-        avg_backward_plane(s, g, Some(act), &mut loops);
+        relu_pool_backward(s, g, &act, &mut Vec::new(), &mut got);
+        avg_backward_plane(s, g, Some(&act[..]), &mut loops);
         let what = format!("ReLU backward, {} x {}, {:?}", s.in_h, s.in_w, T::DTYPE);
         assert_eq!(
             (bits(&got), bits(&loops)),
