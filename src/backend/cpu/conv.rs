@@ -294,8 +294,7 @@ fn write_outputs<T: Precision>(
             (start, 1) => &sums[start..start + pq],
             (start, step) => {
                 plane.resize(pq, 0.0);
-                let src = sums[start..].chunks(step);
-                plane.iter_mut().zip(src).for_each(|(d, v)| *d = v[0]);
+                lane_plane(&sums[start..], step, plane);
                 &plane[..]
             }
         };
@@ -539,11 +538,11 @@ impl<E: Engine> LaneInput<E> {
             for (c, dst) in dx_m.chunks_mut(hw).enumerate() {
                 write_f32(dst, plane, |d| {
                     if s.pad == 0 {
-                        return lane_plane(&dx_lanes[c * hw * E::LANES..], E::LANES, (0, m), d);
+                        return lane_plane(&dx_lanes[c * hw * E::LANES + m..], E::LANES, d);
                     }
                     for (h, row) in d.chunks_mut(s.in_w).enumerate() {
                         let at = ((c * hp + h + s.pad) * wp + s.pad) * E::LANES;
-                        lane_plane(&dx_lanes[at..], E::LANES, (0, m), row);
+                        lane_plane(&dx_lanes[at + m..], E::LANES, row);
                     }
                 });
             }

@@ -226,15 +226,22 @@ unsafe fn tile<E: Engine, const R: usize, const V: usize>(
     }
 }
 
-/// Image m's plane of channel o from `out` (`lane_product`'s layout, `pixels` per channel,
-/// `lanes` per vector) into `plane` (`pixels` long).
-pub(super) fn lane_plane(out: &[f32], lanes: usize, (o, m): (usize, usize), plane: &mut [f32]) {
-    let pixels = plane.len();
-    assert!(m < lanes && out.len() >= (o + 1) * pixels * lanes);
-    let src = out[o * pixels * lanes..][..pixels * lanes].chunks_exact(lanes);
-    for (dst, v) in plane.iter_mut().zip(src) {
-        *dst = v[m];
+/// One image's plane from a layout with `lanes` values per pixel: `plane[p] = src[p·lanes]`,
+/// `src` starting at the plane's first value (image m's plane of channel o in
+/// [`lane_product`]'s output starts at `(o·pixels)·lanes + m`).
+///
+/// # Panics
+/// If `src` ends before the plane's last value.
+pub(super) fn lane_plane(src: &[f32], lanes: usize, plane: &mut [f32]) {
+    let Some((last, body)) = plane.split_last_mut() else {
+        return;
+    };
+    assert!(src.len() > body.len() * lanes, "src too short");
+    // Whole vectors for all but the last value (`src` may end just past it).
+    for (dst, v) in body.iter_mut().zip(src.chunks_exact(lanes)) {
+        *dst = v[0];
     }
+    *last = src[body.len() * lanes];
 }
 
 /// The input gradient with the images in the lanes, col2im fused: for every tap k and
@@ -543,7 +550,7 @@ mod tests {
             let mut plane = vec![f32::NAN; pq];
             for m in 0..imgs {
                 for o in 0..s.out_c {
-                    lane_plane(&out, E::LANES, (o, m), &mut plane);
+                    lane_plane(&out[o * pq * E::LANES + m..], E::LANES, &mut plane);
                     for (p, &got) in plane.iter().enumerate() {
                         let (mut want, mut mag) = (0.0f64, 0.0f64);
                         for t in 0..k {
@@ -707,7 +714,7 @@ mod tests {
             let mut plane = vec![0.0; pq];
             for m in 0..imgs {
                 for o in 0..s.out_c {
-                    lane_plane(&out, E::LANES, (o, m), &mut plane);
+                    lane_plane(&out[o * pq * E::LANES + m..], E::LANES, &mut plane);
                     for (p, got) in plane.iter().enumerate() {
                         let mut total = 0.0f32;
                         for (b, block) in taps.chunks(64).enumerate() {
