@@ -36,35 +36,33 @@ pub(super) fn gemm_f32<T: Precision, O: Precision>(
 ) {
     let ((rsa, csa), (rsb, csb)) = strides(shape);
     let n = shape.n;
-    gemm_rows(shape, bias, c, ep, |row0, c_rows| {
+    gemm_rows(shape, bias, c, ep, |row0, c_rows, [wide_a, wide_b]| {
         let m = c_rows.len() / n;
-        super::with_scratch(|[wide_a, wide_b]| {
-            let (a, b) = (super::widened(a, wide_a), super::widened(b, wide_b));
-            in_k_blocks(shape.k, ep.beta, c_rows, |(k0, len), beta, c_part| {
-                // SAFETY: a holds M·K elements, b K·N, C M·N (checked by the caller); the
-                // task's rows of op(A) start at row0 and its columns at k0 < K, which the
-                // strides (rsa, csa) reach inside a; op(B)'s rows start at k0 (rsb) inside b;
-                // k0 + len ≤ K, so every (row stride, column stride) pair addresses inside
-                // its slice.
-                unsafe {
-                    matrixmultiply::sgemm(
-                        m,
-                        len,
-                        n,
-                        ep.alpha,
-                        a.as_ptr().add(row0 * rsa + k0 * csa),
-                        rsa as isize,
-                        csa as isize,
-                        b.as_ptr().add(k0 * rsb),
-                        rsb as isize,
-                        csb as isize,
-                        beta,
-                        c_part.as_mut_ptr(),
-                        n as isize,
-                        1,
-                    );
-                }
-            })
+        let (a, b) = (super::widened(a, wide_a), super::widened(b, wide_b));
+        in_k_blocks(shape.k, ep.beta, c_rows, |(k0, len), beta, c_part| {
+            // SAFETY: a holds M·K elements, b K·N, C M·N (checked by the caller); the
+            // task's rows of op(A) start at row0 and its columns at k0 < K, which the
+            // strides (rsa, csa) reach inside a; op(B)'s rows start at k0 (rsb) inside b;
+            // k0 + len ≤ K, so every (row stride, column stride) pair addresses inside
+            // its slice.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    len,
+                    n,
+                    ep.alpha,
+                    a.as_ptr().add(row0 * rsa + k0 * csa),
+                    rsa as isize,
+                    csa as isize,
+                    b.as_ptr().add(k0 * rsb),
+                    rsb as isize,
+                    csb as isize,
+                    beta,
+                    c_part.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
         })
     });
 }
@@ -97,7 +95,7 @@ pub(super) fn gemm_bf16<O: Precision>(
             pb
         })
         .collect();
-    gemm_rows(shape, bias, c, ep, |row0, c_rows| {
+    gemm_rows(shape, bias, c, ep, |row0, c_rows, _| {
         in_k_blocks(shape.k, ep.beta, c_rows, |(k0, len), beta, c_panel| {
             let m = c_panel.len() / n;
             let mut pa = PairPanels::default();
@@ -163,15 +161,16 @@ fn in_k_blocks(
 }
 
 /// The driver both element types share: C's rows split over rayon's tasks, each task's
-/// product `product(row0, c_rows)` (`c_rows = α·op(A)[row0..]·op(B) + β·c_rows`, through
-/// [`in_k_blocks`]); then the bias and the ReLU, and for half C the rounding, each task on
-/// its own rows (one pass over the threads in all).
+/// product `product(row0, c_rows, scratch)` (`c_rows = α·op(A)[row0..]·op(B) + β·c_rows`,
+/// through [`in_k_blocks`]; two of its thread's scratch buffers to widen into); then the
+/// bias and the ReLU, and for half C the rounding (in the third buffer), each task on its
+/// own rows (one pass over the threads in all).
 fn gemm_rows<O: Precision>(
     shape: &GemmShape,
     bias: Option<&[f32]>,
     c: &mut [O],
     ep: Epilogue,
-    product: impl Fn(usize, &mut [f32]) + Sync,
+    product: impl Fn(usize, &mut [f32], [&mut Vec<f32>; 2]) + Sync,
 ) {
     let ldc = shape.n;
     // Big products are split by rows of C, a task per rayon thread (each packs, and widens
@@ -182,8 +181,8 @@ fn gemm_rows<O: Precision>(
     } else {
         shape.m.div_ceil(rayon::current_num_threads()).max(16)
     };
-    let rows = |row0: usize, c_rows: &mut [f32]| {
-        product(row0, c_rows);
+    let rows = |row0: usize, c_rows: &mut [f32], scratch: [&mut Vec<f32>; 2]| {
+        product(row0, c_rows, scratch);
         for row in c_rows.chunks_mut(ldc) {
             if let Some(bias) = bias {
                 row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
@@ -195,17 +194,19 @@ fn gemm_rows<O: Precision>(
     };
     c.par_chunks_mut(rows_per_task * ldc)
         .enumerate()
-        .for_each_init(Vec::new, |wide, (t, c_rows)| {
-            let row0 = t * rows_per_task;
-            if let Some(c_rows) = O::as_f32_mut(c_rows) {
-                return rows(row0, c_rows);
-            }
-            // Half C: in f32 (widened where β reads it), then rounded.
-            wide.resize(c_rows.len(), 0.0);
-            if ep.beta != 0.0 {
-                O::widen_slice(c_rows, wide);
-            }
-            rows(row0, wide);
-            O::narrow_slice(wide, c_rows);
+        .for_each(|(t, c_rows)| {
+            super::with_scratch(|[wide_a, wide_b, wide_c]| {
+                let row0 = t * rows_per_task;
+                if let Some(c_rows) = O::as_f32_mut(c_rows) {
+                    return rows(row0, c_rows, [wide_a, wide_b]);
+                }
+                // Half C: in f32 (widened where β reads it), then rounded.
+                wide_c.resize(c_rows.len(), 0.0);
+                if ep.beta != 0.0 {
+                    O::widen_slice(c_rows, wide_c);
+                }
+                rows(row0, wide_c, [wide_a, wide_b]);
+                O::narrow_slice(wide_c, c_rows);
+            })
         });
 }

@@ -96,14 +96,14 @@ fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f3
 }
 
 thread_local! {
-    /// f32 scratch kept per thread between calls (the linear layers' widened operands): a
-    /// fresh allocation of a megabyte costs a page fault per 4 KB on every call.
-    static SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = std::cell::RefCell::default();
+    /// f32 scratch kept per thread between calls (the linear layers' widened operands and
+    /// half C): a fresh allocation of a megabyte costs a page fault per 4 KB on every call.
+    static SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = std::cell::RefCell::default();
 }
 
 /// Runs `f` with this thread's [`SCRATCH`] buffers, or fresh ones where they are in use
 /// (an operation that rayon started on this thread while it waited inside another).
-pub(super) fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 2]) -> R) -> R {
+pub(super) fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
     SCRATCH.with(|s| match s.try_borrow_mut() {
         Ok(mut mine) => f(&mut mine),
         Err(_) => f(&mut Default::default()),
