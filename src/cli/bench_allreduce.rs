@@ -154,15 +154,27 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
         backend,
         comm,
     } = sweep;
-    if ranks == 0 || ranks > 64 {
-        return Err(CliError::Input(
-            "-n/--ranks must be between 1 and 64".into(),
-        ));
-    }
-    if factor < 2 || min_bytes < 4 || max_bytes < min_bytes {
-        return Err(CliError::Input(
-            "need -b >= 4 bytes, -e >= -b, and -f >= 2".into(),
-        ));
+    let refused = if ranks == 0 || ranks > 64 {
+        Some(format!(
+            "-n/--ranks {ranks} is out of range: it must be between 1 and 64"
+        ))
+    } else if min_bytes < 4 {
+        Some(format!(
+            "-b/--minbytes {min_bytes} is below one f32: give at least 4 bytes"
+        ))
+    } else if max_bytes < min_bytes {
+        Some(format!(
+            "-e/--maxbytes {max_bytes} is below -b/--minbytes {min_bytes}"
+        ))
+    } else if factor < 2 {
+        Some(format!(
+            "-f/--stepfactor {factor} never grows the message: give at least 2"
+        ))
+    } else {
+        None
+    };
+    if let Some(refused) = refused {
+        return Err(CliError::Input(refused));
     }
     let mut sizes = Vec::new();
     let mut s = min_bytes;

@@ -175,9 +175,14 @@ pub fn run(
     repeats: usize,
     precision: DType,
 ) -> Result<(), CliError> {
-    if batch == 0 || repeats == 0 || batch > MAX_BATCH || repeats > 10_000 {
+    if batch == 0 || batch > MAX_BATCH {
         return Err(CliError::Input(format!(
-            "--batch must be 1 to {MAX_BATCH} and --repeats 1 to 10000"
+            "--batch {batch} is out of range: it must be 1 to {MAX_BATCH}"
+        )));
+    }
+    if repeats == 0 || repeats > 10_000 {
+        return Err(CliError::Input(format!(
+            "--repeats {repeats} is out of range: it must be 1 to 10000"
         )));
     }
     // A missing GPU is the command line's problem, found before anything is measured.

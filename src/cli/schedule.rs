@@ -61,7 +61,10 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), CliError> {
         ));
     };
     if args.ranks == 0 || args.ranks > 64 {
-        return Err(CliError::Input("-n must be between 1 and 64".into()));
+        return Err(CliError::Input(format!(
+            "-n/--ranks {} is out of range: it must be between 1 and 64",
+            args.ranks
+        )));
     }
     if let Some(path) = &args.svg {
         let svg = Named {
