@@ -5,6 +5,7 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::ValueEnum;
 use nanoddp::comm::schedule::Algorithm;
+use nanoddp::comm::transport::MAX_RANKS;
 
 /// Algorithm choice on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -53,6 +54,17 @@ pub enum CommArg {
     /// Processes started by mpirun (build with `--features mpi`): each process's devices
     /// reduce locally, then one leader per process crosses MPI.
     Mpi,
+}
+
+/// Refuses a count of ranks or devices that no communicator holds (1 to [`MAX_RANKS`]),
+/// naming `flag` and the value given.
+pub fn check_ranks(flag: &str, n: usize) -> Result<(), String> {
+    if n == 0 || n > MAX_RANKS {
+        return Err(format!(
+            "{flag} {n} is out of range: it must be between 1 and {MAX_RANKS}"
+        ));
+    }
+    Ok(())
 }
 
 /// What `--comm mpi` says in a build without MPI.

@@ -13,7 +13,7 @@ use nanoddp::comm::schedule::Algorithm;
 use nanoddp::comm::transport::CommDevice;
 use nanoddp::system;
 
-use super::args::{backend_values, parse_size, AlgoArg, BackendArg, CommArg};
+use super::args::{backend_values, check_ranks, parse_size, AlgoArg, BackendArg, CommArg};
 use super::nccl_table::{expected, group, header, input, median, row};
 use super::CliError;
 
@@ -154,27 +154,22 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
         backend,
         comm,
     } = sweep;
-    let refused = if ranks == 0 || ranks > 64 {
-        Some(format!(
-            "-n/--ranks {ranks} is out of range: it must be between 1 and 64"
-        ))
-    } else if min_bytes < 4 {
-        Some(format!(
+    check_ranks("-n/--ranks", ranks).map_err(CliError::Input)?;
+    let refused = |why: String| Err(CliError::Input(why));
+    if min_bytes < 4 {
+        return refused(format!(
             "-b/--minbytes {min_bytes} is below one f32: give at least 4 bytes"
-        ))
-    } else if max_bytes < min_bytes {
-        Some(format!(
+        ));
+    }
+    if max_bytes < min_bytes {
+        return refused(format!(
             "-e/--maxbytes {max_bytes} is below -b/--minbytes {min_bytes}"
-        ))
-    } else if factor < 2 {
-        Some(format!(
+        ));
+    }
+    if factor < 2 {
+        return refused(format!(
             "-f/--stepfactor {factor} never grows the message: give at least 2"
-        ))
-    } else {
-        None
-    };
-    if let Some(refused) = refused {
-        return Err(CliError::Input(refused));
+        ));
     }
     let mut sizes = Vec::new();
     let mut s = min_bytes;

@@ -12,7 +12,7 @@ use clap::ValueEnum;
 
 use nanoddp::train::checkpoint;
 
-use super::args::AlgoArg;
+use super::args::{check_ranks, AlgoArg};
 use super::outputs::{check_format, check_outputs, Named};
 use super::CliError;
 
@@ -60,12 +60,7 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), CliError> {
                 .into(),
         ));
     };
-    if args.ranks == 0 || args.ranks > 64 {
-        return Err(CliError::Input(format!(
-            "-n/--ranks {} is out of range: it must be between 1 and 64",
-            args.ranks
-        )));
-    }
+    check_ranks("-n/--ranks", args.ranks).map_err(CliError::Input)?;
     if let Some(path) = &args.svg {
         let svg = Named {
             flag: "--svg",

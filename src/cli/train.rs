@@ -18,7 +18,7 @@ use nanoddp::train::{
     TrainConfig, TrainError,
 };
 
-use super::args::{backend_values, AlgoArg, BackendArg, CommArg};
+use super::args::{backend_values, check_ranks, AlgoArg, BackendArg, CommArg};
 use super::CliError;
 
 /// The recipe on the command line.
@@ -178,16 +178,9 @@ pub struct EvalArgs {
     pub batch: usize,
 }
 
-/// The most devices (replicas) one process drives.
-const MAX_DEVICES: usize = 64;
-
 /// Runs `nanoddp eval`.
 pub fn eval(out: &mut impl Write, args: EvalArgs) -> Result<(), CliError> {
-    if args.devices == 0 || args.devices > MAX_DEVICES {
-        return Err(CliError::Input(format!(
-            "--devices must be between 1 and {MAX_DEVICES}"
-        )));
-    }
+    check_ranks("--devices", args.devices).map_err(CliError::Input)?;
     if args.batch == 0 {
         return Err(CliError::Input("--batch must be at least 1".into()));
     }
@@ -212,9 +205,7 @@ pub fn eval(out: &mut impl Write, args: EvalArgs) -> Result<(), CliError> {
 
 /// The settings a run cannot make sense of, refused before anything starts.
 fn check_settings(args: &TrainArgs) -> Result<(), String> {
-    if args.devices == 0 || args.devices > MAX_DEVICES {
-        return Err(format!("--devices must be between 1 and {MAX_DEVICES}"));
-    }
+    check_ranks("--devices", args.devices)?;
     if args.batch == 0 {
         return Err("--batch must be at least 1".into());
     }
