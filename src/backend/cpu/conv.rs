@@ -20,7 +20,7 @@ use super::engine::{with_engine, Engine};
 use super::half_convert::{narrow_bf16, narrow_epilogue};
 use super::isa::isa;
 use super::lanes::{
-    fold_lanes, into_lanes, lane_filter_product, lane_input_grad, lane_plane, lane_product,
+    fold_lanes, lane_filter_product, lane_input_grad, lane_product, padded_runs, transpose,
     LaneFilter, LaneImages, LaneWindows,
 };
 use super::microkernel::{add_windows, gemm, gemm_nt, PackedA};
@@ -151,9 +151,8 @@ fn padded_group<'a, S, D: Copy + Default>(
     buf.resize(planes * hp * wp, D::default());
     if s.in_h > 0 && s.in_w > 0 {
         for (plane, src) in x.chunks_exact(s.in_h * s.in_w).enumerate() {
-            for (h, row) in src.chunks_exact(s.in_w).enumerate() {
-                let at = plane * hp * wp + (h + s.pad) * wp + s.pad;
-                copy(row, &mut buf[at..at + s.in_w]);
+            for [at, from, n] in padded_runs(s, plane, 1) {
+                copy(&src[from..from + n], &mut buf[at..at + n]);
             }
         }
     }
@@ -239,15 +238,15 @@ pub(super) enum OutputGrad<'a, T> {
 
 /// The forward's driver: y in groups of `group` images, a rayon task each, with the pooled
 /// output split alike; each group's sums from `product(state, (first, imgs), out)` (`state`
-/// and `out` kept per worker), plane (m, o) at `out[start + p·step]` for `(start, step) =
-/// at(imgs, m, o)`; then [`write_outputs`].
+/// and `out` kept per worker), plane (m, o) at `out[at(imgs, m, o)..]`; then
+/// [`write_outputs`].
 #[allow(clippy::type_complexity)]
 fn forward_groups<T: Precision, S: Default>(
     s: &Conv2dShape,
     (bias, relu, pool): (Option<&[f32]>, bool, Option<(&Pool2dShape, &mut [T])>),
     y: &mut [T],
     group: usize,
-    at: impl Fn(usize, usize, usize) -> (usize, usize) + Sync,
+    at: impl Fn(usize, usize, usize) -> usize + Sync,
     product: impl Fn(&mut S, (usize, usize), &mut Vec<f32>) + Sync,
 ) {
     let image_out = s.out_c * s.out_h() * s.out_w();
@@ -272,32 +271,24 @@ fn forward_groups<T: Precision, S: Default>(
         );
 }
 
-/// The forward's epilogue for one group: each image m's plane o of y is the sums at
-/// `at(m, o)` (its first element and step in `sums`) plus the bias, through the ReLU when
-/// asked, and with a pool also average-pooled from the f32 values. A strided plane is
-/// gathered into `plane`; for half storage each plane is computed in f32 in `wide` (and
-/// `wide_pooled`), which stay in the L1 cache, and rounded into y (and the pooled output)
-/// plane by plane.
+/// The forward's epilogue for one group: each image m's plane o of y is the sums from
+/// `at(m, o)` plus the bias, through the ReLU when asked, and with a pool also
+/// average-pooled from the f32 values. For half storage each plane is computed in f32 in
+/// `wide` (and `wide_pooled`), which stay in the L1 cache, and rounded into y (and the
+/// pooled output) plane by plane.
 fn write_outputs<T: Precision>(
     s: &Conv2dShape,
     (bias, relu, pool): (Option<&[f32]>, bool, Option<&Pool2dShape>),
     (y_g, pooled_g): (&mut [T], Option<&mut [T]>),
-    (sums, at): (&[f32], impl Fn(usize, usize) -> (usize, usize)),
-    [plane, wide, wide_pooled]: &mut [Vec<f32>; 3],
+    (sums, at): (&[f32], impl Fn(usize, usize) -> usize),
+    [wide, wide_pooled]: &mut [Vec<f32>; 2],
 ) {
     let pq = s.out_h() * s.out_w();
     let pooled_len = pool.map_or(1, |p| p.out_h() * p.out_w());
     let mut pooled_planes = pooled_g.map(|p| p.chunks_mut(pooled_len));
     for (i, dst) in y_g.chunks_mut(pq).enumerate() {
         let (m, o) = (i / s.out_c, i % s.out_c);
-        let src = match at(m, o) {
-            (start, 1) => &sums[start..start + pq],
-            (start, step) => {
-                plane.resize(pq, 0.0);
-                lane_plane(&sums[start..], step, plane);
-                &plane[..]
-            }
-        };
+        let src = &sums[at(m, o)..][..pq];
         let b = bias.map_or(0.0, |b| b[o]);
         let values = match narrow_epilogue(src, (b, relu), wide, dst) {
             true => &wide[..],
@@ -324,18 +315,27 @@ fn forward_lanes<E: Engine, T: Precision>(
     let image_in = s.in_c * s.in_h * s.in_w;
     let filter = LaneFilter::<E>::pack(widened(w, &mut Vec::new()), s.out_c, k);
     let (taps, pixels) = lane_offsets(s, E::LANES);
-    // `lane_product`'s layout, [O][PQ][LANES].
-    let at = |_, m, o| (o * pq * E::LANES + m, E::LANES);
+    // The images' planes, [imgs][O][PQ], from `lane_product`'s layout, [O][PQ][LANES].
+    let at = |_, m, o| (m * s.out_c + o) * pq;
     forward_groups(s, epilogue, y, E::LANES, at, |state, (first, imgs), out| {
-        let (images, wide): &mut (LaneImages, Vec<f32>) = state;
-        out.resize(filter.ld() * pq * E::LANES, 0.0);
+        let (images, wide, sums): &mut (LaneImages, Vec<f32>, Vec<f32>) = state;
+        sums.resize(filter.ld() * pq * E::LANES, 0.0);
         let windows = LaneWindows {
             src: images.build::<E, T>(s, &x[first * image_in..][..imgs * image_in], imgs, wide),
             pixels: &pixels,
             taps: &taps,
             block: FORWARD_BLOCK,
         };
-        lane_product(&windows, &filter, out);
+        lane_product(&windows, &filter, sums);
+        out.resize(imgs * s.out_c * pq, 0.0);
+        for (o, sums) in sums.chunks_exact(pq * E::LANES).take(s.out_c).enumerate() {
+            transpose(
+                sums,
+                (E::LANES, s.out_c * pq),
+                (pq, imgs),
+                &mut out[o * pq..],
+            );
+        }
     });
 }
 
@@ -421,7 +421,7 @@ pub(super) fn forward<T: Precision>(
         }
     };
     // The GEMM's layout, [O][imgs·PQ].
-    let at = |imgs, m, o| (o * imgs * pq + m * pq, 1);
+    let at = |imgs, m, o| o * imgs * pq + m * pq;
     forward_groups(
         s,
         (bias, relu, pool),
@@ -519,7 +519,7 @@ impl<E: Engine> LaneInput<E> {
     }
 
     /// The input gradient of `imgs` ≤ `E::LANES` images from their dy in lanes
-    /// (`[O][PQ][LANES]`, [`into_lanes`]) into `dx` (imgs x C x H x W); `dx_lanes` and
+    /// (`[O][PQ][LANES]`) into `dx` (imgs x C x H x W); `dx_lanes` and
     /// `plane` are scratch.
     fn input_grad<T: Precision>(
         &self,
@@ -534,19 +534,15 @@ impl<E: Engine> LaneInput<E> {
         dx_lanes.clear();
         dx_lanes.resize(s.in_c * hp * wp * E::LANES, 0.0);
         lane_input_grad::<E>(dy_lanes, &self.w, (&self.taps, &self.pixels), dx_lanes);
-        for (m, dx_m) in dx.chunks_mut(s.in_c * hw).enumerate() {
-            for (c, dst) in dx_m.chunks_mut(hw).enumerate() {
-                write_f32(dst, plane, |d| {
-                    if s.pad == 0 {
-                        return lane_plane(&dx_lanes[c * hw * E::LANES + m..], E::LANES, d);
-                    }
-                    for (h, row) in d.chunks_mut(s.in_w).enumerate() {
-                        let at = ((c * hp + h + s.pad) * wp + s.pad) * E::LANES;
-                        lane_plane(&dx_lanes[at + m..], E::LANES, row);
-                    }
-                });
+        let (image, imgs) = (s.in_c * hw, dx.len() / (s.in_c * hw).max(1));
+        write_f32(dx, plane, |d| {
+            for c in 0..s.in_c {
+                for [at, from, n] in padded_runs(s, c, E::LANES) {
+                    let dst = &mut d[c * hw + from..];
+                    transpose(&dx_lanes[at..], (E::LANES, image), (n, imgs), dst);
+                }
             }
-        }
+        });
     }
 }
 
@@ -789,7 +785,10 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
                     if lane0 == 0 && set < lanes {
                         dy_lanes.fill(0.0);
                     }
-                    into_lanes(dyg, (s.out_c, imgs, pq), (lane0, lanes), dy_lanes);
+                    let rows = dyg.chunks_exact(npq).take(s.out_c);
+                    for (src, dst) in rows.zip(dy_lanes.chunks_exact_mut(pq * lanes)) {
+                        transpose(src, (pq, lanes), (imgs, pq), &mut dst[lane0..]);
+                    }
                     if lane0 + imgs < set {
                         continue;
                     }

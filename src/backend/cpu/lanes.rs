@@ -7,8 +7,7 @@
 //! element of each image. The three products over it, each an `E::R` x `E::V` register
 //! tile: [`lane_product`] (forward), [`lane_input_grad`] (col2im fused) and
 //! [`lane_filter_product`] (each lane its own image's sum, folded by [`fold_lanes`]). The
-//! layouts cost one copy per element going in and one coming out ([`LaneImages::build`],
-//! [`into_lanes`], [`lane_plane`]): a few percent of the products' time.
+//! layouts cost one copy per element going in and one coming out ([`transpose`]).
 
 use std::marker::PhantomData;
 
@@ -57,19 +56,31 @@ impl LaneImages {
                     (&wide[..], plane)
                 }
             };
-            // Each element's vector written whole, its images read `stride` apart.
-            for h in 0..s.in_h {
-                let at = ((c * hp + h + s.pad) * wp + s.pad) * E::LANES;
-                let dst = self.data[at..at + s.in_w * E::LANES].chunks_exact_mut(E::LANES);
-                for (w, d) in dst.enumerate() {
-                    for (m, d) in d.iter_mut().enumerate().take(imgs) {
-                        *d = src[m * stride + h * s.in_w + w];
-                    }
-                }
+            for [at, from, n] in padded_runs(s, c, E::LANES) {
+                let dst = &mut self.data[at..at + n * E::LANES];
+                transpose(&src[from..], (stride, E::LANES), (imgs, n), dst);
             }
         }
         &self.data
     }
+}
+
+/// Plane c's pixels as runs a padded layout of `lanes` values a pixel holds contiguously (the
+/// whole plane, or each row where padding lies between rows): `[where in the layout, where
+/// in the plane, pixels]`.
+pub(super) fn padded_runs(
+    s: &Conv2dShape,
+    c: usize,
+    lanes: usize,
+) -> impl Iterator<Item = [usize; 3]> {
+    let (hp, wp, n) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad, s.in_w);
+    let (rows, n) = if s.pad == 0 {
+        (1, s.in_h * n)
+    } else {
+        (s.in_h, n)
+    };
+    let pad = s.pad;
+    (0..rows).map(move |h| [((c * hp + h + pad) * wp + pad) * lanes, h * n, n])
 }
 
 /// The filter as the tile reads it: `[tap][O rounded up to E::R]`, zero past O.
@@ -226,22 +237,67 @@ unsafe fn tile<E: Engine, const R: usize, const V: usize>(
     }
 }
 
-/// One image's plane from a layout with `lanes` values per pixel: `plane[p] = src[p·lanes]`,
-/// `src` starting at the plane's first value (image m's plane of channel o in
-/// [`lane_product`]'s output starts at `(o·pixels)·lanes + m`).
-///
-/// # Panics
-/// If `src` ends before the plane's last value.
-pub(super) fn lane_plane(src: &[f32], lanes: usize, plane: &mut [f32]) {
-    let Some((last, body)) = plane.split_last_mut() else {
+super::engine::multiversion!(
+    /// Transposes `rows` x `cols` values: `dst[j·dst_ld + m] = src[m·src_ld + j]`, other
+    /// values of `dst` left as they are. Vectorized where one side is whole vectors of 4, 8
+    /// or 16 lanes: rows into lanes ([`LaneImages`]) or lanes into rows (the products'
+    /// outputs).
+    ///
+    /// # Panics
+    /// If a slice is too short.
+    pub(super) fn transpose(
+        src: &[f32], lds: (usize, usize), shape: (usize, usize), dst: &mut [f32]
+    ) = transpose_body
+);
+
+#[inline(always)]
+fn transpose_body(src: &[f32], lds: (usize, usize), shape: (usize, usize), dst: &mut [f32]) {
+    let ((src_ld, dst_ld), (rows, cols)) = (lds, shape);
+    if rows == 0 || cols == 0 {
         return;
-    };
-    assert!(src.len() > body.len() * lanes, "src too short");
-    // Whole vectors for all but the last value (`src` may end just past it).
-    for (dst, v) in body.iter_mut().zip(src.chunks_exact(lanes)) {
-        *dst = v[0];
     }
-    *last = src[body.len() * lanes];
+    /// L rows into `cols` vectors of L lanes.
+    #[inline(always)]
+    fn into_vectors<const L: usize>(src: &[f32], src_ld: usize, dst: &mut [f32]) {
+        let cols = dst.len() / L;
+        let rows: [&[f32]; L] = std::array::from_fn(|m| &src[m * src_ld..][..cols]);
+        for (j, d) in dst.chunks_exact_mut(L).enumerate() {
+            for m in 0..L {
+                d[m] = rows[m][j];
+            }
+        }
+    }
+    /// `rows` vectors of L lanes into L rows.
+    #[inline(always)]
+    fn from_vectors<const L: usize>(src: &[f32], (dst_ld, rows): (usize, usize), dst: &mut [f32]) {
+        let mut rest = dst;
+        let out: [&mut [f32]; L] = std::array::from_fn(|_| {
+            let row = std::mem::take(&mut rest);
+            let (row, tail) = row.split_at_mut(dst_ld.min(row.len()));
+            rest = tail;
+            &mut row[..rows]
+        });
+        for (m, v) in src[..rows * L].chunks_exact(L).enumerate() {
+            for j in 0..L {
+                out[j][m] = v[j];
+            }
+        }
+    }
+    match (rows, cols, src_ld, dst_ld) {
+        (16, _, _, 16) => into_vectors::<16>(src, src_ld, &mut dst[..cols * 16]),
+        (8, _, _, 8) => into_vectors::<8>(src, src_ld, &mut dst[..cols * 8]),
+        (4, _, _, 4) => into_vectors::<4>(src, src_ld, &mut dst[..cols * 4]),
+        (_, 16, 16, _) => from_vectors::<16>(src, (dst_ld, rows), dst),
+        (_, 8, 8, _) => from_vectors::<8>(src, (dst_ld, rows), dst),
+        (_, 4, 4, _) => from_vectors::<4>(src, (dst_ld, rows), dst),
+        _ => {
+            for m in 0..rows {
+                for j in 0..cols {
+                    dst[j * dst_ld + m] = src[m * src_ld + j];
+                }
+            }
+        }
+    }
 }
 
 /// The input gradient with the images in the lanes, col2im fused: for every tap k and
@@ -319,31 +375,6 @@ unsafe fn input_tile<E: Engine, const R: usize, const V: usize>(
         }
         let dst = dx.as_mut_ptr();
         store_tile::<E, V>(&acc, true, |r, v| dst.add(taps[t0 + r] + pixels[p0 + v]));
-    }
-}
-
-/// Puts `count` images' planes into lanes `lane0..lane0 + count` of `lanes` (`[rows][pq]`
-/// vectors of `width` lanes): `src` holds `rows` rows of `count·pq` (image m's plane of row
-/// o at `o·count·pq + m·pq`, as the GEMM paths gather dy). Other lanes are left as they are.
-///
-/// # Panics
-/// If the lanes do not fit in `width`, or a slice is too short.
-pub(super) fn into_lanes(
-    src: &[f32],
-    (rows, count, pq): (usize, usize, usize),
-    (lane0, width): (usize, usize),
-    lanes: &mut [f32],
-) {
-    assert!(lane0 + count <= width && src.len() >= rows * count * pq);
-    assert!(lanes.len() >= rows * pq * width);
-    for o in 0..rows {
-        for m in 0..count {
-            let plane = &src[(o * count + m) * pq..][..pq];
-            let dst = lanes[o * pq * width..][..pq * width].chunks_exact_mut(width);
-            for (d, v) in dst.zip(plane) {
-                d[lane0 + m] = *v;
-            }
-        }
     }
 }
 
@@ -547,11 +578,10 @@ mod tests {
             let x = uniform(&mut rng, imgs * image);
             let w = uniform(&mut rng, s.out_c * k);
             let out = forward::<E>(&s, &x, &w, imgs, block);
-            let mut plane = vec![f32::NAN; pq];
             for m in 0..imgs {
                 for o in 0..s.out_c {
-                    lane_plane(&out[o * pq * E::LANES + m..], E::LANES, &mut plane);
-                    for (p, &got) in plane.iter().enumerate() {
+                    let plane = (0..pq).map(|p| out[(o * pq + p) * E::LANES + m]);
+                    for (p, got) in plane.enumerate() {
                         let (mut want, mut mag) = (0.0f64, 0.0f64);
                         for t in 0..k {
                             let Some(xv) = tap_input(&s, &x[m * image..], t, p) else {
@@ -697,6 +727,33 @@ mod tests {
     /// (fused where the engine fuses) in order from zero within blocks of 64 taps, the
     /// blocks' sums added in order (a scalar reference, compared bit for bit). conv2's
     /// shape, full lanes and a ragged group.
+    /// [`transpose`] on both vectorized sides and the plain loops (rows short of the lanes,
+    /// odd leading dimensions), into a poisoned `dst`: every value moved, no other touched.
+    #[test]
+    fn transpose_moves_every_value_and_no_other() {
+        let mut rng = seeded(23);
+        // (rows, cols, src_ld, dst_ld): rows into vectors (rows = dst_ld = 4, 8, 16), vectors
+        // into rows (cols = src_ld), and the plain loops.
+        let into = [(8, 13, 15, 8), (16, 81, 81, 16), (4, 1, 1, 4)];
+        let from = [(13, 8, 8, 17), (81, 16, 16, 90), (5, 4, 4, 5)];
+        let plain = [(3, 13, 14, 8), (8, 7, 9, 16), (7, 8, 9, 8)];
+        for (rows, cols, src_ld, dst_ld) in into.into_iter().chain(from).chain(plain) {
+            let src = uniform(&mut rng, (rows - 1) * src_ld + cols);
+            let mut dst = vec![f32::NAN; (cols - 1) * dst_ld + rows + 3];
+            transpose(&src, (src_ld, dst_ld), (rows, cols), &mut dst);
+            for (i, got) in dst.iter().enumerate() {
+                let (j, m) = (i / dst_ld, i % dst_ld);
+                let want = if j < cols && m < rows {
+                    src[m * src_ld + j]
+                } else {
+                    f32::NAN
+                };
+                let at = format!("{rows} x {cols} ({src_ld}, {dst_ld}): dst[{i}]");
+                assert_eq!(got.to_bits(), want.to_bits(), "{at}");
+            }
+        }
+    }
+
     #[test]
     fn lane_product_sums_blocks_of_taps_in_order() {
         on_each_engine!(lane_product_sums_blocks_of_taps_in_order_on);
@@ -711,11 +768,10 @@ mod tests {
             let w = uniform(&mut rng, s.out_c * k);
             let out = forward::<E>(&s, &x, &w, imgs, 64);
             let (taps, pixels) = lane_offsets(&s, 1);
-            let mut plane = vec![0.0; pq];
             for m in 0..imgs {
                 for o in 0..s.out_c {
-                    lane_plane(&out[o * pq * E::LANES + m..], E::LANES, &mut plane);
-                    for (p, got) in plane.iter().enumerate() {
+                    let plane = (0..pq).map(|p| out[(o * pq + p) * E::LANES + m]);
+                    for (p, got) in plane.enumerate() {
                         let mut total = 0.0f32;
                         for (b, block) in taps.chunks(64).enumerate() {
                             let mut acc = 0.0f32;
