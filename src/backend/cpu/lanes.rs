@@ -97,11 +97,7 @@ impl<E: Engine> LaneFilter<E> {
         assert_eq!(w.len(), cols * depth, "filter is not O x K");
         let ld = cols.div_ceil(E::R) * E::R;
         let mut data = vec![0.0; ld * depth];
-        for (o, row) in w.chunks_exact(depth.max(1)).enumerate().take(cols) {
-            for (k, v) in row.iter().enumerate() {
-                data[k * ld + o] = *v;
-            }
-        }
+        transpose(w, (depth, ld), (cols, depth), &mut data);
         Self {
             data,
             cols,
