@@ -20,8 +20,8 @@ use super::engine::{with_engine, Engine};
 use super::half_convert::{narrow_bf16, narrow_epilogue};
 use super::isa::isa;
 use super::lanes::{
-    fold_lanes, lane_filter_product, lane_input_grad, lane_product, padded_runs, transpose,
-    LaneFilter, LaneImages, LaneWindows,
+    fold_lanes, lane_filter_product, lane_input_grad, lane_product, padded_dims, padded_runs,
+    transpose, LaneFilter, LaneImages, LaneWindows,
 };
 use super::microkernel::{add_windows, gemm, gemm_nt, PackedA};
 use super::pairs::{
@@ -52,11 +52,6 @@ const FORWARD_BLOCK: usize = 64;
 /// Images per partial sum of the filter gradient (groups of [`GROUP`] accumulated in order);
 /// the partials are then added as a tree, so the result does not depend on the thread count.
 const FILTER_CHUNK: usize = 4 * GROUP;
-
-/// The input's dimensions with the padding: the images [`group_images`] gathers.
-fn padded_dims(s: &Conv2dShape) -> (usize, usize) {
-    (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad)
-}
 
 /// Each tap's offset in a (padded) image: (c, i, j) at c·H·W + i·W + j, in the filter's
 /// order. With [`pixel_offsets`], `images[pixel + tap]` is the im2col matrix's element,

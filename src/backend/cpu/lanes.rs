@@ -39,7 +39,7 @@ impl LaneImages {
     ) -> &[f32] {
         let (plane, image) = (s.in_h * s.in_w, s.in_c * s.in_h * s.in_w);
         assert!((1..=E::LANES).contains(&imgs) && x.len() == imgs * image);
-        let (hp, wp) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad);
+        let (hp, wp) = padded_dims(s);
         self.data.resize(s.in_c * hp * wp * E::LANES, 0.0);
         if s.pad > 0 || imgs < E::LANES {
             self.data.fill(0.0);
@@ -65,6 +65,12 @@ impl LaneImages {
     }
 }
 
+/// The input's dimensions with the padding: the planes of [`LaneImages`] and of the im2col
+/// path's padded images.
+pub(super) fn padded_dims(s: &Conv2dShape) -> (usize, usize) {
+    (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad)
+}
+
 /// Plane c's pixels as runs a padded layout of `lanes` values a pixel holds contiguously (the
 /// whole plane, or each row where padding lies between rows): `[where in the layout, where
 /// in the plane, pixels]`.
@@ -73,13 +79,11 @@ pub(super) fn padded_runs(
     c: usize,
     lanes: usize,
 ) -> impl Iterator<Item = [usize; 3]> {
-    let (hp, wp, n) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad, s.in_w);
-    let (rows, n) = if s.pad == 0 {
-        (1, s.in_h * n)
-    } else {
-        (s.in_h, n)
+    let ((hp, wp), pad) = (padded_dims(s), s.pad);
+    let (rows, n) = match pad {
+        0 => (1, s.in_h * s.in_w),
+        _ => (s.in_h, s.in_w),
     };
-    let pad = s.pad;
     (0..rows).map(move |h| [((c * hp + h + pad) * wp + pad) * lanes, h * n, n])
 }
 
@@ -613,7 +617,7 @@ mod tests {
             shape(20, (13, 13), 50, 5, 1, 0),
             shape(3, (11, 10), 7, 3, 2, 1),
         ] {
-            let (hp, wp) = (s.in_h + 2 * s.pad, s.in_w + 2 * s.pad);
+            let (hp, wp) = padded_dims(&s);
             let k = s.in_c * s.k_h * s.k_w;
             let kpad = k.div_ceil(E::R) * E::R;
             let pq = s.out_h() * s.out_w();
