@@ -323,27 +323,25 @@ fn forward_lanes<E: Engine, T: Precision>(
         };
         lane_product(&windows, &filter, sums);
         out.resize(imgs * s.out_c * pq, 0.0);
+        let lds = (E::LANES, s.out_c * pq);
         for (o, sums) in sums.chunks_exact(pq * E::LANES).take(s.out_c).enumerate() {
-            transpose(
-                sums,
-                (E::LANES, s.out_c * pq),
-                (pq, imgs),
-                &mut out[o * pq..],
-            );
+            transpose(sums, lds, (pq, imgs), &mut out[o * pq..]);
         }
     });
 }
 
 /// Gathers a group's output gradients (images `first..first + imgs`, each O x PQ) into O rows
-/// of `imgs·PQ` (f32); half values are widened a group at a time into `tmp`'s buffers.
+/// of `imgs·PQ` (f32, `dst` resized to fit); half values are widened a group at a time into
+/// `tmp`'s buffers.
 fn gather_dy<T: Precision>(
     dy: &OutputGrad<T>,
     (first, imgs): (usize, usize),
     (out_c, pq): (usize, usize),
-    dst: &mut [f32],
+    dst: &mut Vec<f32>,
     [tmp, tmp_act]: &mut [Vec<f32>; 2],
 ) {
     let (npq, planes) = (imgs * pq, first * out_c..(first + imgs) * out_c);
+    dst.resize(out_c * npq, 0.0);
     let row = |i: usize| (i % out_c) * npq + (i / out_c) * pq;
     match dy {
         OutputGrad::Tensor(dy) => {
@@ -403,7 +401,7 @@ pub(super) fn forward<T: Precision>(
     // bf16 on AMX or AVX512-BF16: the window product on the bf16 values themselves, by pairs
     // of taps.
     let bf16 = offsets.as_ref().zip(pair_bits(x)).zip(pair_bits(w));
-    let mut w_pairs = PairOperand::for_this_cpu();
+    let mut w_pairs = PairOperand::default();
     let tap_pairs = match bf16 {
         Some((((taps, _), _), w_bits)) => {
             let grouped = pairs(taps);
@@ -542,18 +540,19 @@ impl<E: Engine> LaneInput<E> {
 }
 
 /// One group's input gradient from its gathered output gradient `dyg` (O x imgs·PQ):
-/// `dcol = wᵀ · dyg`, then col2im into each image of `dx_group` (imgs x C x H x W);
-/// `dy_pairs` holds dyg packed for the bf16 product, `scratch` one image in f32.
+/// `dcol = wᵀ · dyg` (resized to fit), then col2im into each image of `dx_group` (imgs x C x
+/// H x W); `dy_pairs` holds dyg packed for the bf16 product, `scratch` one image in f32.
 fn input_grad_group<T: Precision>(
     s: &Conv2dShape,
     w_t: &FilterT,
     dyg: &[f32],
-    (dcol, dy_pairs): (&mut [f32], &mut PairRows),
+    (dcol, dy_pairs): (&mut Vec<f32>, &mut PairRows),
     dx_group: &mut [T],
     scratch: &mut Vec<f32>,
 ) {
     let (pq, image_in) = (s.out_h() * s.out_w(), s.in_c * s.in_h * s.in_w);
     let npq = dx_group.len() / image_in * pq;
+    dcol.resize(s.in_c * s.k_h * s.k_w * npq, 0.0);
     match w_t {
         FilterT::F32(w_t) => gemm(w_t, dyg, npq, npq, dcol, npq, false),
         FilterT::Bf16(w_t) => {
@@ -569,6 +568,16 @@ fn input_grad_group<T: Precision>(
         write_f32(dx_n, scratch, |acc| col2im(s, dcol, npq, m * pq, acc));
     }
 }
+
+/// One worker's buffers in [`backward`], each sized where it is filled: f32 (im2col's image
+/// and columns, dy gathered, one image of dx, dcol), [`gather_dy`]'s, the bf16 products' (dy's
+/// bits, x's bits, dy packed, x's pairs), and dy packed for the input gradient's bf16 GEMM.
+type BackwardScratch = (
+    [Vec<f32>; 5],
+    [Vec<f32>; 2],
+    (Vec<u16>, Vec<u16>, PairOperand, PairImage),
+    PairRows,
+);
 
 /// The convolution's backward from dy, in one pass: with `filter` (x, dw) the filter
 /// gradient, with `db` the bias gradient, with `input` (the filter w, dx) the input
@@ -623,7 +632,6 @@ pub(super) fn backward<T: Precision>(
         return add_chunks(chunks);
     }
     let w_t = w.map(|w| FilterT::new(s, w));
-    let scratch_dcol = if w_t.is_some() { k * pq * GROUP } else { 0 };
     // bf16 on AMX or AVX512-BF16: the window product on x's bf16 values and dy rounded to bf16, by
     // pairs of adjacent pixels. dy is bf16 already, or formed here from the pool's bf16
     // gradient (a multiply by 1/4 under LeNet's 2x2 pool: exact); any other pool's rounding is
@@ -633,33 +641,10 @@ pub(super) fn backward<T: Precision>(
         .into_par_iter()
         .enumerate()
         .map_init(
-            // Reused per worker: gather_dy and the GEMMs overwrite what they cover.
-            || {
-                (
-                    (Vec::new(), Vec::new()),
-                    vec![0.0f32; s.out_c * pq * GROUP],
-                    vec![0.0f32; image_in],
-                    vec![0.0f32; scratch_dcol],
-                    Default::default(),
-                    (
-                        Vec::new(),
-                        PairOperand::for_this_cpu(),
-                        Vec::new(),
-                        PairImage::default(),
-                    ),
-                    PairRows::default(),
-                )
-            },
-            |(
-                (images, col),
-                dyg,
-                image,
-                dcol,
-                tmp,
-                (dy_bits, dy_pairs, bits, image_pairs),
-                dy_rows,
-            ),
+            Default::default,
+            |(f32s, tmp, (dy_bits, bits, dy_pairs, image_pairs), dy_rows): &mut BackwardScratch,
              (chunk, mut dx_chunk)| {
+                let [images, col, dyg, image, dcol] = f32s;
                 let mut partial = vec![0.0f32; if with_filter { s.out_c * k } else { 0 }];
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let start = chunk * FILTER_CHUNK;
@@ -685,18 +670,8 @@ pub(super) fn backward<T: Precision>(
                         // Dot products along the pixels, which dy and the columns both hold
                         // contiguously: nothing transposed.
                         im2col_group(s, x, (first, imgs), col, images);
-                        gemm_nt(
-                            dyg,
-                            npq,
-                            s.out_c,
-                            col,
-                            npq,
-                            k,
-                            npq,
-                            &mut partial,
-                            k,
-                            nth > 0,
-                        );
+                        let (dy, col) = ((&dyg[..], npq, s.out_c), (&col[..], npq, k));
+                        gemm_nt(dy, col, npq, (&mut partial, k), nth > 0);
                     }
                     for (o, b) in partial_bias.iter_mut().enumerate() {
                         *b += lane_sum(&dyg[o * npq..(o + 1) * npq]);
@@ -750,7 +725,7 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
             || {
                 (
                     (LaneImages::default(), Vec::new()),
-                    (vec![0.0f32; s.out_c * pq * GROUP], Default::default()),
+                    Default::default(),
                     // dy's lanes: channels past O stay zero.
                     (vec![0.0f32; ld * pq * lanes], Vec::new()),
                     (Vec::new(), Vec::new()),

@@ -256,18 +256,14 @@ fn choose(value: Option<&str>, detect: impl FnOnce() -> Isa) -> Result<Isa, IsaE
         }),
         Some("avx2") if !cpu.avx2 => Err(unsupported("AVX2 with FMA and F16C")),
         Some("avx2") => Ok(Isa {
-            avx512: false,
-            avx512_bf16: false,
-            bf16_products: false,
-            amx: false,
-            ..cpu
+            avx2: true,
+            ..Isa::PORTABLE
         }),
         Some("avx512") if !cpu.avx512 => Err(unsupported("AVX-512 (F, VL, BW and DQ)")),
         Some("avx512") => Ok(Isa {
-            avx512_bf16: false,
-            bf16_products: false,
-            amx: false,
-            ..cpu
+            avx512: true,
+            avx2: cpu.avx2,
+            ..Isa::PORTABLE
         }),
         Some("avx512bf16") if !cpu.avx512_bf16 => {
             Err(unsupported("AVX512-BF16 (with AVX-512 F, VL, BW and DQ)"))

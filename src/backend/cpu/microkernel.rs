@@ -48,22 +48,48 @@ impl PackedA {
                 "A outside its slice"
             );
         }
-        let panels = rows.div_ceil(MR);
-        self.data.clear();
-        self.data.resize(panels * depth * MR, 0.0);
-        self.rows = rows;
-        self.depth = depth;
-        if depth == 0 {
-            return;
-        }
-        for (p, panel) in self.data.chunks_exact_mut(depth * MR).enumerate() {
-            for i in 0..MR.min(rows - p * MR) {
-                let row = (p * MR + i) * rs;
-                for k in 0..depth {
-                    panel[k * MR + i] = src[row + k * cs];
-                }
+        (self.rows, self.depth) = (rows, depth);
+        pack_panels(&mut self.data, (rows, depth), |i, k| src[i * rs + k * cs]);
+    }
+}
+
+/// Packs the `rows x depth` matrix whose element (i, k) is `at(i, k)` into `data` as panels of
+/// [`MR`] rows, `[panel][k][row]`, the last panel padded with zero rows.
+pub(super) fn pack_panels<W: Copy + Default>(
+    data: &mut Vec<W>,
+    (rows, depth): (usize, usize),
+    at: impl Fn(usize, usize) -> W,
+) {
+    data.clear();
+    data.resize(rows.div_ceil(MR) * depth * MR, W::default());
+    for (p, panel) in data.chunks_exact_mut((depth * MR).max(1)).enumerate() {
+        for i in 0..MR.min(rows - p * MR) {
+            for k in 0..depth {
+                panel[k * MR + i] = at(p * MR + i, k);
             }
         }
+    }
+}
+
+/// Asserts that C (`rows` rows of `cols` at stride `ldc`) fits in `c`, and returns whether
+/// there is anything to compute.
+pub(super) fn c_fits(c: &[f32], (rows, cols): (usize, usize), ldc: usize) -> bool {
+    if rows == 0 || cols == 0 {
+        return false;
+    }
+    assert!(
+        cols <= ldc && c.len() >= (rows - 1) * ldc + cols,
+        "C too short"
+    );
+    true
+}
+
+/// `C = 0` for a product over no steps (or nothing, when accumulating).
+pub(super) fn clear(c: &mut [f32], (rows, cols): (usize, usize), ldc: usize, accumulate: bool) {
+    if !accumulate {
+        c.chunks_mut(ldc)
+            .take(rows)
+            .for_each(|row| row[..cols].fill(0.0));
     }
 }
 
@@ -98,18 +124,11 @@ fn gemm_on<E: Engine>(
     accumulate: bool,
 ) {
     let (m, k) = (a.rows, a.depth);
-    if m == 0 || cols == 0 {
+    if !c_fits(c, (m, cols), ldc) {
         return;
     }
-    assert!(
-        cols <= ldc && c.len() >= (m - 1) * ldc + cols,
-        "C too short"
-    );
     if k == 0 {
-        if !accumulate {
-            c.chunks_mut(ldc).for_each(|row| row[..cols].fill(0.0));
-        }
-        return;
+        return clear(c, (m, cols), ldc, accumulate);
     }
     assert!(
         cols <= ldb && b.len() >= (k - 1) * ldb + cols,
@@ -234,44 +253,32 @@ unsafe fn tile<E: Engine, const ROWS: usize, const NV: usize>(
 }
 
 /// `C = A·Bᵀ` (or `C += A·Bᵀ`) where A is M rows and B is N rows, both of K contiguous
-/// elements (rows at strides `lda`, `ldb`): the filter gradient's product, whose reduction
-/// runs along the pixels that both operands store contiguously, so neither needs
-/// transposing. The tile is [`Engine::DOT_ROWS`] rows of A x [`Engine::DOT_COLS`] rows of
-/// B, one vector of partial sums each (element i of a product joins lane i % LANES): on
-/// AVX-512 4 x 5, 20 zmm accumulators, per 16 steps of k 9 loads feeding 20 FMAs; each
-/// accumulator is folded to its element of C at the end ([`Engine::sum`]). Loop order keeps
-/// the tile's rows of B in L1 while A streams from L2.
+/// elements (each given as (rows, stride, count); C as (rows, stride)): the filter
+/// gradient's product, whose reduction runs along the pixels that both operands store
+/// contiguously, so neither needs transposing. The tile is [`Engine::DOT_ROWS`] rows of A x
+/// [`Engine::DOT_COLS`] rows of B, one vector of partial sums each (element i of a product
+/// joins lane i % LANES): on AVX-512 4 x 5, 20 zmm accumulators, per 16 steps of k 9 loads
+/// feeding 20 FMAs; each accumulator is folded to its element of C at the end
+/// ([`Engine::sum`]). Loop order keeps the tile's rows of B in L1 while A streams from L2.
 ///
 /// # Panics
 /// If A, B or C is too short for the shape.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_nt(
-    a: &[f32],
-    lda: usize,
-    m: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
+    a: (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
     k: usize,
-    c: &mut [f32],
-    ldc: usize,
+    c: (&mut [f32], usize),
     accumulate: bool,
 ) {
-    with_engine!(E => gemm_nt_on::<E>(a, lda, m, b, ldb, n, k, c, ldc, accumulate));
+    with_engine!(E => gemm_nt_on::<E>(a, b, k, c, accumulate));
 }
 
 /// [`gemm_nt`] on engine E's tile.
-#[allow(clippy::too_many_arguments)]
 fn gemm_nt_on<E: Engine>(
-    a: &[f32],
-    lda: usize,
-    m: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
+    (a, lda, m): (&[f32], usize, usize),
+    (b, ldb, n): (&[f32], usize, usize),
     k: usize,
-    c: &mut [f32],
-    ldc: usize,
+    (c, ldc): (&mut [f32], usize),
     accumulate: bool,
 ) {
     if m == 0 || n == 0 {
@@ -283,11 +290,12 @@ fn gemm_nt_on<E: Engine>(
         assert!(k <= ldb && b.len() >= (n - 1) * ldb + k, "B too short");
     }
     assert!(E::available(), "{} is not available", E::KIND.name());
+    let (a, b, c) = ((a, lda, m), (b, ldb, n), (c, ldc));
     // SAFETY: the engine is available (asserted); the bounds are asserted above.
     unsafe {
         E::run(|| match (E::DOT_ROWS, E::DOT_COLS) {
-            (4, 5) => nt_tiles::<E, 4, 5>((a, lda, m), (b, ldb, n), k, (c, ldc), accumulate),
-            (2, 5) => nt_tiles::<E, 2, 5>((a, lda, m), (b, ldb, n), k, (c, ldc), accumulate),
+            (4, 5) => nt_tiles::<E, 4, 5>(a, b, k, c, accumulate),
+            (2, 5) => nt_tiles::<E, 2, 5>(a, b, k, c, accumulate),
             (r, s) => unreachable!("no {r} x {s} dot tile"),
         })
     }
@@ -614,7 +622,7 @@ mod tests {
                 |i: usize, j: usize, kk: usize| a[i * lda + kk] as f64 * b[j * ldb + kk] as f64;
             let what = format!("{} {m}x{n}x{k}", E::KIND.name());
             check_product(&c0, (m, n, ldc), k, &term, &what, |c, accumulate| {
-                gemm_nt_on::<E>(&a, lda, m, &b, ldb, n, k, c, ldc, accumulate)
+                gemm_nt_on::<E>((&a, lda, m), (&b, ldb, n), k, (c, ldc), accumulate)
             });
         }
     }

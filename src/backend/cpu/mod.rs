@@ -368,19 +368,12 @@ impl BackendImpl for CpuDevice {
         op: Checked<Conv2dReluAvgPoolForward<'_, CpuDevice, T>>,
     ) -> OpResult {
         self.exec(op, |op| {
+            let (x, w, y) = (&op.x.0, &op.w.0, &mut op.y.0);
             let (bias, pool) = (
                 op.bias.map(|b| b.as_slice()),
                 (op.pool, &mut op.pooled.0[..]),
             );
-            conv::forward(
-                op.conv,
-                &op.x.0,
-                &op.w.0,
-                bias,
-                &mut op.y.0,
-                true,
-                Some(pool),
-            )
+            conv::forward(op.conv, x, w, bias, y, true, Some(pool))
         })
     }
 

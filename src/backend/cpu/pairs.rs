@@ -30,7 +30,7 @@
 //! (`mod.rs`' `pair_bits` and `bf16_bits` decide for the convolutions and linear layers).
 
 use super::isa::isa;
-use super::microkernel::MR;
+use super::microkernel::{c_fits, clear, pack_panels, MR};
 
 #[cfg(target_arch = "x86_64")]
 use super::engine::{amx, vdpbf16ps};
@@ -135,28 +135,6 @@ impl PairWindows<'_> {
     }
 }
 
-/// Asserts that C (`rows` rows of `cols` at stride `ldc`) fits in `c`, and returns whether
-/// there is anything to compute.
-fn c_fits(c: &[f32], (rows, cols): (usize, usize), ldc: usize) -> bool {
-    if rows == 0 || cols == 0 {
-        return false;
-    }
-    assert!(
-        cols <= ldc && c.len() >= (rows - 1) * ldc + cols,
-        "C too short"
-    );
-    true
-}
-
-/// `C = 0` for a product over no steps (or nothing, when accumulating).
-fn clear(c: &mut [f32], (rows, cols): (usize, usize), ldc: usize, accumulate: bool) {
-    if !accumulate {
-        c.chunks_mut(ldc)
-            .take(rows)
-            .for_each(|row| row[..cols].fill(0.0));
-    }
-}
-
 /// Output channels per chunk of the `vdpbf16ps` window product's A: four 16-lane vectors.
 pub(super) const CHUNK: usize = 64;
 
@@ -170,19 +148,20 @@ pub(super) enum PairOperand {
     Amx(PairRowsA),
 }
 
-impl PairOperand {
+impl Default for PairOperand {
     /// An empty operand for the engine in use (AMX where [`isa`] enabled it).
-    pub(super) fn for_this_cpu() -> Self {
-        if isa().amx {
-            PairOperand::Amx(PairRowsA::default())
-        } else {
-            PairOperand::Vdpbf16ps {
+    fn default() -> Self {
+        match isa().amx {
+            true => PairOperand::Amx(PairRowsA::default()),
+            false => PairOperand::Vdpbf16ps {
                 data: Vec::new(),
                 rows: 0,
-            }
+            },
         }
     }
+}
 
+impl PairOperand {
     /// Packs `rows` rows of `src` (row o at `o·ld`, bf16 bit patterns) by `pairs`.
     ///
     /// # Panics
@@ -375,22 +354,10 @@ impl PairPanels {
     /// Packs the `rows x depth` matrix whose element (i, k) is `at(i, k)` (a bf16 bit
     /// pattern).
     pub(super) fn pack(&mut self, rows: usize, depth: usize, at: impl Fn(usize, usize) -> u16) {
-        let pairs = depth.div_ceil(2);
-        self.rows = rows;
-        self.pairs = pairs;
-        self.data.clear();
-        self.data.resize(rows.div_ceil(MR) * pairs * MR, 0);
-        if pairs == 0 {
-            return;
-        }
-        for (panel, packed) in self.data.chunks_exact_mut(pairs * MR).enumerate() {
-            for i in 0..MR.min(rows - panel * MR) {
-                let row = panel * MR + i;
-                for p in 0..pairs {
-                    packed[p * MR + i] = pair_word(&at, depth, (row, p));
-                }
-            }
-        }
+        (self.rows, self.pairs) = (rows, depth.div_ceil(2));
+        pack_panels(&mut self.data, (rows, self.pairs), |i, p| {
+            pair_word(&at, depth, (i, p))
+        });
     }
 
     /// Packs the `rows x depth` bf16 matrix (bit patterns) whose element (i, k) is
