@@ -21,7 +21,7 @@ use super::half_convert::{narrow_bf16, narrow_epilogue};
 use super::isa::isa;
 use super::lanes::{
     fold_lanes, lane_filter_product, lane_input_grad, lane_product, padded_dims, padded_runs,
-    transpose, LaneFilter, LaneImages, LaneWindows,
+    transpose, LaneFilter, LaneImages, LaneWindows, Lines,
 };
 use super::microkernel::{add_windows, gemm, gemm_nt, PackedA};
 use super::pairs::{
@@ -313,8 +313,8 @@ fn forward_lanes<E: Engine, T: Precision>(
     // The images' planes, [imgs][O][PQ], from `lane_product`'s layout, [O][PQ][LANES].
     let at = |_, m, o| (m * s.out_c + o) * pq;
     forward_groups(s, epilogue, y, E::LANES, at, |state, (first, imgs), out| {
-        let (images, wide, sums): &mut (LaneImages, Vec<f32>, Vec<f32>) = state;
-        sums.resize(filter.ld() * pq * E::LANES, 0.0);
+        let (images, wide, sums): &mut (LaneImages, Vec<f32>, Lines) = state;
+        let sums = sums.resized(filter.ld() * pq * E::LANES);
         let windows = LaneWindows {
             src: images.build::<E, T>(s, &x[first * image_in..][..imgs * image_in], imgs, wide),
             pixels: &pixels,
@@ -492,14 +492,10 @@ struct LaneInput<E> {
 impl<E: Engine> LaneInput<E> {
     fn new<T: Precision>(s: &Conv2dShape, w: &[T]) -> Self {
         let k = s.in_c * s.k_h * s.k_w;
-        let kpad = k.div_ceil(E::R) * E::R;
-        let mut padded = vec![0.0f32; s.out_c * kpad];
-        for (dst, src) in padded
-            .chunks_exact_mut(kpad)
-            .zip(widened(w, &mut Vec::new()).chunks_exact(k.max(1)))
-        {
-            dst[..k].copy_from_slice(src);
-        }
+        let (mut wide, kpad) = (Vec::new(), k.div_ceil(E::R) * E::R);
+        let w = widened(w, &mut wide);
+        let tap = |i: usize| (i % kpad < k).then(|| w[i / kpad * k + i % kpad]);
+        let padded = (0..s.out_c * kpad).map(|i| tap(i).unwrap_or(0.0)).collect();
         let (mut taps, pixels) = lane_offsets(s, E::LANES);
         let last = taps.last().copied().unwrap_or(0);
         taps.resize(kpad, last);
@@ -518,14 +514,14 @@ impl<E: Engine> LaneInput<E> {
         &self,
         s: &Conv2dShape,
         dy_lanes: &[f32],
-        dx_lanes: &mut Vec<f32>,
+        dx_lanes: &mut Lines,
         plane: &mut Vec<f32>,
         dx: &mut [T],
     ) {
         let (hp, wp) = padded_dims(s);
         let hw = s.in_h * s.in_w;
-        dx_lanes.clear();
-        dx_lanes.resize(s.in_c * hp * wp * E::LANES, 0.0);
+        let dx_lanes = dx_lanes.resized(s.in_c * hp * wp * E::LANES);
+        dx_lanes.fill(0.0);
         lane_input_grad::<E>(dy_lanes, &self.w, (&self.taps, &self.pixels), dx_lanes);
         let (image, imgs) = (s.in_c * hw, dx.len() / (s.in_c * hw).max(1));
         write_f32(dx, plane, |d| {
@@ -689,6 +685,11 @@ pub(super) fn backward<T: Precision>(
     add_chunks(chunks);
 }
 
+/// One worker's buffers in [`filter_chunks_lanes`]: the images in the lanes; f32 (a channel
+/// widened, dy gathered, one image of dx); [`gather_dy`]'s; dy in the lanes, the filter
+/// gradient's running sums, dx in the lanes.
+type LaneScratch = (LaneImages, [Vec<f32>; 3], [Vec<f32>; 2], [Lines; 3]);
+
 /// [`backward`]'s chunks with the images in the lanes of engine E ([`lanes`]), for the f32
 /// and widened products with [`WINDOW_TAPS`] taps or more: each chunk's filter gradient (O
 /// x K) and bias gradient (each empty unless `(filter, bias)` asks for it), and with
@@ -722,17 +723,12 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
         .with_min_len(per_job)
         .enumerate()
         .map_init(
-            || {
-                (
-                    (LaneImages::default(), Vec::new()),
-                    Default::default(),
-                    // dy's lanes: channels past O stay zero.
-                    (vec![0.0f32; ld * pq * lanes], Vec::new()),
-                    (Vec::new(), Vec::new()),
-                )
-            },
-            |((images, wide), (dyg, tmp), (dy_lanes, totals), (dx_lanes, plane)),
+            Default::default,
+            |(images, [wide, dyg, plane], tmp, [dy_lanes, totals, dx_lanes]): &mut LaneScratch,
              (chunk, mut dx_chunk)| {
+                // dy's lanes: channels past O stay zero.
+                let dy_lanes = dy_lanes.resized(ld * pq * lanes);
+                let totals = totals.resized(if with_filter { ld * k * lanes } else { 0 });
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let start = chunk * FILTER_CHUNK;
                 let end = s.batch.min(start + FILTER_CHUNK);
@@ -770,7 +766,6 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
                     if !with_filter {
                         continue;
                     }
-                    totals.resize(ld * k * lanes, 0.0);
                     let xg = &x[set_first * image_in..(set_first + set) * image_in];
                     let windows = LaneWindows {
                         src: images.build::<E, T>(s, xg, set, wide),

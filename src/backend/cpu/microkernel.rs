@@ -231,10 +231,10 @@ unsafe fn tile<E: Engine, const ROWS: usize, const NV: usize>(
     // SAFETY: the caller's bounds: the panel holds depth rows of MR values from a's panel,
     // B's rows NV·LANES values, C's first `rows` rows NV·LANES values.
     unsafe {
-        let mut acc = [[E::zero(); NV]; ROWS];
+        let mut acc = [[E::splat(0.0); NV]; ROWS];
         for k in 0..depth {
             let bk = b.add(k * ldb);
-            let mut bv = [E::zero(); NV];
+            let mut bv = [E::splat(0.0); NV];
             for (v, bv) in bv.iter_mut().enumerate() {
                 *bv = E::load(bk.add(v * E::LANES));
             }
@@ -353,7 +353,7 @@ unsafe fn dot_tile<E: Engine, const R: usize, const S: usize>(
     k: usize,
 ) -> [[f32; S]; R] {
     let whole = k / E::LANES * E::LANES;
-    let mut acc = [[E::zero(); S]; R];
+    let mut acc = [[E::splat(0.0); S]; R];
     // SAFETY: the caller's: every row holds k ≥ whole elements; the tail's copies hold a
     // whole vector each.
     unsafe {
@@ -397,7 +397,7 @@ unsafe fn dot_step<E: Engine, const R: usize, const S: usize>(
 ) {
     // SAFETY: the caller's.
     unsafe {
-        let mut av = [E::zero(); R];
+        let mut av = [E::splat(0.0); R];
         for (v, p) in av.iter_mut().zip(a) {
             *v = E::load(p);
         }

@@ -60,10 +60,8 @@ impl Pair {
     /// The pair's word from a row of A (bf16 bit patterns, the steps in order): `row[first]`
     /// low, `row[first + 1]` high for a pair, zero high for a single.
     fn word_of(&self, row: &[u16]) -> u32 {
-        word(
-            row[self.first],
-            if self.paired { row[self.first + 1] } else { 0 },
-        )
+        let hi = if self.paired { row[self.first + 1] } else { 0 };
+        word(row[self.first], hi)
     }
 }
 

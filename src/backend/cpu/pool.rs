@@ -50,10 +50,8 @@ pub(super) fn max_backward<T: Precision>(s: &Pool2dShape, dy: &[T], argmax: &[i3
     dx.par_chunks_mut(plane_in)
         .enumerate()
         .for_each(|(pl, dx)| {
-            let (dy, am) = (
-                &dy[pl * oh * ow..(pl + 1) * oh * ow],
-                &argmax[pl * oh * ow..(pl + 1) * oh * ow],
-            );
+            let planes = pl * oh * ow..(pl + 1) * oh * ow;
+            let (dy, am) = (&dy[planes.clone()], &argmax[planes]);
             for ih in 0..s.in_h {
                 for iw in 0..s.in_w {
                     let here = (ih * s.in_w + iw) as i32;

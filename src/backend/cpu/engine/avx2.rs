@@ -8,7 +8,7 @@ pub(in crate::backend::cpu) struct Avx2;
 
 super::simd_engine!(Avx2: Avx2, std::arch::x86_64, "avx2,fma,f16c", avx2, __m256, 8 lanes,
     tile 3 x 3, gemm 5 x 2, dot 2 x 5,
-    _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps,
+    _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps,
     _mm256_add_ps, sum_256);
 
 /// The lane sum of [`super::Engine::sum`]'s tree: lanes l and l + 4, then l and l + 2,

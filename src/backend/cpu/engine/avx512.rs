@@ -7,7 +7,7 @@ pub(in crate::backend::cpu) struct Avx512;
 
 super::simd_engine!(Avx512: Avx512, std::arch::x86_64, "avx512f,avx512vl,avx512bw,avx512dq",
     avx512, __m512, 16 lanes, tile 5 x 5, gemm 10 x 2, dot 4 x 5,
-    _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
+    _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
     _mm512_add_ps, sum_512);
 
 /// The lanes below `n` of a 16-lane AVX-512 vector, as a write or load mask (n ≤ 16).

@@ -74,8 +74,6 @@ pub(super) trait Engine: Send + Sync + 'static {
     /// # Safety
     /// [`Engine::available`].
     unsafe fn run<T>(f: impl FnOnce() -> T) -> T;
-    /// All lanes zero.
-    unsafe fn zero() -> Self::Vector;
     /// `LANES` values from `p` (unaligned).
     unsafe fn load(p: *const f32) -> Self::Vector;
     /// `v` to `p` (unaligned).
@@ -113,7 +111,7 @@ pub(super) unsafe fn store_tile<E: Engine, const V: usize>(
 
 /// Implements [`Engine`] for `$name`, an instruction set of the `std::arch` module `$arch`
 /// whose vector type `$vector` holds `$lanes` f32, given its intrinsics (or wrappers in
-/// their shape) for all lanes zero, an unaligned load and store, a broadcast, `a·b + c`
+/// their shape) for an unaligned load and store, a broadcast, `a·b + c`
 /// rounded once, `a + b` and the lane sum; `$features` enable it (on x86 the same as
 /// [`multiversion!`]'s for that engine), `$has` is the [`super::isa::Isa`] flag that says
 /// the CPU has them.
@@ -121,7 +119,7 @@ pub(super) unsafe fn store_tile<E: Engine, const V: usize>(
 macro_rules! simd_engine {
     ($name:ident: $kind:ident, $arch:path, $features:literal, $has:ident, $vector:ty,
      $lanes:literal lanes, tile $r:literal x $v:literal, gemm $gr:literal x $gv:literal,
-     dot $dr:literal x $dc:literal, $zero:ident, $load:ident, $store:ident, $splat:ident,
+     dot $dr:literal x $dc:literal, $load:ident, $store:ident, $splat:ident,
      $fmadd:ident, $add:ident, $sum:ident) => {
         use $arch::*;
 
@@ -158,12 +156,6 @@ macro_rules! simd_engine {
             unsafe fn run<T>(f: impl FnOnce() -> T) -> T {
                 // SAFETY: the caller's: the CPU has the instruction set.
                 unsafe { run_enabled(f) }
-            }
-
-            #[inline(always)]
-            unsafe fn zero() -> $vector {
-                // SAFETY: inside `run`.
-                unsafe { $zero() }
             }
 
             #[inline(always)]

@@ -7,22 +7,12 @@ pub(in crate::backend::cpu) struct Neon;
 
 super::simd_engine!(Neon: Neon, std::arch::aarch64, "neon", neon, float32x4_t, 4 lanes,
     tile 5 x 5, gemm 10 x 2, dot 4 x 5,
-    zero_q, vld1q_f32, vst1q_f32, vdupq_n_f32, fmadd_q, vaddq_f32, sum_q);
-
-/// All lanes zero.
-///
-/// # Safety
-/// Inside [`Neon::run`](super::Engine::run) (NEON enabled).
-#[inline(always)]
-unsafe fn zero_q() -> float32x4_t {
-    // SAFETY: the caller's: NEON is enabled.
-    unsafe { vdupq_n_f32(0.0) }
-}
+    vld1q_f32, vst1q_f32, vdupq_n_f32, fmadd_q, vaddq_f32, sum_q);
 
 /// `a·b + c`, rounded once (`vfmaq_f32` takes the addend first).
 ///
 /// # Safety
-/// As [`zero_q`].
+/// Inside [`Neon::run`](super::Engine::run) (NEON enabled).
 #[inline(always)]
 unsafe fn fmadd_q(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
     // SAFETY: the caller's: NEON is enabled.
@@ -32,7 +22,7 @@ unsafe fn fmadd_q(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t
 /// The lane sum of [`super::Engine::sum`]'s tree: lanes l and l + 2, then the two sums.
 ///
 /// # Safety
-/// As [`zero_q`].
+/// As [`fmadd_q`].
 #[inline(always)]
 unsafe fn sum_q(v: float32x4_t) -> f32 {
     // SAFETY: the caller's: NEON is enabled.

@@ -31,11 +31,6 @@ impl Engine for Portable {
     }
 
     #[inline(always)]
-    unsafe fn zero() -> [f32; 4] {
-        [0.0; 4]
-    }
-
-    #[inline(always)]
     unsafe fn load(p: *const f32) -> [f32; 4] {
         // SAFETY: the caller's: p is valid for 4 floats.
         unsafe { p.cast::<[f32; 4]>().read_unaligned() }
