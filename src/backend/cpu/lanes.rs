@@ -7,7 +7,8 @@
 //! element of each image. The three products over it, each an `E::R` x `E::V` register
 //! tile: [`lane_product`] (forward), [`lane_input_grad`] (col2im fused) and
 //! [`lane_filter_product`] (each lane its own image's sum, folded by [`fold_lanes`]). The
-//! layouts cost one copy per element going in and one coming out ([`transpose`]).
+//! layouts cost one copy per element going in and one coming out ([`transpose`]), and live
+//! on whole cache lines ([`Lines`]), so no vector load or store is split across two.
 
 use std::marker::PhantomData;
 

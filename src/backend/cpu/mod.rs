@@ -12,7 +12,8 @@
 //!   `gemm` (the linear layers, through `matrixmultiply`), `pool`, `loss`, `optim`, `step`
 //!   (the training step's small operations), `summation` (the fixed trees);
 //! - `lanes`: the convolution products with a group of images in a vector's lanes, written
-//!   once over the engine trait;
+//!   once over the engine trait, and their layouts (storage on cache lines, the
+//!   transposition in and out);
 //! - `engine`: the engines, one file each: the f32 vector engines (AVX-512, AVX2+FMA,
 //!   portable) behind one trait, `multiversion!` for the plain loops, and the bf16 pair
 //!   engines (`vdpbf16ps`: AVX512-BF16; `amx`: AMX tiles);
