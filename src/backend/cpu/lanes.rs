@@ -17,8 +17,9 @@ use crate::backend::shapes::Conv2dShape;
 use crate::backend::Precision;
 
 /// f32 storage that starts on a cache line, for the lanes' operands and results: every
-/// vector the tiles load or store then lies in one line (from an allocator's 16-byte
-/// alignment, half of them split across two, and the forward's tile runs 5% slower).
+/// vector the tiles load or store then lies in one line (16 bytes off, as an allocator may
+/// place a `Vec`, every other one is split across two, and the forward's tile runs 5%
+/// slower).
 #[derive(Default)]
 pub(super) struct Lines(Vec<Line>);
 
