@@ -197,16 +197,11 @@ fn gemm_rows<O: Precision>(
         .for_each(|(t, c_rows)| {
             super::with_scratch(|[wide_a, wide_b, wide_c]| {
                 let row0 = t * rows_per_task;
-                if let Some(c_rows) = O::as_f32_mut(c_rows) {
-                    return rows(row0, c_rows, [wide_a, wide_b]);
-                }
                 // Half C: in f32 (widened where β reads it), then rounded.
-                wide_c.resize(c_rows.len(), 0.0);
-                if ep.beta != 0.0 {
-                    O::widen_slice(c_rows, wide_c);
+                if ep.beta != 0.0 && O::as_f32(c_rows).is_none() {
+                    O::widen_slice(c_rows, super::fitted(wide_c, c_rows.len()));
                 }
-                rows(row0, wide_c, [wide_a, wide_b]);
-                O::narrow_slice(wide_c, c_rows);
+                super::write_f32(c_rows, wide_c, |c| rows(row0, c, [wide_a, wide_b]));
             })
         });
 }

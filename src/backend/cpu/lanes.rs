@@ -24,18 +24,14 @@ use crate::backend::Precision;
 pub(super) struct Lines(Vec<Line>);
 
 /// One cache line of f32.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 struct Line([f32; 16]);
 
 impl Lines {
     /// The first `len` values, as last written (zero where never written).
     pub(super) fn resized(&mut self, len: usize) -> &mut [f32] {
-        if self.0.len() < len.div_ceil(16) {
-            self.0
-                .resize(len.div_ceil(16), bytemuck::Zeroable::zeroed());
-        }
-        &mut bytemuck::cast_slice_mut(&mut self.0)[..len]
+        &mut bytemuck::cast_slice_mut(super::fitted(&mut self.0, len.div_ceil(16)))[..len]
     }
 }
 

@@ -83,15 +83,24 @@ fn pair_bits<T: Precision>(v: &[T]) -> Option<&[u16]> {
     (T::DTYPE == DType::BF16 && (isa.amx || isa.bf16_products)).then(|| bytemuck::cast_slice(v))
 }
 
+/// The first `len` elements of `v`, grown with zeros where it is shorter and never shrunk:
+/// a buffer kept between calls of different sizes is not cleared again on each.
+fn fitted<V: Clone + Default>(v: &mut Vec<V>, len: usize) -> &mut [V] {
+    if v.len() < len {
+        v.resize(len, V::default());
+    }
+    &mut v[..len]
+}
+
 /// `src` as f32: the slice itself when `T` is f32 (no copy), else widened into `scratch`
-/// (resized to fit).
+/// ([`fitted`]).
 fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f32] {
     match T::as_f32(src) {
         Some(s) => s,
         None => {
-            scratch.resize(src.len(), 0.0);
-            T::widen_slice(src, scratch);
-            scratch
+            let wide = fitted(scratch, src.len());
+            T::widen_slice(src, wide);
+            wide
         }
     }
 }
@@ -111,8 +120,8 @@ pub(super) fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
     })
 }
 
-/// Runs `f` on an f32 view of `dst`: `dst` itself when `T` is f32, else `scratch` (resized to
-/// fit), rounded into `dst` afterwards. Returns the f32 values written.
+/// Runs `f` on an f32 view of `dst`: `dst` itself when `T` is f32, else `scratch`
+/// ([`fitted`]), rounded into `dst` afterwards. Returns the f32 values written.
 fn write_f32<'a, T: Precision>(
     dst: &'a mut [T],
     scratch: &'a mut Vec<f32>,
@@ -123,10 +132,10 @@ fn write_f32<'a, T: Precision>(
         f(d);
         return d;
     }
-    scratch.resize(dst.len(), 0.0);
-    f(scratch);
-    T::narrow_slice(scratch, dst);
-    scratch
+    let wide = fitted(scratch, dst.len());
+    f(wide);
+    T::narrow_slice(wide, dst);
+    wide
 }
 
 /// The host as a device.
