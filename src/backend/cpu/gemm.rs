@@ -24,8 +24,8 @@ const K_BLOCK: usize = 64;
 
 /// `C = α·op(A)·op(B) + β·C`, then the bias and the ReLU, through matrixmultiply's f32
 /// product. Half operands are widened by each task into its thread's buffers (in that core's
-/// cache, where one pass over the threads leaves half of them in the other core's): the same
-/// products on the same values as widening first.
+/// cache, where one pass over the threads leaves half of them in the other core's; of op(A)
+/// only its rows): the same products on the same values as widening first.
 pub(super) fn gemm_f32<T: Precision, O: Precision>(
     shape: &GemmShape,
     a: &[T],
@@ -37,21 +37,23 @@ pub(super) fn gemm_f32<T: Precision, O: Precision>(
     let ((rsa, csa), (rsb, csb)) = strides(shape);
     let n = shape.n;
     gemm_rows(shape, bias, c, ep, |row0, c_rows, [wide_a, wide_b]| {
-        let m = c_rows.len() / n;
-        let (a, b) = (super::widened(a, wide_a), super::widened(b, wide_b));
-        in_k_blocks(shape.k, ep.beta, c_rows, |(k0, len), beta, c_part| {
-            // SAFETY: a holds M·K elements, b K·N, C M·N (checked by the caller); the
-            // task's rows of op(A) start at row0 and its columns at k0 < K, which the
-            // strides (rsa, csa) reach inside a; op(B)'s rows start at k0 (rsb) inside b;
-            // k0 + len ≤ K, so every (row stride, column stride) pair addresses inside
-            // its slice.
+        let (m, k) = (c_rows.len() / n, shape.k);
+        // The task's rows of op(A) only: from row0 to its last element.
+        let span = (m * k > 0).then(|| (m - 1) * rsa + (k - 1) * csa + 1);
+        let a = super::widened(&a[(row0 * rsa).min(a.len())..][..span.unwrap_or(0)], wide_a);
+        let b = super::widened(b, wide_b);
+        in_k_blocks(k, ep.beta, c_rows, |(k0, len), beta, c_part| {
+            // SAFETY: a holds the task's rows of op(A) from its first element, M x K at
+            // strides (rsa, csa); b holds K·N, C M·N (checked by the caller); the columns
+            // start at k0 < K, op(B)'s rows at k0 (rsb) inside b; k0 + len ≤ K, so every
+            // (row stride, column stride) pair addresses inside its slice.
             unsafe {
                 matrixmultiply::sgemm(
                     m,
                     len,
                     n,
                     ep.alpha,
-                    a.as_ptr().add(row0 * rsa + k0 * csa),
+                    a.as_ptr().add(k0 * csa),
                     rsa as isize,
                     csa as isize,
                     b.as_ptr().add(k0 * rsb),
@@ -161,10 +163,9 @@ fn in_k_blocks(
 }
 
 /// The driver both element types share: C's rows split over rayon's tasks, each task's
-/// product `product(row0, c_rows, scratch)` (`c_rows = α·op(A)[row0..]·op(B) + β·c_rows`,
-/// through [`in_k_blocks`]; two of its thread's scratch buffers to widen into); then the
-/// bias and the ReLU, and for half C the rounding (in the third buffer), each task on its
-/// own rows (one pass over the threads in all).
+/// `product(row0, c_rows, scratch)` (`c_rows = α·op(A)[row0..]·op(B) + β·c_rows` through
+/// [`in_k_blocks`], widening into two of its thread's buffers), then the bias, the ReLU and
+/// for half C the rounding (through the third), each task on its own rows: one pass in all.
 fn gemm_rows<O: Precision>(
     shape: &GemmShape,
     bias: Option<&[f32]>,
@@ -181,27 +182,25 @@ fn gemm_rows<O: Precision>(
     } else {
         shape.m.div_ceil(rayon::current_num_threads()).max(16)
     };
-    let rows = |row0: usize, c_rows: &mut [f32], scratch: [&mut Vec<f32>; 2]| {
-        product(row0, c_rows, scratch);
-        for row in c_rows.chunks_mut(ldc) {
-            if let Some(bias) = bias {
-                row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
-            }
-            if ep.relu {
-                row.iter_mut().for_each(|v| *v = v.max(0.0));
-            }
-        }
-    };
     c.par_chunks_mut(rows_per_task * ldc)
         .enumerate()
         .for_each(|(t, c_rows)| {
             super::with_scratch(|[wide_a, wide_b, wide_c]| {
-                let row0 = t * rows_per_task;
                 // Half C: in f32 (widened where β reads it), then rounded.
                 if ep.beta != 0.0 && O::as_f32(c_rows).is_none() {
                     O::widen_slice(c_rows, super::fitted(wide_c, c_rows.len()));
                 }
-                super::write_f32(c_rows, wide_c, |c| rows(row0, c, [wide_a, wide_b]));
+                super::write_f32(c_rows, wide_c, |c_rows| {
+                    product(t * rows_per_task, c_rows, [wide_a, wide_b]);
+                    for row in c_rows.chunks_mut(ldc) {
+                        row.iter_mut()
+                            .zip(bias.unwrap_or_default())
+                            .for_each(|(v, b)| *v += b);
+                        if ep.relu {
+                            row.iter_mut().for_each(|v| *v = v.max(0.0));
+                        }
+                    }
+                });
             })
         });
 }

@@ -127,12 +127,16 @@ mod avx2 {
         })
     }
 
-    /// [`super::bf16_from_f32`] on 8 values' bits, each lane's low half (safe with AVX2).
+    /// [`super::bf16_from_f32`] on 8 values' bits, each lane's low half (safe with AVX2);
+    /// `no_nan` where none is NaN (a ReLU's output), which skips NaN's quieting.
     #[inline(always)]
-    unsafe fn round_bf16(v: __m256) -> __m256i {
+    unsafe fn round_bf16(v: __m256, no_nan: bool) -> __m256i {
         let x = _mm256_castps_si256(v);
         let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
         let up = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd);
+        if no_nan {
+            return _mm256_srli_epi32::<16>(up);
+        }
         let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
         let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
         _mm256_blendv_epi8(_mm256_srli_epi32::<16>(up), _mm256_set1_epi32(0x7fff), nan)
@@ -141,11 +145,11 @@ mod avx2 {
     /// [`super::narrow`] (`bf16` false) and [`super::narrow_bf16`] (true) of 16 values: F16C,
     /// or [`super::bf16_from_f32`]'s rounding on the bits, packed (safe with AVX2 and F16C).
     #[inline(always)]
-    unsafe fn narrow_16(lo: __m256, hi: __m256, bf16: bool) -> __m256i {
+    unsafe fn narrow_16(lo: __m256, hi: __m256, bf16: bool, no_nan: bool) -> __m256i {
         const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT;
         if bf16 {
             // The pack interleaves the vectors' 128-bit halves: put them in order.
-            let packed = _mm256_packus_epi32(round_bf16(lo), round_bf16(hi));
+            let packed = _mm256_packus_epi32(round_bf16(lo, no_nan), round_bf16(hi, no_nan));
             return _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
         }
         let mut l = _mm256_cvtps_ph::<NEAREST>(lo);
@@ -168,7 +172,8 @@ mod avx2 {
         by_sixteens(src.len(), |at| unsafe {
             let lo = _mm256_loadu_ps(src.as_ptr().add(at));
             let hi = _mm256_loadu_ps(src.as_ptr().add(at + 8));
-            _mm256_storeu_si256(dst.as_mut_ptr().add(at).cast(), narrow_16(lo, hi, bf16));
+            let v = narrow_16(lo, hi, bf16, false);
+            _mm256_storeu_si256(dst.as_mut_ptr().add(at).cast(), v);
         })
     }
 
@@ -185,7 +190,7 @@ mod avx2 {
         dst: &mut [u16],
         bf16: bool,
     ) {
-        let (b, zero) = (_mm256_set1_ps(bias), _mm256_setzero_ps());
+        let (b, zero, out) = (_mm256_set1_ps(bias), _mm256_setzero_ps(), dst.as_mut_ptr());
         // SAFETY: `at + 16` is within the three slices; AVX2 and F16C are enabled here.
         let mut at8 = |at: usize| unsafe {
             let v = _mm256_add_ps(_mm256_loadu_ps(src.as_ptr().add(at)), b);
@@ -196,7 +201,7 @@ mod avx2 {
         by_sixteens(src.len(), |at| {
             let (lo, hi) = (at8(at), at8(at + 8));
             // SAFETY: as above.
-            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add(at).cast(), narrow_16(lo, hi, bf16)) }
+            unsafe { _mm256_storeu_si256(out.add(at).cast(), narrow_16(lo, hi, bf16, relu)) }
         })
     }
 }
