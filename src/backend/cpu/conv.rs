@@ -30,7 +30,7 @@ use super::pairs::{
 };
 use super::pool::{avg_plane, relu_pool_backward};
 use super::summation::{pairwise_sum, Cascade};
-use super::{pair_bits, widened, write_f32};
+use super::{pair_bits, widened, with_kept, write_f32};
 
 /// Images per GEMM: a group's taps side by side make the column dimension long (one 13x13
 /// image alone gives conv2 only 81 columns, two and a half register tiles).
@@ -233,10 +233,10 @@ pub(super) enum OutputGrad<'a, T> {
 
 /// The forward's driver: y in groups of `group` images, a rayon task each, with the pooled
 /// output split alike; each group's sums from `product(state, (first, imgs), out)` (`state`
-/// and `out` kept per worker), plane (m, o) at `out[at(imgs, m, o)..]`; then
+/// and `out` kept per thread, [`with_kept`]), plane (m, o) at `out[at(imgs, m, o)..]`; then
 /// [`write_outputs`].
 #[allow(clippy::type_complexity)]
-fn forward_groups<T: Precision, S: Default>(
+fn forward_groups<T: Precision, S: Default + 'static>(
     s: &Conv2dShape,
     (bias, relu, pool): (Option<&[f32]>, bool, Option<(&Pool2dShape, &mut [T])>),
     y: &mut [T],
@@ -255,15 +255,14 @@ fn forward_groups<T: Precision, S: Default>(
     y.par_chunks_mut(image_out * group)
         .zip(pooled)
         .enumerate()
-        .for_each_init(
-            || (S::default(), Vec::new(), Default::default()),
-            |(state, out, scratch), (g, (y_g, pooled_g))| {
+        .for_each(|(g, (y_g, pooled_g))| {
+            with_kept(|(state, out, scratch): &mut (S, Vec<f32>, _)| {
                 let imgs = y_g.len() / image_out;
                 product(state, (g * group, imgs), out);
                 let sums = (&out[..], |m, o| at(imgs, m, o));
                 write_outputs(s, (bias, relu, pool), (y_g, pooled_g), sums, scratch);
-            },
-        );
+            })
+        });
 }
 
 /// The forward's epilogue for one group: each image m's plane o of y is the sums from
@@ -636,10 +635,9 @@ pub(super) fn backward<T: Precision>(
     let chunks: Vec<(Vec<f32>, Vec<f32>)> = dx_chunks
         .into_par_iter()
         .enumerate()
-        .map_init(
-            Default::default,
-            |(f32s, tmp, (dy_bits, bits, dy_pairs, image_pairs), dy_rows): &mut BackwardScratch,
-             (chunk, mut dx_chunk)| {
+        .map(|(chunk, mut dx_chunk)| {
+            with_kept(|scratch: &mut BackwardScratch| {
+                let (f32s, tmp, (dy_bits, bits, dy_pairs, image_pairs), dy_rows) = scratch;
                 let [images, col, dyg, image, dcol] = f32s;
                 let mut partial = vec![0.0f32; if with_filter { s.out_c * k } else { 0 }];
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
@@ -679,8 +677,8 @@ pub(super) fn backward<T: Precision>(
                     }
                 }
                 (partial, partial_bias)
-            },
-        )
+            })
+        })
         .collect();
     add_chunks(chunks);
 }
@@ -712,22 +710,15 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
     let image_in = s.in_c * s.in_h * s.in_w;
     let ld = s.out_c.div_ceil(E::R) * E::R;
     let (taps, pixels) = lane_offsets(s, lanes);
-    // One job per thread: each job's scratch (1.9 MB for conv2, mostly the lanes' running
-    // sums) is allocated once, not once per chunk.
-    let per_job = dx_chunks
-        .len()
-        .div_ceil(rayon::current_num_threads())
-        .max(1);
     dx_chunks
         .into_par_iter()
-        .with_min_len(per_job)
         .enumerate()
-        .map_init(
-            Default::default,
-            |(images, [wide, dyg, plane], tmp, [dy_lanes, totals, dx_lanes]): &mut LaneScratch,
-             (chunk, mut dx_chunk)| {
-                // dy's lanes: channels past O stay zero.
+        .map(|(chunk, mut dx_chunk)| {
+            with_kept(|scratch: &mut LaneScratch| {
+                let (images, [wide, dyg, plane], tmp, [dy_lanes, totals, dx_lanes]) = scratch;
+                // dy's lanes: channels past O zero (a kept buffer holds another call's).
                 let dy_lanes = dy_lanes.resized(ld * pq * lanes);
+                dy_lanes[s.out_c * pq * lanes..].fill(0.0);
                 let totals = totals.resized(if with_filter { ld * k * lanes } else { 0 });
                 let mut partial_bias = vec![0.0f32; if with_bias { s.out_c } else { 0 }];
                 let start = chunk * FILTER_CHUNK;
@@ -779,8 +770,8 @@ fn filter_chunks_lanes<E: Engine, T: Precision>(
                 let mut partial = vec![0.0f32; if with_filter { s.out_c * k } else { 0 }];
                 fold_lanes::<E>(&totals[..partial.len() * lanes], &mut partial);
                 (partial, partial_bias)
-            },
-        )
+            })
+        })
         .collect()
 }
 

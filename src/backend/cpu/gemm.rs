@@ -185,7 +185,7 @@ fn gemm_rows<O: Precision>(
     c.par_chunks_mut(rows_per_task * ldc)
         .enumerate()
         .for_each(|(t, c_rows)| {
-            super::with_scratch(|[wide_a, wide_b, wide_c]| {
+            super::with_kept(|[wide_a, wide_b, wide_c]: &mut [Vec<f32>; 3]| {
                 // Half C: in f32 (widened where β reads it), then rounded.
                 if ep.beta != 0.0 && O::as_f32(c_rows).is_none() {
                     O::widen_slice(c_rows, super::fitted(wide_c, c_rows.len()));

@@ -106,18 +106,20 @@ fn widened<'a, T: Precision>(src: &'a [T], scratch: &'a mut Vec<f32>) -> &'a [f3
 }
 
 thread_local! {
-    /// f32 scratch kept per thread between calls (the linear layers' widened operands and
-    /// half C): a fresh allocation of a megabyte costs a page fault per 4 KB on every call.
-    static SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = std::cell::RefCell::default();
+    /// Each thread's kept worker buffers, one value per type (see [`with_kept`]).
+    static KEPT: std::cell::RefCell<Vec<Box<dyn std::any::Any>>> = Default::default();
 }
 
-/// Runs `f` with this thread's [`SCRATCH`] buffers, or fresh ones where they are in use
-/// (an operation that rayon started on this thread while it waited inside another).
-pub(super) fn with_scratch<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
-    SCRATCH.with(|s| match s.try_borrow_mut() {
-        Ok(mut mine) => f(&mut mine),
-        Err(_) => f(&mut Default::default()),
-    })
+/// Runs `f` with this thread's kept value of type `S`, as the last call on this thread left
+/// it (a default one the first time, or where it is in use: an operation rayon started on
+/// this thread while it waited inside another): worker buffers sized once per thread, not
+/// allocated and cleared (a page fault per 4 KB) on every call.
+pub(super) fn with_kept<S: Default + 'static, R>(f: impl FnOnce(&mut S) -> R) -> R {
+    let kept = KEPT.with_borrow_mut(|k| Some(k.swap_remove(k.iter().position(|v| v.is::<S>())?)));
+    let mut mine: Box<S> = kept.and_then(|v| v.downcast().ok()).unwrap_or_default();
+    let result = f(&mut mine);
+    KEPT.with_borrow_mut(|k| k.push(mine));
+    result
 }
 
 /// Runs `f` on an f32 view of `dst`: `dst` itself when `T` is f32, else `scratch`
