@@ -493,8 +493,10 @@ impl<E: Engine> LaneInput<E> {
         let k = s.in_c * s.k_h * s.k_w;
         let (mut wide, kpad) = (Vec::new(), k.div_ceil(E::R) * E::R);
         let w = widened(w, &mut wide);
-        let tap = |i: usize| (i % kpad < k).then(|| w[i / kpad * k + i % kpad]);
-        let padded = (0..s.out_c * kpad).map(|i| tap(i).unwrap_or(0.0)).collect();
+        let mut padded = vec![0.0; s.out_c * kpad];
+        for (o, src) in w.chunks_exact(k.max(1)).enumerate() {
+            padded[o * kpad..][..k].copy_from_slice(src);
+        }
         let (mut taps, pixels) = lane_offsets(s, E::LANES);
         let last = taps.last().copied().unwrap_or(0);
         taps.resize(kpad, last);
