@@ -566,9 +566,10 @@ fn input_grad_group<T: Precision>(
     }
 }
 
-/// One worker's buffers in [`backward`], each sized where it is filled: f32 (im2col's image
-/// and columns, dy gathered, one image of dx, dcol), [`gather_dy`]'s, the bf16 products' (dy's
-/// bits, x's bits, dy packed, x's pairs), and dy packed for the input gradient's bf16 GEMM.
+/// A thread's buffers in [`backward`] ([`with_kept`]), each sized where it is filled: f32
+/// (im2col's image and columns, dy gathered, one image of dx, dcol), [`gather_dy`]'s, the
+/// bf16 products' (dy's bits, x's bits, dy packed, x's pairs), and dy packed for the input
+/// gradient's bf16 GEMM.
 type BackwardScratch = (
     [Vec<f32>; 5],
     [Vec<f32>; 2],
@@ -685,18 +686,18 @@ pub(super) fn backward<T: Precision>(
     add_chunks(chunks);
 }
 
-/// One worker's buffers in [`filter_chunks_lanes`]: the images in the lanes; f32 (a channel
-/// widened, dy gathered, one image of dx); [`gather_dy`]'s; dy in the lanes, the filter
-/// gradient's running sums, dx in the lanes.
+/// A thread's buffers in [`filter_chunks_lanes`] ([`with_kept`]): the images in the lanes;
+/// f32 (a channel widened, dy gathered, one image of dx); [`gather_dy`]'s; dy in the lanes,
+/// the filter gradient's running sums, dx in the lanes.
 type LaneScratch = (LaneImages, [Vec<f32>; 3], [Vec<f32>; 2], [Lines; 3]);
 
 /// [`backward`]'s chunks with the images in the lanes of engine E ([`lanes`]), for the f32
 /// and widened products with [`WINDOW_TAPS`] taps or more: each chunk's filter gradient (O
 /// x K) and bias gradient (each empty unless `(filter, bias)` asks for it), and with
-/// `lane_input` its input gradient written into the chunk of dx. dy is gathered and its bias sums taken per [`GROUP`] of
-/// images as in `backward` (the same bits), then put into the lanes, where the
-/// filter gradient ([`lane_filter_product`]: each image's pixels summed in its own lane,
-/// the chunk's sets of `E::LANES` in order, then the lanes as a fixed tree,
+/// `lane_input` its input gradient written into the chunk of dx. dy is gathered and its bias
+/// sums taken per [`GROUP`] of images as in `backward` (the same bits), then put into the
+/// lanes, where the filter gradient ([`lane_filter_product`]: each image's pixels summed in
+/// its own lane, the chunk's sets of `E::LANES` in order, then the lanes as a fixed tree,
 /// [`fold_lanes`]) and the input gradient ([`LaneInput`]) read it.
 fn filter_chunks_lanes<E: Engine, T: Precision>(
     s: &Conv2dShape,
