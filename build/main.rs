@@ -5,10 +5,15 @@
 //!   * the signatures of its `extern "C" __global__` entry points, parsed from the source,
 //!     from which the typed Rust launchers are generated (one definition, every backend).
 //!
+//! and it embeds the file's PTX the repository ships in `kernels/ptx/` (for compute_75,
+//! compute_80 and compute_90), which the CUDA backend loads when no fatbin is embedded.
+//!
 //! When nvcc is found (env `NVCC`, `$CUDA_HOME/bin`, `$CUDA_PATH/bin`, then `PATH`; never when
 //! `NANODDP_NO_NVCC=1`) it also compiles each file to a fatbin (SASS for sm_80 and sm_90, PTX
-//! for compute_75) and keeps the `ptxas -v` resource report. Without nvcc the crate still
-//! builds; the CUDA backend compiles the embedded source with NVRTC when it first needs it.
+//! for the shipped architectures), keeps the `ptxas -v` resource report, and records which
+//! shipped PTX files differ from the PTX in the fatbin (`tests/kernel_build.rs` fails naming
+//! them); `NANODDP_UPDATE_PTX=1` rewrites them instead. Without nvcc the crate builds from
+//! the shipped PTX alone.
 //!
 //! It also compiles the same kernels as host C++ for the SIMT emulator, together with the
 //! emulator's runtime `kernels/simt_host.cpp`, into a static library, and builds the CUDA
@@ -19,6 +24,7 @@
 //! One job per module:
 //! * [`nvcc`]: finding nvcc and compiling a kernel file to a fatbin;
 //! * [`flatten`]: inlining a kernel file's local includes;
+//! * [`ptx`]: the shipped PTX, checked against nvcc's or rewritten;
 //! * [`kernel_files`]: the kernel files and the entry points they declare, read by
 //!   [`declarations`] (`src/kernels/declarations.rs`, shared with the library);
 //! * [`rust_gen`]: the generated Rust (signatures, typed launchers, module table);
@@ -33,6 +39,7 @@ mod emulator;
 mod flatten;
 mod kernel_files;
 mod nvcc;
+mod ptx;
 mod rust_gen;
 mod standin;
 
@@ -45,6 +52,14 @@ mod lowering;
 #[allow(dead_code)]
 #[path = "../src/kernels/declarations.rs"]
 mod declarations;
+// How the shipped PTX is named and made independent of where it was built, and how a
+// fatbin's PTX is read: the library's rules, shared the same way.
+#[allow(dead_code)]
+#[path = "../src/kernels/fatbin.rs"]
+mod fatbin;
+#[allow(dead_code)]
+#[path = "../src/kernels/shipped_ptx.rs"]
+mod shipped_ptx;
 
 use kernel_files::Module;
 
@@ -58,6 +73,7 @@ fn main() {
         "CUDA_PATH",
         "PATH",
         "NANODDP_NO_NVCC",
+        "NANODDP_UPDATE_PTX",
         "NVCC_CCBIN",
     ] {
         println!("cargo::rerun-if-env-changed={var}");
@@ -85,13 +101,12 @@ fn main() {
             );
             Some(version)
         }
-        None => {
-            println!(
-                "cargo::warning=nanoddp: nvcc not found (set NVCC or CUDA_HOME); kernels will be \
-                 compiled at run time by NVRTC when a GPU is used"
-            );
-            None
-        }
+        None if ptx::updating() => panic!(
+            "NANODDP_UPDATE_PTX=1 rewrites kernels/ptx/ from what nvcc emits, and no nvcc was \
+             found: set NVCC to nvcc 13.0 (tools/update-ptx installs it)"
+        ),
+        // The usual case, and a complete build: no warning.
+        None => None,
     };
 
     let modules: Vec<Module> = sources
@@ -115,6 +130,34 @@ fn main() {
             .map(|h| h.join().expect("nvcc thread panicked"))
             .collect()
     });
+
+    let stale: Vec<String> = match &toolchain {
+        Some(version) => modules
+            .iter()
+            .flat_map(|m| {
+                let fatbin = out.join(format!("{}.fatbin", m.name));
+                ptx::check_against_fatbin(&root, m, &fatbin, version)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    for name in &stale {
+        println!(
+            "cargo::warning=nanoddp: {name} is not what this nvcc emits: tools/update-ptx \
+             rewrites it"
+        );
+    }
+    // After the check: an update has written the files.
+    let shipped: Vec<_> = modules.iter().map(|m| ptx::shipped(&root, m)).collect();
+    for (m, files) in modules.iter().zip(&shipped) {
+        if files.len() < shipped_ptx::ARCHS.len() {
+            println!(
+                "cargo::warning=nanoddp: {} has no PTX in kernels/ptx/ for every architecture: \
+                 tools/update-ptx writes it",
+                m.path.display()
+            );
+        }
+    }
 
     // The emulator's fiber switch and fault handling are written for Linux on x86-64 and
     // aarch64, and the stand-in (which links the emulator) for Linux: elsewhere (macOS) the
@@ -142,7 +185,11 @@ fn main() {
 
     let generated = rust_gen::generate_rust(
         &modules,
-        &reports,
+        rust_gen::Built {
+            reports: &reports,
+            shipped: &shipped,
+            stale: &stale,
+        },
         (toolchain.as_deref(), nvcc.as_deref()),
         emulator,
     );

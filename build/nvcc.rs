@@ -6,12 +6,20 @@ use std::process::Command;
 
 use crate::kernel_files::Module;
 
-/// Real GPU architectures we ship SASS for, and the virtual ones we ship PTX for: the driver
-/// JIT-compiles the newest PTX a GPU without matching SASS can take (compute_75 for Turing;
-/// compute_90 for sm_100+, whose bf16 kernels compute_75 could not hold). compute_90's PTX is
-/// also what the CUDA stand-in's PTX executor runs.
+/// Real GPU architectures the fatbins hold SASS for. They also hold PTX for every virtual
+/// architecture the repository ships PTX for (`shipped_ptx::ARCHS`): the driver JIT-compiles
+/// the newest PTX a GPU without matching SASS can take (compute_75 for Turing; compute_90 for
+/// sm_100+, whose bf16 kernels compute_75 could not hold). compute_90's PTX is also what the
+/// CUDA stand-in's PTX executor runs.
 pub(crate) const SASS_ARCHS: &[&str] = &["sm_80", "sm_90"];
-pub(crate) const PTX_ARCHS: &[&str] = &["compute_75", "compute_90"];
+
+/// The fatbins' PTX architectures, `compute_XY`.
+pub(crate) fn ptx_archs() -> Vec<String> {
+    crate::shipped_ptx::ARCHS
+        .iter()
+        .map(|a| format!("compute_{a}"))
+        .collect()
+}
 /// `--no-compress`: fatbin entries stay readable, so the stand-in's PTX executor can run the
 /// PTX of the very fatbin a GPU would get.
 pub(crate) const NVCC_FLAGS: &[&str] = &[
@@ -77,7 +85,7 @@ pub(crate) fn compile_fatbin(
         let compute = sm.replace("sm_", "compute_");
         cmd.arg("-gencode").arg(format!("arch={compute},code={sm}"));
     }
-    for ptx in PTX_ARCHS {
+    for ptx in ptx_archs() {
         cmd.arg("-gencode").arg(format!("arch={ptx},code={ptx}"));
     }
     if let Some(ccbin) = env::var_os("NVCC_CCBIN") {

@@ -3,18 +3,32 @@
 
 use std::env;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::declarations::{ParamKind, ENTRY_TYPES};
 use crate::emulator::simt_entry_symbol;
 use crate::kernel_files::{Kernel, Module};
-use crate::nvcc::{PTX_ARCHS, SASS_ARCHS};
+use crate::nvcc::{ptx_archs, SASS_ARCHS};
+
+/// What the build made of the modules, in their order, besides their sources.
+pub(crate) struct Built<'a> {
+    /// ptxas's report, where nvcc built a fatbin.
+    pub(crate) reports: &'a [Option<String>],
+    /// The shipped PTX files, `(arch, path)`.
+    pub(crate) shipped: &'a [Vec<(u32, PathBuf)>],
+    /// The shipped files nvcc's output differs from.
+    pub(crate) stale: &'a [String],
+}
 
 /// The generated Rust; the emulator's entry-point table is empty where `emulator` (the host
 /// build of the kernels) is absent.
 pub(crate) fn generate_rust(
     modules: &[Module],
-    reports: &[Option<String>],
+    Built {
+        reports,
+        shipped,
+        stale,
+    }: Built<'_>,
     (toolchain, nvcc): (Option<&str>, Option<&Path>),
     emulator: bool,
 ) -> String {
@@ -33,8 +47,9 @@ pub(crate) fn generate_rust(
                 g,
                 "/// How the kernels were prebuilt; `None` when the build found no nvcc.\n\
                  pub const PREBUILT: Option<Prebuilt> = Some(Prebuilt {{ nvcc_version: {version:?}, \
-                 sass_archs: &[{}], ptx_archs: &{PTX_ARCHS:?}, cuda_include_dir: {:?} }});\n",
+                 sass_archs: &[{}], ptx_archs: &{:?}, cuda_include_dir: {:?}, stale_ptx: &{stale:?} }});\n",
                 archs.join(", "),
+                ptx_archs(),
                 include.map(|p| p.display().to_string()),
             );
         }
@@ -47,11 +62,20 @@ pub(crate) fn generate_rust(
     g.push_str(
         "/// Every kernel file, in file-name order.\npub static MODULES: &[KernelModule] = &[\n",
     );
-    for (m, report) in modules.iter().zip(reports) {
+    for ((m, report), files) in modules.iter().zip(reports).zip(shipped) {
         let fatbin = match report {
             Some(_) => format!("Some(include_bytes!(\"{out}/{}.fatbin\"))", m.name),
             None => "None".to_string(),
         };
+        let ptx: Vec<String> = files
+            .iter()
+            .map(|(arch, path)| {
+                format!(
+                    "ShippedPtx {{ arch: {arch}, text: include_str!({:?}) }}",
+                    path.display().to_string()
+                )
+            })
+            .collect();
         let kernels: Vec<String> = m
             .kernels
             .iter()
@@ -60,10 +84,11 @@ pub(crate) fn generate_rust(
         let _ = writeln!(
             g,
             "    KernelModule {{ name: {:?}, file: \"kernels/{}.cu\", source: include_str!(\"{out}/{}.flat.cu\"), \
-             fatbin: {fatbin}, ptxas_report: {:?}, kernels: &[{}] }},",
+             ptx: &[{}], fatbin: {fatbin}, ptxas_report: {:?}, kernels: &[{}] }},",
             m.name,
             m.name,
             m.name,
+            ptx.join(", "),
             report,
             kernels.join(", ")
         );

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtrMut, DriverError, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use nanoddp::backend::cuda::{self, CudaDevice};
+use nanoddp::backend::nvrtc::{self, Output};
 use nanoddp::backend::{BackendError, DeviceBuffer, KernelArg, KernelDevice, LaunchConfig, Memory};
 use nanoddp::comm::communicator::{communicator, CommConfig, ReduceOp};
 use nanoddp::comm::schedule::Algorithm;
@@ -432,6 +433,84 @@ fn raw_function(
         .expect("module")
         .load_function(kernel)
         .expect("function")
+}
+
+/// Every kind of image the CUDA backend may load runs the same kernel on the stand-in: the
+/// shipped PTX of each architecture, the fatbin (a build with nvcc), and NVRTC's cubin and
+/// PTX (where NVRTC is installed, as in CI's nvcc step, `NANODDP_EXPECT_NVRTC=1`). The PTX
+/// executor refuses the cubin, as a real driver refuses machine code for another GPU.
+#[test]
+#[cfg_attr(not(simt_emulator), ignore = "needs the SIMT emulator (Linux only)")]
+fn every_kind_of_kernel_image_runs_on_the_standin() {
+    if !on_standin() {
+        return;
+    }
+    let m = KernelModule::find("elementwise").expect("module");
+    let with_nul = |bytes: &[u8]| [bytes, &[0]].concat();
+    let mut images: Vec<(String, Vec<u8>)> = m
+        .ptx
+        .iter()
+        .map(|p| {
+            (
+                format!("shipped compute_{} PTX", p.arch),
+                with_nul(p.text.as_bytes()),
+            )
+        })
+        .collect();
+    assert_eq!(images.len(), 3, "the shipped PTX of every architecture");
+    if let Some(fatbin) = m.fatbin {
+        images.push(("nvcc's fatbin".into(), fatbin.to_vec()));
+    }
+    if nvrtc::is_available() {
+        for (output, what) in [
+            (Output::Cubin, "NVRTC's sm_90 cubin"),
+            (Output::Ptx, "NVRTC's compute_90 PTX"),
+        ] {
+            let image = nvrtc::compile(m, (9, 0), output).unwrap_or_else(|e| panic!("{what}: {e}"));
+            images.push((what.into(), image));
+        }
+    } else {
+        assert_ne!(
+            std::env::var("NANODDP_EXPECT_NVRTC").as_deref(),
+            Ok("1"),
+            "NANODDP_EXPECT_NVRTC=1 but libnvrtc.so could not be loaded"
+        );
+        eprintln!("NVRTC not installed: its images are tried where it is");
+    }
+    let (ctx, stream) = raw_stream(0);
+    let n = 1000usize;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    for (what, image) in images {
+        let loaded = ctx.load_module(Ptx::from_binary(image.clone()));
+        if image.starts_with(b"\x7fELF") && common::on_the_ptx_executor() {
+            let refused = loaded.err().unwrap_or_else(|| panic!("{what}: loaded"));
+            assert_eq!(
+                refused.0,
+                sys::CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU,
+                "{what}"
+            );
+            continue;
+        }
+        let axpy = loaded
+            .and_then(|module| module.load_function("axpy_f32"))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let dx = stream.clone_htod(&x).expect("upload");
+        let mut dy = stream.clone_htod(&vec![1.0f32; n]).expect("upload");
+        let (alpha, count) = (2.0f32, n as u64);
+        let mut b = stream.launch_builder(&axpy);
+        b.arg(&dx).arg(&mut dy).arg(&alpha).arg(&count);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (4, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: axpy_f32(x, y, alpha, n) over n floats each, grid-stride.
+        unsafe { b.launch(cfg) }.unwrap_or_else(|e| panic!("{what}: {e}"));
+        let y = stream.clone_dtoh(&dy).expect("download");
+        stream.synchronize().expect("the download done");
+        let wrong = (0..n).find(|&i| y[i] != 2.0 * i as f32 + 1.0);
+        assert_eq!(wrong, None, "{what}: y[{wrong:?}] is wrong");
+    }
 }
 
 /// The SIMT executor finds a registered kernel in a PTX image where an entry names it: after

@@ -1,6 +1,6 @@
 //! What the build script (`build/`) embedded: every kernel file, its flattened source, the
-//! signatures parsed from it, and (when nvcc was found) the fatbin and a ptxas report with
-//! no spills.
+//! signatures parsed from it, its shipped PTX (`kernels/ptx/`, current with nvcc's output),
+//! and (when nvcc was found) the fatbin and a ptxas report with no spills.
 //!
 //! CI sets NANODDP_EXPECT_PREBUILT=1 (nvcc build) or 0 (NANODDP_NO_NVCC build), so a build
 //! that silently took the other path fails here instead of skipping checks.
@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use nanoddp::kernels::fatbin::{self, ImageKind};
+use nanoddp::kernels::shipped_ptx::{self, ARCHS};
 use nanoddp::kernels::{
     resources, KernelModule, KernelSignature, ParamKind, Prebuilt, Scalar, MODULES, PREBUILT,
 };
@@ -65,6 +66,89 @@ fn every_kernel_file_is_embedded_once() {
         on_disk
     );
     assert_eq!(embedded.len(), on_disk.len(), "a module is embedded twice");
+}
+
+/// kernels/ptx/ holds exactly one file per kernel file and architecture, each for its
+/// architecture, defining every entry point of its file, written by nvcc 13.0.
+#[test]
+fn every_kernel_file_ships_ptx_for_each_arch() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(shipped_ptx::DIR);
+    let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
+        .expect("kernels/ptx/ exists")
+        .filter_map(|e| e.ok()?.file_name().to_str().map(str::to_string))
+        .collect();
+    let want: BTreeSet<String> = MODULES
+        .iter()
+        .flat_map(|m| ARCHS.map(|a| shipped_ptx::file_name(m.name, a)))
+        .collect();
+    assert_eq!(
+        on_disk, want,
+        "kernels/ptx/ must hold one file per kernel file and architecture: tools/update-ptx"
+    );
+    for m in MODULES {
+        let archs: Vec<u32> = m.ptx.iter().map(|p| p.arch).collect();
+        assert_eq!(archs, ARCHS, "{}: embedded PTX", m.name);
+        for p in m.ptx {
+            let file = shipped_ptx::file_name(m.name, p.arch);
+            let version = shipped_ptx::nvcc_version(p.text);
+            assert!(
+                version.is_some_and(|v| v.starts_with("13.0,")),
+                "{file}: written by nvcc {version:?}, not 13.0"
+            );
+            assert!(
+                p.text
+                    .lines()
+                    .any(|l| l == format!(".target sm_{}", p.arch)),
+                "{file}: not PTX for compute_{}",
+                p.arch
+            );
+            for k in m.kernels {
+                let entry = format!(".entry {}(", k.name);
+                assert!(p.text.contains(&entry), "{file}: no entry {}", k.name);
+            }
+        }
+    }
+}
+
+/// With nvcc 13.0, the shipped PTX is byte for byte what this build's nvcc put in the
+/// fatbins: it can never go stale. (The build compares them; another nvcc release emits
+/// other PTX, so the comparison means something only with the one that wrote the files, which
+/// CI's nvcc build, NANODDP_EXPECT_PREBUILT=1, must have.)
+#[test]
+fn the_shipped_ptx_is_what_nvcc_emits() {
+    each_prebuilt_module("nothing to compare the shipped PTX with", |pre, m| {
+        let shipped = m
+            .ptx
+            .first()
+            .and_then(|p| shipped_ptx::nvcc_version(p.text));
+        if shipped != Some(pre.nvcc_version) {
+            assert_ne!(
+                std::env::var("NANODDP_EXPECT_PREBUILT").as_deref(),
+                Ok("1"),
+                "{}: the shipped PTX was written by nvcc {shipped:?}, this build's is {}: CI \
+                 needs the release that wrote it (tools/cuda-13.0.txt)",
+                m.name,
+                pre.nvcc_version
+            );
+            eprintln!(
+                "not compared: {} was written by nvcc {shipped:?}, this build's is {}",
+                m.name, pre.nvcc_version
+            );
+            return;
+        }
+        let stale: Vec<&&str> = pre
+            .stale_ptx
+            .iter()
+            .filter(|f| f.starts_with(&format!("{}/{}.", shipped_ptx::DIR, m.name)))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "{stale:?}: not what nvcc {} emits from kernels/{}.cu; run tools/update-ptx and \
+             commit the result",
+            pre.nvcc_version,
+            m.name
+        );
+    });
 }
 
 #[test]

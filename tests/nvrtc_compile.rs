@@ -79,6 +79,7 @@ fn a_broken_source_reports_nvrtcs_log_with_the_file_name() {
         name: "broken",
         file: "kernels/broken.cu",
         source: "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }\n",
+        ptx: &[],
         fatbin: None,
         ptxas_report: None,
         kernels: &[],

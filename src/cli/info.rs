@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use nanoddp::backend::{cuda, nvrtc, simt, BackendError};
-use nanoddp::kernels::{fatbin, resources, MODULES, PREBUILT};
+use nanoddp::kernels::{fatbin, resources, shipped_ptx, MODULES, PREBUILT};
 use nanoddp::system;
 
 use super::CliError;
@@ -30,11 +30,17 @@ fn kernels(out: &mut impl Write) -> io::Result<()> {
         "Kernels: {count} in {} files under kernels/",
         MODULES.len()
     )?;
+    let archs: Vec<String> = shipped_ptx::ARCHS
+        .iter()
+        .map(|a| format!("compute_{a}"))
+        .collect();
     let Some(pre) = PREBUILT else {
         writeln!(
             out,
-            "  not prebuilt: the build found no nvcc, so each module is compiled at run time by \
-             NVRTC\n  (libnvrtc.so.13) on first use on a GPU. Set NVCC or CUDA_HOME and rebuild to prebuild."
+            "  from the PTX shipped in kernels/ptx/ ({}), JIT-compiled by the driver on first \
+             use;\n  the build found no nvcc. Set NVCC or CUDA_HOME and rebuild for SASS and \
+             ptxas's resource report.",
+            archs.join(", ")
         )?;
         return Ok(());
     };
@@ -45,6 +51,13 @@ fn kernels(out: &mut impl Write) -> io::Result<()> {
         pre.sass_archs.join(", "),
         pre.ptx_archs.join(", ")
     )?;
+    if !pre.stale_ptx.is_empty() {
+        writeln!(
+            out,
+            "  kernels/ptx/ differs from what this nvcc emits ({}): tools/update-ptx",
+            pre.stale_ptx.join(", ")
+        )?;
+    }
     for module in MODULES {
         let images = match module.fatbin.map(fatbin::images) {
             Some(Ok(images)) => images
@@ -157,7 +170,8 @@ fn gpus(out: &mut impl Write) -> io::Result<()> {
         )?,
         None => writeln!(
             out,
-            "  NVRTC not found (needed only when no prebuilt kernel fits the GPU)"
+            "  NVRTC not found (needed only for your own kernels, or a driver that refuses the \
+             shipped PTX)"
         )?,
     }
     Ok(())

@@ -56,6 +56,9 @@ pub enum FatbinError {
         /// The kind field.
         kind: u16,
     },
+    /// A PTX entry that is not text (compressed: nvcc without `--no-compress`).
+    #[error("the compute_{0} PTX in the fatbin is not text (compressed?)")]
+    PtxNotText(u32),
 }
 
 fn read<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], FatbinError> {
@@ -67,6 +70,28 @@ fn read<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], FatbinError>
 
 /// Lists the images in a fatbin, in file order.
 pub fn images(bytes: &[u8]) -> Result<Vec<FatbinImage>, FatbinError> {
+    Ok(entries(bytes)?
+        .into_iter()
+        .map(|(image, _)| image)
+        .collect())
+}
+
+/// The PTX texts a fatbin carries, as (virtual architecture, text), in file order: readable
+/// where nvcc ran with `--no-compress`, as the build does.
+pub fn ptx_texts(bytes: &[u8]) -> Result<Vec<(u32, &str)>, FatbinError> {
+    entries(bytes)?
+        .into_iter()
+        .filter(|(image, _)| image.kind == ImageKind::Ptx)
+        .map(|(image, payload)| {
+            let text = std::str::from_utf8(&bytes[payload])
+                .map_err(|_| FatbinError::PtxNotText(image.arch))?;
+            Ok((image.arch, text.trim_end_matches('\0')))
+        })
+        .collect()
+}
+
+/// Every entry with the byte range of its payload.
+fn entries(bytes: &[u8]) -> Result<Vec<(FatbinImage, std::ops::Range<usize>)>, FatbinError> {
     let magic = u32::from_le_bytes(read(bytes, 0)?);
     if magic != MAGIC {
         return Err(FatbinError::BadMagic(magic));
@@ -89,12 +114,13 @@ pub fn images(bytes: &[u8]) -> Result<Vec<FatbinImage>, FatbinError> {
         let entry_header = u32::from_le_bytes(read(bytes, at + 4)?) as usize;
         let size = u64::from_le_bytes(read(bytes, at + 8)?);
         let arch = u32::from_le_bytes(read(bytes, at + 28)?);
-        images.push(FatbinImage { kind, arch, size });
-        at = usize::try_from(size)
+        let next = usize::try_from(size)
             .ok()
             .and_then(|s| at.checked_add(entry_header)?.checked_add(s))
             .filter(|&next| next <= end)
             .ok_or(FatbinError::Truncated(at))?;
+        images.push((FatbinImage { kind, arch, size }, at + entry_header..next));
+        at = next;
     }
     Ok(images)
 }
@@ -159,5 +185,15 @@ mod tests {
                 kind: 9
             })
         );
+    }
+
+    #[test]
+    fn reads_the_ptx_texts() {
+        let sass = entry(2, 90, &[7; 5]);
+        let ptx = entry(1, 90, b".version 9.0\0\0");
+        let good = fatbin(&[sass.clone(), ptx.clone()]);
+        assert_eq!(ptx_texts(&good), Ok(vec![(90, ".version 9.0")]));
+        let packed = fatbin(&[sass, ptx, entry(1, 75, &[0xff, 0xfe])]);
+        assert_eq!(ptx_texts(&packed), Err(FatbinError::PtxNotText(75)));
     }
 }

@@ -9,13 +9,17 @@
 //!
 //! [`MODULES`] lists every kernel file with
 //! * `source`: the file with its local includes flattened, ready for NVRTC;
-//! * `fatbin`: SASS for sm_80 and sm_90 plus compute_75 and compute_90 PTX, when nvcc was found at build time;
+//! * `ptx`: the PTX the repository ships for it in `kernels/ptx/` ([`shipped_ptx`]), one
+//!   text per virtual architecture, what the CUDA backend loads when no fatbin fits;
+//! * `fatbin`: SASS for sm_80 and sm_90 plus the same architectures' PTX, when nvcc was
+//!   found at build time;
 //! * `ptxas_report`: ptxas's resource report for that fatbin, parsed by [`resources`].
 
 pub mod declarations;
 pub mod fatbin;
 pub(crate) mod lowering;
 pub mod resources;
+pub mod shipped_ptx;
 
 pub use declarations::{ParamKind, Scalar};
 
@@ -33,6 +37,18 @@ pub struct Prebuilt {
     pub ptx_archs: &'static [&'static str],
     /// The CUDA headers next to that nvcc, if any (a hint for NVRTC at run time).
     pub cuda_include_dir: Option<&'static str>,
+    /// The files of `kernels/ptx/` that differ from the PTX this nvcc put in the fatbins
+    /// (`tools/update-ptx` rewrites them); empty when the shipped PTX is current.
+    pub stale_ptx: &'static [&'static str],
+}
+
+/// One file of `kernels/ptx/`: a kernel file's PTX for one virtual architecture.
+#[derive(Debug)]
+pub struct ShippedPtx {
+    /// `compute_<arch>`, e.g. 90.
+    pub arch: u32,
+    /// The PTX, as [`shipped_ptx::portable`] writes it.
+    pub text: &'static str,
 }
 
 /// One `kernels/<name>.cu` file and what the build made of it.
@@ -44,6 +60,9 @@ pub struct KernelModule {
     pub file: &'static str,
     /// The source with every local `#include "..."` inlined.
     pub source: &'static str,
+    /// The PTX the repository ships for it, in [`shipped_ptx::ARCHS`] order (a file missing
+    /// from `kernels/ptx/` is missing here).
+    pub ptx: &'static [ShippedPtx],
     /// The nvcc fatbin, when the build had nvcc.
     pub fatbin: Option<&'static [u8]>,
     /// ptxas's `-v` output for the fatbin, when the build had nvcc.
@@ -84,5 +103,12 @@ impl KernelModule {
     /// Looks a kernel file up by name.
     pub fn find(name: &str) -> Option<&'static KernelModule> {
         MODULES.iter().find(|m| m.name == name)
+    }
+
+    /// The shipped PTX a GPU of compute capability `cc` JIT-compiles best: the newest
+    /// architecture it can take.
+    pub fn ptx_for(&self, cc: (i32, i32)) -> Option<&'static ShippedPtx> {
+        let arch = shipped_ptx::best_for(self.ptx.iter().map(|p| p.arch), cc)?;
+        self.ptx.iter().find(|p| p.arch == arch)
     }
 }

@@ -125,8 +125,8 @@ else
 fi
 if [ -z "$nvcc" ]; then
   banner "NO NVCC: $nvcc_note." \
-    "The kit will carry no prebuilt kernels: on the GPU machine every kernel is compiled" \
-    "at run time by NVRTC (libnvrtc.so.13 on LD_LIBRARY_PATH, plus CUDA's headers)." \
+    "The kit will carry no SASS: on the GPU machine the driver JIT-compiles the PTX shipped" \
+    "in kernels/ptx/, and no ptxas report is bundled." \
     "For prebuilt SASS (sm_80, sm_90) set NVCC=/path/to/nvcc; see the README's PyPI recipe."
 fi
 

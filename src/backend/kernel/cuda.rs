@@ -6,9 +6,13 @@
 //! must support CUDA 13.0 (R580 or newer): that is what the kernels are built with.
 //!
 //! Kernel modules load once per GPU, shared by every handle on it, in this order:
-//! 1. the fatbin nvcc built into the crate (SASS for sm_80/sm_90, compute_75 and compute_90 PTX otherwise);
-//! 2. NVRTC → cubin for the device's exact `sm_XY` (no driver PTX-version check);
-//! 3. NVRTC → PTX for `compute_XY`, JIT-compiled by the driver.
+//! 1. the fatbin nvcc built into the crate, when the build had nvcc (SASS for sm_80/sm_90,
+//!    the shipped architectures' PTX otherwise);
+//! 2. the PTX the repository ships (`kernels/ptx/`), the newest architecture the GPU takes,
+//!    JIT-compiled by the driver: every build has it, so neither nvcc nor NVRTC is needed;
+//! 3. NVRTC → cubin for the device's exact `sm_XY` (no driver PTX-version check: what an
+//!    older driver that refuses the PTX ISA of CUDA 13.0 can still load);
+//! 4. NVRTC → PTX for `compute_XY`, JIT-compiled by the driver.
 //!
 //! ## Queues
 //! A [`CudaDevice`] handle owns a queue (a CUDA stream): its copies and launches run in order
@@ -283,6 +287,8 @@ pub struct DeviceInfo {
 pub enum ModuleOrigin {
     /// From the fatbin nvcc built into the crate.
     Fatbin,
+    /// From the PTX the repository ships for this virtual arch (`compute_90`), JIT-compiled.
+    ShippedPtx(String),
     /// Compiled at run time by NVRTC to SASS for this arch.
     NvrtcCubin(String),
     /// Compiled at run time by NVRTC to PTX for this virtual arch, then JIT-compiled.
@@ -517,14 +523,34 @@ impl CudaDevice {
         } else {
             attempts.push("no prebuilt fatbin (built without nvcc)".to_string());
         }
+        match module.ptx_for(cc) {
+            Some(ptx) => match self.gpu.ctx.load_module(Ptx::from_src(ptx.text)) {
+                Ok(m) => {
+                    return Ok(LoadedModule {
+                        module: m,
+                        origin: ModuleOrigin::ShippedPtx(format!("compute_{}", ptx.arch)),
+                    })
+                }
+                Err(e) => attempts.push(format!("shipped compute_{} PTX: {e}", ptx.arch)),
+            },
+            None => attempts.push("no shipped PTX this GPU can take".to_string()),
+        }
         for (output, arch) in [
             (Output::Cubin, format!("sm_{}{}", cc.0, cc.1)),
             (Output::Ptx, format!("compute_{}{}", cc.0, cc.1)),
         ] {
             let image = match nvrtc::compile(module, cc, output) {
                 Ok(image) => image,
-                // Without NVRTC there is nothing more to try; say so plainly.
-                Err(e @ BackendError::NoNvrtc { .. }) if module.fatbin.is_none() => return Err(e),
+                // With nothing else to try, say plainly what would help.
+                Err(e @ BackendError::NoNvrtc { .. })
+                    if module.fatbin.is_none() && module.ptx.is_empty() =>
+                {
+                    return Err(e)
+                }
+                Err(BackendError::NoNvrtc { .. }) => {
+                    attempts.push("NVRTC (libnvrtc.so.13) not found".to_string());
+                    break;
+                }
                 Err(e) => {
                     attempts.push(format!("NVRTC {arch}: {e}"));
                     continue;
