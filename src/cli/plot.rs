@@ -1,19 +1,13 @@
 //! `train --plot`: the loss and accuracy curves of a run, redrawn after every epoch (so an
 //! interrupted run still leaves its picture). PNG, or SVG when the name ends in `.svg`.
-//! Text needs a TrueType font, found at run time: `$NANODDP_FONT`, then DejaVu Sans where
-//! Debian and Fedora put it (`apt-get install fonts-dejavu-core`).
+//! Text is drawn in DejaVu Sans, built into the binary (the `dejavu` crate), or in the
+//! TrueType font `$NANODDP_FONT` names.
 
 use std::path::{Path, PathBuf};
 
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
-
-const FONT_PATHS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
-];
 
 /// Width and height of the picture in pixels.
 pub const SIZE: (u32, u32) = (1200, 450);
@@ -58,30 +52,21 @@ fn finite_runs(points: impl Iterator<Item = (f64, f64)>) -> Vec<Vec<(f64, f64)>>
     runs
 }
 
-/// Registers the font once; a missing font is an error the user can act on, reported before
-/// training starts. `NANODDP_FONT`, when set (and not empty), is the only font considered:
-/// a value that names no readable TrueType file is an error naming the variable, never a
-/// silent fall-back to DejaVu Sans.
+/// Registers the font once, before training starts. `NANODDP_FONT`, when set (and not
+/// empty), is the only font considered: a value that names no readable TrueType file is an
+/// error naming the variable, never a silent fall-back to the built-in DejaVu Sans.
 pub fn load_font() -> Result<(), String> {
     if let Some(named) = std::env::var_os("NANODDP_FONT").filter(|v| !v.is_empty()) {
         let path = PathBuf::from(named);
         return register_font(&path).map_err(|why| {
             format!(
                 "NANODDP_FONT={}: {why}; it must name a TrueType font file (such as \
-                 DejaVuSans.ttf), or be unset to use DejaVu Sans from {}",
-                path.display(),
-                FONT_PATHS.join(", ")
+                 DejaVuSans.ttf), or be unset to use the built-in DejaVu Sans",
+                path.display()
             )
         });
     }
-    let Some(path) = FONT_PATHS.iter().map(Path::new).find(|p| p.is_file()) else {
-        return Err(format!(
-            "--plot needs a TrueType font for its labels and found none (tried {}): install one \
-             (Debian/Ubuntu: apt-get install fonts-dejavu-core) or set NANODDP_FONT=FILE.ttf",
-            FONT_PATHS.join(", ")
-        ));
-    };
-    register_font(path).map_err(|why| format!("{}: {why}", path.display()))
+    register(dejavu::sans::regular()).map_err(|why| format!("the built-in DejaVu Sans: {why}"))
 }
 
 /// Reads the font file at `path` and registers it as the plots' sans-serif face; the error
@@ -102,7 +87,11 @@ fn register_font(path: &Path) -> Result<(), String> {
             .unwrap_or_default()
     })?;
     // plotters keeps fonts for the life of the process; this runs once per run.
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    register(Box::leak(bytes.into_boxed_slice()))
+}
+
+/// Registers `bytes` as the plots' sans-serif face.
+fn register(bytes: &'static [u8]) -> Result<(), String> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
         .map_err(|_| "not a TrueType font plotters can read".to_string())
 }

@@ -131,8 +131,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub metrics: Option<PathBuf>,
     /// Draw the loss and accuracy curves here after every epoch, as PNG or SVG by the name's
-    /// ending (.png, .svg). Needs a TrueType font: DejaVu Sans (fonts-dejavu-core) or
-    /// $NANODDP_FONT.
+    /// ending (.png, .svg). Text is in the built-in DejaVu Sans, or in the TrueType font
+    /// $NANODDP_FONT names.
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Save a safetensors checkpoint here after every epoch, atomically, before any other
