@@ -413,23 +413,17 @@ fn unordered_streams_touching_one_buffer_are_a_hazard() {
     assert!(counters(6)[2] > hazards);
 }
 
-/// The fatbin (or NVRTC) image of a module, loaded through cudarc directly: the stand-in's
-/// own launch checks, without the backend's in front of them.
+/// The shipped compute_90 PTX of a module (what the stand-in's H100-like GPUs take), loaded
+/// through cudarc directly: the stand-in's own launch checks, without the backend's in front
+/// of them.
 fn raw_function(
     ctx: &Arc<CudaContext>,
     module: &str,
     kernel: &str,
 ) -> cudarc::driver::CudaFunction {
     let m = KernelModule::find(module).expect("module");
-    let image = match m.fatbin {
-        Some(fatbin) => fatbin.to_vec(),
-        None => {
-            format!("//\n.version 9.0\n.target sm_90\n.visible .entry {kernel}(\n").into_bytes()
-        }
-    };
-    let mut image = image;
-    image.push(0);
-    ctx.load_module(Ptx::from_binary(image))
+    let ptx = m.ptx_for((9, 0)).expect("shipped compute_90 PTX");
+    ctx.load_module(Ptx::from_src(ptx.text))
         .expect("module")
         .load_function(kernel)
         .expect("function")
