@@ -42,7 +42,8 @@
 //   * Driver entry points it does not implement return CUDA_ERROR_NOT_SUPPORTED.
 //
 // nanoddp-specific extensions (absent from the real driver, looked up with dlsym):
-// nanoddpStandinLastError() returns the diagnostic behind the last error,
+// nanoddpStandinLastError() returns the diagnostic behind the last error (a program that shows
+// a refused setting itself says so with nanoddpStandinHostReportsSettings()),
 // nanoddpStandinCounters() what the stand-in counted (module loads, launches, hazards), and
 // nanoddpStandinSetKernelTimeout() sets one GPU's watchdog limit, nanoddpStandinExecutor() names
 // the executor kernels run on, nanoddpStandinUseExecutor() picks another for one GPU (and the
@@ -402,12 +403,20 @@ bool env_number(const char* name, double fallback, double lo, double hi, bool wh
     return true;
 }
 
+// Set by nanoddpStandinHostReportsSettings: the program shows a refused setting itself.
+std::atomic<bool> host_reports_settings{false};
+
 // Refuses to start over environment variable `name`'s value: one line on stderr naming the
-// variable, its value and what it accepts (also what nanoddpStandinLastError returns, so a
-// program can show it in its own error), and cuInit's result CUDA_ERROR_INVALID_VALUE.
+// variable, its value and what it accepts (unless the program said it shows it itself), the
+// same text from nanoddpStandinLastError, and cuInit's result CUDA_ERROR_INVALID_VALUE.
 void refuse_setting(const char* name, const std::string& expected) {
     const char* v = std::getenv(name);
-    report(std::string(name) + "=" + (v ? v : "") + ": expected " + expected);
+    std::string text = std::string(name) + "=" + (v ? v : "") + ": expected " + expected;
+    if (host_reports_settings.load()) {
+        set_last_error(text);
+    } else {
+        report(text);
+    }
     init_result = CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -2984,6 +2993,12 @@ STANDIN_API CUresult cuGetErrorString(CUresult code, const char** out) {
 }
 
 // ---- nanoddp extensions
+// The program shows a refused setting's diagnostic itself (from nanoddpStandinLastError), so
+// cuInit refuses without writing it to stderr too. Call it before cuInit.
+STANDIN_API void nanoddpStandinHostReportsSettings() {
+    standin::host_reports_settings.store(true);
+}
+
 // The diagnostic behind the most recent error the stand-in reported (empty if none). The
 // pointer stays valid until the calling thread calls this again.
 STANDIN_API const char* nanoddpStandinLastError() {

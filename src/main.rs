@@ -142,8 +142,12 @@ fn main() -> ExitCode {
     limit_malloc_arenas();
     let cli = Cli::parse();
     let mut stdout = std::io::stdout().lock();
-    // A misspelt NANODDP_CPU_ISA would otherwise measure the wrong path: refuse it up front.
-    if let Err(why) = nanoddp::backend::cpu::isa::requested() {
+    // A misspelt NANODDP_CPU_ISA would otherwise measure the wrong path: refuse it up front,
+    // except in `info`, which says what is wrong with it and which levels this CPU allows.
+    if let (Err(why), false) = (
+        nanoddp::backend::cpu::isa::requested(),
+        matches!(cli.command, Command::Info),
+    ) {
         return failed(&CliError::Input(why.to_string()));
     }
     let result = match cli.command {
@@ -183,6 +187,7 @@ fn failed(e: &CliError) -> ExitCode {
         | CliError::Comm(_)
         | CliError::Train(_)
         | CliError::Running(_) => 1,
+        CliError::Interrupted { signal, .. } => u8::try_from(128 + signal).unwrap_or(1),
     })
 }
 

@@ -196,6 +196,55 @@ pub fn copy_bandwidth(bytes: usize) -> f64 {
     2.0 * bytes as f64 / times[2]
 }
 
+/// Memory copy bandwidth of `threads` threads at once, in bytes/s counted as
+/// [`copy_bandwidth`] counts it: `total` bytes split evenly between the threads, each copying
+/// its share into its own destination, round after round, as a collective's ranks move the
+/// same bytes iteration after iteration (the data stays in each thread's caches where it
+/// fits). The rounds start together at a barrier; a round takes its slowest thread's copy;
+/// the median of [`COPY_ROUNDS`] rounds after two warm-up rounds.
+pub fn parallel_copy_bandwidth(total: usize, threads: usize) -> f64 {
+    const WARM_UP: usize = 2;
+    let threads = threads.max(1);
+    let share = total.div_ceil(threads).max(1);
+    let start = std::sync::Barrier::new(threads);
+    let per_thread: Vec<Vec<f64>> = std::thread::scope(|scope| {
+        let copiers: Vec<_> = (0..threads)
+            .map(|_| {
+                let start = &start;
+                scope.spawn(move || {
+                    let (src, mut dst) = (vec![1u8; share], vec![0u8; share]);
+                    (0..WARM_UP + COPY_ROUNDS)
+                        .map(|_| {
+                            start.wait();
+                            let t0 = std::time::Instant::now();
+                            dst.copy_from_slice(&src);
+                            std::hint::black_box(&mut dst);
+                            t0.elapsed().as_secs_f64()
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        copiers
+            .into_iter()
+            .map(|c| c.join().unwrap_or_default())
+            .collect()
+    });
+    let mut rounds: Vec<f64> = (WARM_UP..WARM_UP + COPY_ROUNDS)
+        .map(|r| {
+            per_thread
+                .iter()
+                .map(|t| t.get(r).copied().unwrap_or(f64::INFINITY))
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    2.0 * (share * threads) as f64 / rounds[COPY_ROUNDS / 2]
+}
+
+/// Timed rounds of [`parallel_copy_bandwidth`].
+pub const COPY_ROUNDS: usize = 9;
+
 /// Memory the system can give a new allocation without swapping, in bytes: Linux's
 /// `MemAvailable` (free memory plus the page cache and reclaimable slabs it can drop), or
 /// `None` where it cannot be read. What this process may take can be less: see

@@ -308,6 +308,11 @@ fn assert_refused(args: &[&str], mention: &str) {
     if !err.contains("try '--help'") {
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
     }
+    // Refused before any output, in words: no Rust value printed raw.
+    assert!(out.is_empty(), "{args:?} printed before refusing: {out}");
+    for raw in ["Error(", "Os {", "DriverError"] {
+        assert!(!err.contains(raw), "{args:?}: raw `{raw}` in: {err}");
+    }
 }
 
 #[test]
@@ -431,6 +436,16 @@ fn no_bad_input_panics_every_one_is_refused_with_exit_code_2_and_one_line() {
         ),
         (&["bench", "allreduce", "-b", "1X"], "unknown unit"),
         (&["bench", "allreduce", "--algo", "mpi"], "--comm mpi"),
+        (
+            &["bench", "allreduce", "-b", "5", "-e", "5"],
+            "-b/--minbytes 5 is not a whole number of f32 elements (4 bytes each): give 4 or 8",
+        ),
+        (
+            &["bench", "allreduce", "-b", "4", "-e", "1001"],
+            "give 1000 or 1004",
+        ),
+        (&["schedule", "--slice", "0"], "--slice 0"),
+        (&["schedule", "--count", "0"], "--count 0"),
     ];
     for (args, mention) in table {
         assert_refused(args, mention);
@@ -989,12 +1004,16 @@ fn divergence_stops_the_run_at_the_step_it_shows_and_never_replaces_a_good_check
         .and_then(|r| r.split(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("names the step: {err}"));
-    // Stopped at that step: its record is the metrics' last, with the loss as null.
+    // Stopped at that step: its record is the metrics' last, with a loss past the rule's
+    // bound (null where it is not finite).
     let records = assert_whole_records(&metrics);
     let last = records.last().unwrap();
-    assert_eq!(
-        (last["step"].as_u64(), last["loss"].is_null()),
-        (Some(step as u64), true)
+    assert_eq!(last["step"].as_u64(), Some(step as u64));
+    assert!(
+        last["loss"]
+            .as_f64()
+            .is_none_or(|l| l > nanoddp::train::diverged_loss()),
+        "{last}"
     );
     // The checkpoint is the last epoch before the divergence, and the message says so.
     let spe = 3000usize.div_ceil(256);
@@ -1051,7 +1070,9 @@ fn divergence_stops_the_run_at_the_step_it_shows_and_never_replaces_a_good_check
             "{precision}: {err}"
         );
         assert!(
-            err.contains(&format!("{ckpt_text} is as it was (epoch 0, step 2)")),
+            err.contains(&format!(
+                "{ckpt_text} is as it was (epoch 1 (part), step 2)"
+            )),
             "{err}"
         );
         assert_eq!(epoch_lines(&out), 0, "{precision}: {out}");
@@ -1062,6 +1083,135 @@ fn divergence_stops_the_run_at_the_step_it_shows_and_never_replaces_a_good_check
         );
         assert_eq!(std::fs::read(&ckpt).unwrap(), good, "{precision}: kept");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_finite_divergence_stops_the_run_and_keeps_the_checkpoint_and_the_help_states_the_rule() {
+    let dir = scratch("finite-divergence");
+    let ckpt = dir.join("good.safetensors");
+    let ckpt_text = ckpt.to_string_lossy().into_owned();
+    succeeds(&mut train_command(&[
+        "--max-steps",
+        "3",
+        "--test-images",
+        "10",
+        "--save",
+        &ckpt_text,
+    ]));
+    let before = std::fs::read(&ckpt).unwrap();
+    // fp32 at lr 100, batch 8: the losses grow past 1e30 and stay finite.
+    let (code, out, err) = train_output(&[
+        "--lr",
+        "100",
+        "--batch",
+        "8",
+        "--max-steps",
+        "30",
+        "--test-images",
+        "10",
+        "--save",
+        &ckpt_text,
+    ]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    let rule = format!("over {:.0}", nanoddp::train::diverged_loss());
+    assert!(
+        err.contains("diverged at step") && err.contains(&rule),
+        "{err}"
+    );
+    assert!(err.contains("is as it was"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert_eq!(
+        std::fs::read(&ckpt).unwrap(),
+        before,
+        "the checkpoint's bytes"
+    );
+    // --help states the rule with the library's bound.
+    let (_, help, _) = nanoddp_with(&["train", "--help"]);
+    assert!(
+        help.contains(&format!("over {:.0}", nanoddp::train::diverged_loss())),
+        "{help}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_interrupted_run_keeps_its_save_whole_and_says_how_to_continue_which_goes_on_saving() {
+    let dir = scratch("interrupted");
+    let ckpt = dir.join("run.safetensors");
+    let ckpt_text = ckpt.to_string_lossy().into_owned();
+    let args = [
+        "--epochs",
+        "8",
+        "--test-images",
+        "10",
+        "--batch",
+        "1000",
+        "--save",
+        &ckpt_text,
+    ];
+    let child = train_command(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // After the first save, SIGINT at the first sight of the next one: mid-write where its
+    // temporary file is caught, else just after it replaced the first.
+    let started = std::time::Instant::now();
+    let waited_too_long = || started.elapsed().as_secs() > 120;
+    while !ckpt.exists() && !waited_too_long() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let first = std::fs::read(&ckpt).expect("the first epoch's save");
+    loop {
+        let saving = std::fs::read_dir(&dir).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".tmp.")
+        });
+        if saving || std::fs::read(&ckpt).is_ok_and(|b| b != first) || waited_too_long() {
+            break;
+        }
+    }
+    let pid = child.id().to_string();
+    succeeds(Command::new("kill").args(["-INT", &pid]));
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("interrupted by SIGINT (Ctrl-C)"), "{err}");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "run.safetensors")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let saved = nanoddp::train::checkpoint::load(&ckpt).expect("a whole checkpoint");
+    assert!(
+        err.contains(&format!(
+            "{ckpt_text} holds the last good state: epoch {}, step {}",
+            saved.epoch, saved.step
+        )),
+        "{err}"
+    );
+    // The command it prints continues the run; without --save it saves where it resumed.
+    let command = err
+        .split("continue with: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("a continue command: {err}"))
+        .trim_end();
+    assert!(!command.contains("--save"), "{command}");
+    let words: Vec<&str> = command.split(' ').collect();
+    assert_eq!(words[0], env!("CARGO_BIN_EXE_nanoddp"));
+    let out = succeeds(Command::new(words[0]).args(&words[1..]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("saving to {ckpt_text} after every epoch")),
+        "{stdout}"
+    );
+    let done = nanoddp::train::checkpoint::load(&ckpt).unwrap();
+    assert_eq!((done.epoch, done.step), (8, 24), "the whole run, saved");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -1128,10 +1278,7 @@ fn a_sweep_past_the_address_space_limit_is_refused_naming_the_limit() {
     );
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("lower -e or -n"), "{stderr}");
-    assert!(
-        !stdout.contains("memory copy bandwidth"),
-        "refused before any work: {stdout}"
-    );
+    assert!(stdout.is_empty(), "refused before any work: {stdout}");
     // Where another limit is tighter still (a small cgroup or machine), that one is named.
     let others = nanoddp::system::memory_bound().expect("Linux reports free memory");
     if others.bytes > LIMIT_KIB * 1024 {
@@ -1189,13 +1336,26 @@ fn assert_refused_with(out: &Output, mentions: &[&str]) {
 #[test]
 fn a_cpu_isa_name_it_does_not_know_is_refused_naming_the_variable() {
     let out = nanoddp()
-        .arg("info")
+        .args(["bench", "kernels"])
         .env(ISA_ENV, "avx3")
         .output()
         .expect("runs");
     assert_refused_with(
         &out,
         &["NANODDP_CPU_ISA=avx3: expected `portable`", "`native`"],
+    );
+    // `info`, which says which levels exist, reports it as a line and goes on.
+    let out = succeeds(nanoddp().arg("info").env(ISA_ENV, "avx3"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("NANODDP_CPU_ISA is refused: NANODDP_CPU_ISA=avx3")
+            && stdout.contains("this CPU allows portable"),
+        "{stdout}"
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 

@@ -566,7 +566,7 @@ fn the_plot_draws_the_curves_the_metrics_record() {
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            stdout.contains("(3000 train / 200 test images)"),
+            stdout.contains("(3000 training images / 200 test images)"),
             "--test-images 200 evaluates 200: {stdout}"
         );
     }

@@ -12,7 +12,11 @@ pub enum BackendError {
     )]
     NoCudaDriver,
     /// The driver loaded but reports no usable GPU.
-    #[error("the CUDA driver found no GPU ({reason})")]
+    #[error(
+        "the CUDA driver sees no GPU ({reason}): `nvidia-smi` lists the GPUs the driver sees, \
+         and CUDA_VISIBLE_DEVICES may hide them; without a GPU, run on the CPU (--backend cpu), \
+         or the kernels under the SIMT emulator (--backend simt)"
+    )]
     NoGpu {
         /// What the driver said.
         reason: String,
@@ -34,7 +38,7 @@ pub enum BackendError {
         count: usize,
     },
     /// A CUDA driver call failed.
-    #[error("CUDA driver call failed while {during}: {source}")]
+    #[error("CUDA driver call failed while {during}: {}", driver_said(source))]
     Driver {
         /// What we were doing.
         during: String,
@@ -190,4 +194,18 @@ pub(crate) fn c_text(raw: &[std::ffi::c_char]) -> String {
         .map(|&c| c.to_ne_bytes()[0])
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A driver error as the driver describes it, with its code's name:
+/// `no CUDA-capable device is detected (CUDA_ERROR_NO_DEVICE)`.
+pub fn driver_said(e: &cudarc::driver::DriverError) -> String {
+    // Asking the driver for the text needs it loaded; where it is not, the name alone.
+    let text = crate::backend::cuda::driver_present()
+        .then(|| e.error_string().ok())
+        .flatten()
+        .map(|s| s.to_string_lossy().into_owned());
+    match text {
+        Some(text) => format!("{text} ({:?})", e.0),
+        None => format!("{:?}", e.0),
+    }
 }

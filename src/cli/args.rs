@@ -112,3 +112,8 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     base.checked_mul(mult)
         .ok_or_else(|| format!("`{text}` is too large"))
 }
+
+/// `n` of a thing, in the singular or the plural as `n` wants: `1 test image`, `2 test images`.
+pub fn counted(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}

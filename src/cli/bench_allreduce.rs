@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use nanoddp::backend::cpu::CpuDevice;
-use nanoddp::backend::cuda::CudaDevice;
+use nanoddp::backend::cuda::{self, CudaDevice};
 use nanoddp::backend::simt::SimtDevice;
 use nanoddp::comm::communicator::{communicator, CommConfig, Rank, ReduceOp};
 use nanoddp::comm::rank_threads::on_each_rank;
@@ -58,6 +58,12 @@ pub struct Sweep {
     /// (-n is mpirun's then; needs a build with --features mpi).
     #[arg(long, value_enum, default_value_t = CommArg::Local)]
     pub comm: CommArg,
+}
+
+/// Threads that copy at once for the bound: one per rank, at most one per core (the ranks'
+/// threads share the cores beyond that).
+fn copy_threads(ranks: usize) -> usize {
+    ranks.min(std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn iterations(bytes: usize, ranks: usize) -> usize {
@@ -161,6 +167,16 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
             "-b/--minbytes {min_bytes} is below one f32: give at least 4 bytes"
         ));
     }
+    // Messages are whole f32s: a size between two is refused, naming both.
+    for (flag, bytes) in [("-b/--minbytes", min_bytes), ("-e/--maxbytes", max_bytes)] {
+        if !bytes.is_multiple_of(4) {
+            return refused(format!(
+                "{flag} {bytes} is not a whole number of f32 elements (4 bytes each): give {} or {}",
+                bytes / 4 * 4,
+                bytes / 4 * 4 + 4
+            ));
+        }
+    }
     if max_bytes < min_bytes {
         return refused(format!(
             "-e/--maxbytes {max_bytes} is below -b/--minbytes {min_bytes}"
@@ -174,8 +190,11 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
     let mut sizes = Vec::new();
     let mut s = min_bytes;
     while s <= max_bytes {
-        sizes.push(s / 4 * 4);
-        s = s.saturating_mul(factor);
+        sizes.push(s);
+        s = match s.checked_mul(factor) {
+            Some(next) => next,
+            None => break,
+        };
     }
     if comm == CommArg::Mpi {
         #[cfg(feature = "mpi")]
@@ -200,12 +219,30 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
             )));
         }
     }
-    let copy_bw = system::copy_bandwidth(256 << 20);
+    // The GPUs, opened before any work or output: ranks share them round-robin, as in
+    // `train`. A GPU that is not there, or a setting the CPU stand-in refuses, is bad input
+    // (exit code 2), as bench kernels and train refuse it.
+    let gpus = match backend {
+        BackendArg::Cuda => {
+            let visible = cuda::device_count().map_err(CliError::Device)?;
+            Some(
+                (0..ranks)
+                    .map(|rank| CudaDevice::new(rank % visible))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(CliError::Device)?,
+            )
+        }
+        _ => None,
+    };
     writeln!(out, "# nanoddp bench allreduce: {ranks} ranks ({backend:?} backend), algorithm {algo:?}, sum, float32")?;
     writeln!(
         out,
-        "# memory copy bandwidth (1 thread, 256 MiB, bytes read + written, median of 5): {:.1} GB/s; memory-traffic bound: time >= 2·n·S / that",
-        copy_bw / 1e9
+        "# bound: the memory-traffic bound's share of the time, the bound being 2·n·S bytes (every \
+         input read, every output written) at the bandwidth of {} thread(s) copying across as \
+         many bytes as the collective spans (2·n·S out of place, n·S in place), measured beside \
+         each row (- where nothing moves: in place at one rank; >=100%: at the bound, within \
+         the two measurements' noise)",
+        copy_threads(ranks)
     )?;
     let results = match backend {
         BackendArg::Cpu => sweep_on(
@@ -219,15 +256,9 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
             algo.algorithm(),
         )?,
         BackendArg::Cuda => {
-            let devices = (0..ranks)
-                .map(CudaDevice::new)
-                .collect::<Result<Vec<_>, _>>()
-                // A GPU that is not there is bad input, refused before any work (exit code 2),
-                // as bench kernels and train refuse it (this path used to exit 1); so is a
-                // setting the CPU stand-in refuses.
-                .map_err(CliError::Device)?;
+            let devices = gpus.unwrap_or_default();
             // Named once the driver has started: the executor is the one it accepted.
-            if let Some(executor) = nanoddp::backend::cuda::standin_executor() {
+            if let Some(executor) = cuda::standin_executor() {
                 writeln!(out, "# CPU stand-in for the CUDA driver: the CUDA path runs (peer access, streams, collective.cu under its {executor}); timings mean nothing")?;
             }
             sweep_on(devices, sizes.clone(), algo.algorithm())?
@@ -248,15 +279,34 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
         let t_in = per_iter(|m| &m.in_place);
         let wrong_out = results.iter().map(|r| r[i].wrong_out as u64).sum();
         let wrong_in = results.iter().map(|r| r[i].wrong_in as u64).sum();
-        let bound = 2.0 * ranks as f64 * bytes as f64 / copy_bw;
-        let cols = |t: f64, wrong: u64| {
-            format!(
-                "{} {:>5.0}%",
-                group(bytes, t, ranks, wrong),
-                100.0 * bound / t
-            )
+        // The copy spans the bytes the collective spans, so that both meet the same cache
+        // or DRAM: inputs and outputs out of place (2·n·S), the n buffers in place (n·S). In
+        // place at one rank the result is the input: no traffic, no bound.
+        let bound = |in_place: bool| {
+            let spanned = if in_place { 1 } else { 2 } * ranks * bytes;
+            (!in_place || ranks > 1).then(|| {
+                let copy_bw = system::parallel_copy_bandwidth(spanned / 2, copy_threads(ranks));
+                2.0 * ranks as f64 * bytes as f64 / copy_bw
+            })
         };
-        row(out, bytes, &[cols(t_out, wrong_out), cols(t_in, wrong_in)])?;
+        let cols = |t: f64, wrong: u64, bound: Option<f64>| {
+            // The bound and the time are both measured: a row that reaches the bound reads
+            // >=100%, never a share past it.
+            let share = match bound.map(|b| 100.0 * b / t) {
+                None => "-".to_string(),
+                Some(p) if p >= 99.5 => ">=100%".to_string(),
+                Some(p) => format!("{p:.0}%"),
+            };
+            format!("{} {share:>6}", group(bytes, t, ranks, wrong))
+        };
+        row(
+            out,
+            bytes,
+            &[
+                cols(t_out, wrong_out, bound(false)),
+                cols(t_in, wrong_in, bound(true)),
+            ],
+        )?;
     }
     Ok(())
 }

@@ -139,28 +139,35 @@ fn gpus(out: &mut impl Write) -> io::Result<()> {
             Ok((major, minor)) => writeln!(out, "driver supports CUDA {major}.{minor}")?,
             Err(e) => writeln!(out, "driver present but unusable: {e}")?,
         }
-        if let Some(executor) = cuda::standin_executor() {
-            writeln!(
-                out,
-                "  this driver is nanoddp's CPU stand-in (cuda-standin/): the GPUs below are \
-                 emulated, kernels run under its {executor}, timings mean nothing"
-            )?;
-        }
-        match cuda::CudaDevice::all_infos() {
-            Ok(devices) => {
-                for d in devices {
+        // A driver that refuses to start (the stand-in over a setting of its environment)
+        // or sees no GPU says so once, and runs nothing.
+        match cuda::device_count() {
+            Err(e) => writeln!(out, "  {e}")?,
+            Ok(_) => {
+                if let Some(executor) = cuda::standin_executor() {
                     writeln!(
                         out,
-                        "  GPU {}: {} (sm_{}{}, {:.1} GiB)",
-                        d.ordinal,
-                        d.name,
-                        d.compute_capability.0,
-                        d.compute_capability.1,
-                        d.total_memory as f64 / (1u64 << 30) as f64
+                        "  this driver is nanoddp's CPU stand-in (cuda-standin/): the GPUs below \
+                         are emulated, kernels run under its {executor}, timings mean nothing"
                     )?;
                 }
+                match cuda::CudaDevice::all_infos() {
+                    Ok(devices) => {
+                        for d in devices {
+                            writeln!(
+                                out,
+                                "  GPU {}: {} (sm_{}{}, {:.1} GiB)",
+                                d.ordinal,
+                                d.name,
+                                d.compute_capability.0,
+                                d.compute_capability.1,
+                                d.total_memory as f64 / (1u64 << 30) as f64
+                            )?;
+                        }
+                    }
+                    Err(e) => writeln!(out, "  {e}")?,
+                }
             }
-            Err(e) => writeln!(out, "  {e}")?,
         }
     }
     match nvrtc::version() {
@@ -191,13 +198,27 @@ fn cpu(out: &mut impl Write) -> io::Result<()> {
         info.simd.join(" ")
     };
     writeln!(out, "  SIMD: {simd}")?;
-    let isa = nanoddp::backend::cpu::isa::isa();
+    use nanoddp::backend::cpu::isa::{self as cpu_isa, ISA_ENV};
+    let allowed: Vec<&str> = cpu_isa::levels().iter().map(|(name, _)| *name).collect();
+    // A refused setting is a line here, and the report goes on with what this CPU runs.
+    let isa = match cpu_isa::requested() {
+        Ok(isa) => isa,
+        Err(why) => {
+            writeln!(
+                out,
+                "  {ISA_ENV} is refused: {why}; other commands refuse to run until it is unset \
+                 or one of those"
+            )?;
+            cpu_isa::cpu()
+        }
+    };
     writeln!(
         out,
-        "  CPU backend computes with: the {} ({} chooses: {} or native)",
+        "  CPU backend computes with: the {} ({ISA_ENV} chooses: {} or native; this CPU \
+         allows {})",
         isa.engine().name(),
-        nanoddp::backend::cpu::isa::ISA_ENV,
-        nanoddp::backend::cpu::isa::LEVELS.join(", ")
+        cpu_isa::LEVELS.join(", "),
+        allowed.join(", ")
     )?;
     for (operation, runs) in isa.plan() {
         writeln!(out, "    {operation}: {runs}")?;

@@ -6,6 +6,7 @@ pub mod bench_allreduce;
 pub mod bench_kernels;
 pub mod bench_profile;
 pub mod info;
+pub mod interrupt;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -25,7 +26,8 @@ use nanoddp::train::TrainError;
 pub const EXIT_CODES: &str = "Exit codes: 0 done (also when a reader of the output went away, \
 as with `| head`); 2 bad input or settings, refused before any work (flags, data files, \
 checkpoints, output paths, a device that is not there); 1 a failure while running (a device \
-or collective error, a timeout, a diverging run, a write that failed).";
+or collective error, a timeout, a diverging run, a write that failed); 130 or 143 a run that \
+SIGINT (Ctrl-C) or SIGTERM stopped at a step, having said what its checkpoint holds.";
 
 /// Why a subcommand stopped. Every subcommand returns it; the variant decides the exit code
 /// ([`EXIT_CODES`]), in `main`: the first four are bad input or settings, refused before any
@@ -59,4 +61,13 @@ pub enum CliError {
     /// Another failure while running, in the command line's words.
     #[error("{0}")]
     Running(String),
+    /// SIGINT or SIGTERM stopped the run ([`interrupt`]): exit code 128 + the signal's number,
+    /// as a shell reports a process the signal ended.
+    #[error("{message}")]
+    Interrupted {
+        /// The signal.
+        signal: i32,
+        /// What stopped, what was kept, and how to go on.
+        message: String,
+    },
 }

@@ -62,13 +62,10 @@ pub fn header(
 }
 
 /// busbw / algbw for `ranks`: 2(n-1)/n, the share of the data each rank's link carries in a
-/// bandwidth-optimal allreduce (1 for a single rank).
+/// bandwidth-optimal allreduce (0 for a single rank, whose data crosses no link), as
+/// nccl-tests computes it.
 fn busbw_factor(ranks: usize) -> f64 {
-    if ranks > 1 {
-        2.0 * (ranks - 1) as f64 / ranks as f64
-    } else {
-        1.0
-    }
+    2.0 * ranks.saturating_sub(1) as f64 / ranks.max(1) as f64
 }
 
 /// One column group's cells for a message of `bytes` reduced in `seconds` by `ranks` ranks:

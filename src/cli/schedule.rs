@@ -69,8 +69,15 @@ pub fn run(out: &mut impl Write, args: ScheduleArgs) -> Result<(), CliError> {
         check_format(svg, &["svg"])?;
         check_outputs(&[svg], &[], &[])?;
     }
+    for (flag, value) in [("--count", args.count), ("--slice", args.slice)] {
+        if value == Some(0) {
+            return Err(CliError::Input(format!(
+                "{flag} 0: a schedule moves at least 1 element; give 1 or more"
+            )));
+        }
+    }
     let count = args.count.unwrap_or(4 * args.ranks);
-    let slice = args.slice.unwrap_or(count).max(1);
+    let slice = args.slice.unwrap_or(count);
     // A schedule holds every slice's steps: keep it to something a terminal can show.
     if count.div_ceil(slice) > 1 << 16 {
         return Err(CliError::Input(format!(

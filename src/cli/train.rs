@@ -18,7 +18,7 @@ use nanoddp::train::{
     TrainConfig, TrainError,
 };
 
-use super::args::{backend_values, check_ranks, AlgoArg, BackendArg, CommArg};
+use super::args::{backend_values, check_ranks, counted, AlgoArg, BackendArg, CommArg};
 use super::CliError;
 
 /// The recipe on the command line.
@@ -137,7 +137,9 @@ pub struct TrainArgs {
     pub plot: Option<PathBuf>,
     /// Save a safetensors checkpoint here after every epoch, atomically, before any other
     /// output of the epoch. An existing file is replaced only if it is a nanoddp checkpoint
-    /// (else --overwrite); a run that diverges never saves over it.
+    /// (else --overwrite); a run that diverges never saves over it: it stops with exit code
+    /// 1 at the first step whose loss is not finite or over 230 (100 times an untrained
+    /// model's ln 10). Without --save, a --resume run saves to the checkpoint it resumed.
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Start from the weights in this safetensors checkpoint (a fresh run otherwise).
@@ -195,10 +197,10 @@ pub fn eval(out: &mut impl Write, args: EvalArgs) -> Result<(), CliError> {
     )?;
     writeln!(
         out,
-        "{}: epoch {}, test accuracy {acc:.4} on {} images",
+        "{}: {}, test accuracy {acc:.4} on {}",
         args.checkpoint.display(),
-        ckpt.epoch,
-        data.test_labels.len()
+        ckpt.position(),
+        counted(data.test_labels.len(), "image", "images")
     )?;
     Ok(())
 }
@@ -328,7 +330,7 @@ struct Prepared {
     metrics: Option<super::metrics::Recorder>,
     /// What the --save file held before the run, if it was a nanoddp checkpoint: (epoch,
     /// step).
-    saved_before: Option<(usize, usize)>,
+    saved_before: Option<checkpoint::Position>,
     /// The curves so far (a resumed run's earlier part included).
     curves: super::plot::Curves,
     /// Replicas over all processes.
@@ -469,7 +471,7 @@ fn prepare(args: &TrainArgs, mpi: MpiHandle<'_>, out: &mut impl Write) -> Result
 /// file (nor one a checkpoint the run reads, but for --save over the checkpoint it starts
 /// from), and --save replaces only a nanoddp checkpoint unless --overwrite says otherwise.
 /// Returns where the --save file's checkpoint stood, if there was one.
-fn check_outputs(args: &TrainArgs) -> Result<Option<(usize, usize)>, CliError> {
+fn check_outputs(args: &TrainArgs) -> Result<Option<checkpoint::Position>, CliError> {
     use super::outputs::{check_format, check_outputs, Named};
     fn named<'a>(flag: &'static str, path: &'a Option<PathBuf>) -> Option<Named<'a>> {
         path.as_deref().map(|path| Named { flag, path })
@@ -546,8 +548,17 @@ fn open_metrics(
     Ok((file, history.curves))
 }
 
-fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result<(), CliError> {
+fn run_with(out: &mut impl Write, mut args: TrainArgs, mpi: MpiHandle<'_>) -> Result<(), CliError> {
     let lead = mpi_rank(mpi) == 0;
+    // From here a Ctrl-C or SIGTERM stops the run at its next step (src/cli/interrupt.rs):
+    // a save under way finishes first.
+    let interrupts = super::interrupt::Interrupts::watch();
+    // Resuming is continuing: without --save, the run goes on saving to the checkpoint it
+    // resumed, so that a second interruption loses no more than the first.
+    let saves_where_resumed = args.save.is_none() && args.resume.is_some();
+    if saves_where_resumed {
+        args.save = args.resume.clone();
+    }
     let prepared = match prepare(&args, mpi, out)? {
         Plan::Train(p) => *p,
         Plan::NothingToDo(why) => {
@@ -565,7 +576,7 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
         ranks,
         resume_note,
     } = prepared;
-    // The last (epoch, step) this run saved to --save.
+    // Where the run stood at its last save to --save.
     let mut saved = None;
     // The GPUs this process's ranks run on. No GPU is the command line's problem: exit code 2.
     let gpus = match args.backend {
@@ -586,12 +597,12 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
     // the run; the epochs still train and the checkpoints are still written.
     let _ = writeln!(
         out,
-        "LeNet on {} ({} train / {} test images): {ranks} {} device{}{}, batch {}, {} epoch{}, \
+        "LeNet on {} ({} / {}): {ranks} {} device{}{}, batch {}, {} epoch{}, \
          recipe {} (lr {}, momentum {}, weight decay {}), precision {}, allreduce {}, seed {}, \
          collective timeout {} s",
         data.dir.display(),
-        data.train_labels.len(),
-        data.test_labels.len(),
+        counted(data.train_labels.len(), "training image", "training images"),
+        counted(data.test_labels.len(), "test image", "test images"),
         flag_value(&args.backend),
         if ranks == 1 { "" } else { "s" },
         match (&gpus, mpi_size(mpi)) {
@@ -614,6 +625,14 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
     if let Some(note) = &resume_note {
         let _ = writeln!(out, "{note}");
     }
+    if let (true, Some(path)) = (saves_where_resumed, &args.save) {
+        let _ = writeln!(
+            out,
+            "saving to {} after every epoch (--resume without --save goes on saving where it \
+             resumed)",
+            path.display()
+        );
+    }
     let _ = out.flush();
     // Files are written by rank 0 alone (they may be on a shared file system).
     let (plot_path, save_path) = if lead {
@@ -632,7 +651,12 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
             .map_err(|e| CliError::Running(e.to_string()))?
             .progress_chars("=> "),
     );
+    // The last step the run reported.
+    let mut last_step = start.step;
     let mut on_event = |event: Event| -> Result<(), TrainError> {
+        interrupts
+            .check()
+            .map_err(|e| TrainError::Handler(Box::new(e)))?;
         let metrics_failed = |source: std::io::Error| TrainError::Io {
             what: format!(
                 "the metrics to {}",
@@ -642,6 +666,7 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
         };
         match event {
             Event::Step(s) => {
+                last_step = s.step;
                 if bar.length() != Some(steps_per_epoch) {
                     bar.set_length(steps_per_epoch);
                     bar.reset_eta();
@@ -672,7 +697,7 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
                 // It is written first: no other output's failure can cost it.
                 if let Some(path) = &save_path {
                     checkpoint::save(path, &state)?;
-                    saved = Some((state.epoch, state.step));
+                    saved = Some(state.position());
                 }
                 let line = format!(
                     "epoch {:>3}{}  loss {:.4}  train acc {:.4}  test acc {:.4}  {:.1} s  {:.0} img/s  allreduce {:.1}%",
@@ -737,14 +762,10 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
     let kept = match (&save_path, saved, saved_before) {
         (None, ..) if args.save.is_some() => "rank 0 writes the checkpoint".to_string(),
         (None, ..) => "no checkpoint was written (no --save)".to_string(),
-        (Some(path), Some((epoch, step)), _) => format!(
-            "{} holds the last good state: epoch {epoch}, step {step}",
-            path.display()
-        ),
-        (Some(path), None, Some((epoch, step))) => format!(
-            "{} is as it was (epoch {epoch}, step {step})",
-            path.display()
-        ),
+        (Some(path), Some(at), _) => {
+            format!("{} holds the last good state: {at}", path.display())
+        }
+        (Some(path), None, Some(at)) => format!("{} is as it was ({at})", path.display()),
         (Some(path), None, None) => format!("nothing was saved to {}", path.display()),
     };
     match trained {
@@ -763,6 +784,34 @@ fn run_with(out: &mut impl Write, args: TrainArgs, mpi: MpiHandle<'_>) -> Result
                 _ => "; lower --lr",
             }
         ))),
+        Err(TrainError::Handler(e)) if e.is::<super::interrupt::Interrupted>() => {
+            let signal = e
+                .downcast_ref::<super::interrupt::Interrupted>()
+                .map_or(0, |i| i.signal);
+            // The run can go on from --save if it holds this run's state: one it saved, or
+            // the checkpoint it resumed.
+            let resumable = match (&save_path, saved, &args.resume) {
+                (Some(path), Some(_), _) => Some(path),
+                (Some(path), None, Some(resumed)) if path == resumed => Some(path),
+                _ => None,
+            };
+            let next = match resumable {
+                Some(path) => format!(
+                    "continue with: {}",
+                    super::interrupt::continue_command(std::env::args_os(), path.as_os_str())
+                ),
+                None if save_path.is_some() => {
+                    "nothing of this run was saved: the same command starts it again".into()
+                }
+                None => "this run saved nothing (no --save): the same command starts it again; \
+                         with --save FILE a run can be continued"
+                    .into(),
+            };
+            Err(CliError::Interrupted {
+                signal,
+                message: format!("{e} after step {last_step}; {kept}; {next}"),
+            })
+        }
         Err(e @ (TrainError::Io { .. } | TrainError::Handler(_))) => {
             Err(CliError::Running(format!("{e}; {kept}")))
         }

@@ -74,6 +74,85 @@ impl Patience {
     }
 }
 
+/// Wall-clock time since its start that leaves out the time the whole process was stopped,
+/// as [`Patience`] does, for a rate over work that waits on nothing (an epoch's images/s):
+/// a thread of its own ticks every few milliseconds and counts each gap up to
+/// [`PAUSE_GAP`]; a longer one, the process stopped, is left out. The thread ends with the
+/// clock.
+pub struct RunningClock {
+    shared: std::sync::Arc<Ticks>,
+    ticker: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the ticker and the readers share: the time counted up to the last tick, that tick,
+/// and whether to stop.
+struct Ticks {
+    counted: std::sync::Mutex<(Duration, Instant)>,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+/// How often a [`RunningClock`] ticks.
+const TICK: Duration = Duration::from_millis(5);
+
+impl RunningClock {
+    /// Starts counting now.
+    pub fn start() -> Self {
+        let shared = std::sync::Arc::new(Ticks {
+            counted: std::sync::Mutex::new((Duration::ZERO, Instant::now())),
+            stop: std::sync::atomic::AtomicBool::new(false),
+        });
+        let ticks = shared.clone();
+        let ticker = std::thread::Builder::new()
+            .name("running-clock".into())
+            .spawn(move || {
+                while !ticks.stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                    if let Ok(mut c) = ticks.counted.lock() {
+                        *c = counted_to(*c, Instant::now());
+                    }
+                }
+            })
+            .ok();
+        RunningClock { shared, ticker }
+    }
+
+    /// Seconds counted so far (all of the wall clock where the ticker could not start).
+    pub fn seconds(&self) -> f64 {
+        let now = Instant::now();
+        let counted = match self.shared.counted.lock() {
+            Ok(c) if self.ticker.is_some() => counted_to(*c, now).0,
+            Ok(c) => c.1.elapsed() + c.0,
+            Err(_) => Duration::ZERO,
+        };
+        counted.as_secs_f64()
+    }
+}
+
+/// `(counted, last)` moved on to `now`: the gap counted unless it is longer than
+/// [`PAUSE_GAP`].
+fn counted_to((counted, last): (Duration, Instant), now: Instant) -> (Duration, Instant) {
+    let gap = now.saturating_duration_since(last);
+    (
+        if gap <= PAUSE_GAP {
+            counted + gap
+        } else {
+            counted
+        },
+        now,
+    )
+}
+
+impl Drop for RunningClock {
+    fn drop(&mut self) {
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +184,20 @@ mod tests {
         // Checking on keeps counting past the limit.
         now += ms(5);
         assert_eq!(p.waited_at(now), ms(605));
+    }
+
+    #[test]
+    fn a_running_clock_counts_gaps_up_to_a_pause() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let c = counted_to((Duration::ZERO, t0), t0 + ms(5));
+        assert_eq!(c.0, ms(5));
+        let c = counted_to(c, t0 + ms(5) + PAUSE_GAP + ms(1));
+        assert_eq!(c.0, ms(5), "a pause is left out");
+        let clock = RunningClock::start();
+        std::thread::sleep(ms(50));
+        let s = clock.seconds();
+        assert!((0.05..5.0).contains(&s), "{s}");
     }
 
     #[test]

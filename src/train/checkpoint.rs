@@ -70,9 +70,59 @@ pub fn first_not_finite(tensors: &[Vec<f32>]) -> Option<&'static str> {
         .map(|(p, _)| p.name)
 }
 
-/// Where a checkpoint written by [`save`] stands: (epochs completed, steps taken). `None` if
-/// `path` cannot be read or holds anything else (another program's safetensors included).
-pub fn position(path: &Path) -> Option<(usize, usize)> {
+/// Where a run stands: the epochs it completed and the steps it took. Displayed as `train`
+/// labels its epochs: `epoch 2, step 470` at the end of an epoch, `epoch 3 (part), step 500`
+/// inside one (where the run's steps per epoch are known).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// Epochs completed.
+    pub epochs: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+    /// Steps in one of the run's epochs, where known (a weights-only file does not say).
+    pub steps_per_epoch: Option<usize>,
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inside = match self.steps_per_epoch {
+            Some(per) => per > 0 && !self.step.is_multiple_of(per),
+            None => self.step > 0 && self.epochs == 0,
+        };
+        if inside {
+            write!(f, "epoch {} (part), step {}", self.epochs + 1, self.step)
+        } else {
+            write!(f, "epoch {}, step {}", self.epochs, self.step)
+        }
+    }
+}
+
+impl Checkpoint {
+    /// Where the run that wrote this checkpoint stood.
+    pub fn position(&self) -> Position {
+        Position {
+            epochs: self.epoch,
+            step: self.step,
+            steps_per_epoch: steps_per_epoch(|key| {
+                self.settings
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.clone())
+            }),
+        }
+    }
+}
+
+/// A run's steps per epoch from its recorded settings (`lookup` of a setting's name).
+fn steps_per_epoch(lookup: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    let number = |key: &str| lookup(key)?.parse::<usize>().ok();
+    let (batch, images) = (number("batch")?, number("training-images")?);
+    (batch > 0).then(|| images.div_ceil(batch))
+}
+
+/// Where a checkpoint written by [`save`] stands. `None` if `path` cannot be read or holds
+/// anything else (another program's safetensors included).
+pub fn position(path: &Path) -> Option<Position> {
     let bytes = std::fs::read(path).ok()?;
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).ok()?;
     let meta = meta.metadata().as_ref()?;
@@ -80,7 +130,11 @@ pub fn position(path: &Path) -> Option<(usize, usize)> {
         return None;
     }
     let number = |key: &str| meta.get(key)?.parse().ok();
-    Some((number("epoch")?, number("step")?))
+    Some(Position {
+        epochs: number("epoch")?,
+        step: number("step")?,
+        steps_per_epoch: steps_per_epoch(|key| meta.get(&format!("{SETTING}{key}")).cloned()),
+    })
 }
 
 /// Checks that a checkpoint (or any output file) can be written to `path` without

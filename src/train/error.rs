@@ -42,14 +42,15 @@ pub enum TrainError {
     /// A rank's thread panicked.
     #[error("the thread of rank {0} panicked")]
     RankPanicked(usize),
-    /// The loss or the weights are no longer finite numbers: the run stopped at that step.
+    /// A step's loss is not finite or past [`diverged_loss`](super::training_loop::diverged_loss),
+    /// or the weights hold a value that is not finite: the run stopped at that step.
     #[error("training diverged at step {step} (epoch {epoch}): {problem}")]
     Diverged {
         /// The step (from 1) whose loss, or the epoch whose weights, showed it.
         step: usize,
         /// The epoch of that step (from 1).
         epoch: usize,
-        /// What is not finite.
+        /// What showed it.
         problem: String,
     },
     /// The caller's event handler (on global rank 0's process) failed, so the ranks stopped

@@ -45,7 +45,7 @@ pub use loss_scaler::LossScaler;
 pub use lr_schedule::learning_rate;
 pub use recipe::Recipe;
 pub use report::{EpochReport, Event, StepReport};
-pub use training_loop::{check_data, test_accuracy, train, train_ranks};
+pub use training_loop::{check_data, diverged_loss, test_accuracy, train, train_ranks};
 
 pub use crate::comm::collective::Collective;
 

@@ -19,12 +19,42 @@ use crate::backend::op::BeginStep;
 use crate::backend::{Backend, BackendError, Graph, Memory, Precision, SgdStep, Staging};
 use crate::comm::collective::Collective;
 use crate::comm::communicator::{communicator, CommConfig};
+use crate::comm::patience::RunningClock;
 use crate::comm::rank_threads::{on_each_rank, RankPanicked};
 use crate::comm::schedule::Algorithm;
 use crate::comm::transport::CommDevice;
 use crate::data::{Batches, Dataset};
 use crate::dtype::DType;
 use crate::model::{GatheredShard, Replica, ShardStats, IMAGE, PARAMS};
+
+/// How many times the loss of a model that guesses uniformly (ln 10 for ten classes) a
+/// step's mean loss may reach before the run counts as diverged: [`divergence`].
+pub const DIVERGED_LOSS_FACTOR: f64 = 100.0;
+
+/// The step mean loss above which a run has diverged: [`DIVERGED_LOSS_FACTOR`] x ln(classes),
+/// about 230 for LeNet. A loss that high means the model puts e^-230 on the right class:
+/// its logits have blown up, and training does not come back from there (a run that trains
+/// starts at about 2.3 and stays below about 10 even in the spikes of a high learning rate).
+pub fn diverged_loss() -> f64 {
+    DIVERGED_LOSS_FACTOR * (crate::model::CLASSES as f64).ln()
+}
+
+/// Why a step's mean `loss` says the run diverged, if it does: not a finite number, or above
+/// [`diverged_loss`].
+pub fn divergence(loss: f64) -> Option<String> {
+    if !loss.is_finite() {
+        Some(format!("the loss is {loss}"))
+    } else if loss > diverged_loss() {
+        Some(format!(
+            "the loss is {loss:.3e}, over {:.0} ({DIVERGED_LOSS_FACTOR} times an untrained \
+             model's ln {})",
+            diverged_loss(),
+            crate::model::CLASSES
+        ))
+    } else {
+        None
+    }
+}
 
 /// Checks that `data` holds images LeNet takes: 28x28, training and test alike.
 pub fn check_data(data: &Dataset) -> Result<(), TrainError> {
@@ -401,7 +431,9 @@ where
             cfg.seed,
             epoch as u64,
         );
-        let (started, mut allreduce_s) = (Instant::now(), 0.0);
+        // The epoch's time leaves out a pause of the whole process (Ctrl-Z, kill -STOP), as
+        // the collectives' timeout does: images/s is over the time the run was running.
+        let (clock, mut allreduce_s) = (RunningClock::start(), 0.0);
         let mut epoch_stats = ShardStats::default();
         let first_batch = if epoch == first_epoch {
             step % steps_per_epoch
@@ -434,12 +466,13 @@ where
             }
             // Every rank holds the same reduced loss, so every rank stops at this step. In
             // fp16/bf16 a diverged step is skipped and the weights stay finite, but the loss
-            // says it: the run never goes on to checkpoint such a state.
-            if !loss.is_finite() {
+            // says it; in fp32 the loss can grow to 1e37 and stay finite. Either way the run
+            // never goes on to checkpoint such a state.
+            if let Some(problem) = divergence(loss) {
                 return Err(TrainError::Diverged {
                     step: r.step,
                     epoch,
-                    problem: format!("the loss is {loss}"),
+                    problem,
                 });
             }
             Ok(())
@@ -506,7 +539,7 @@ where
         for r in lagged.drain()? {
             seen(r)?;
         }
-        let seconds = started.elapsed().as_secs_f64();
+        let seconds = clock.seconds();
         let test_acc = evaluate(
             &mut rank,
             &mut stats_buf,

@@ -74,11 +74,24 @@ pub fn driver_present() -> bool {
 }
 
 fn require_driver() -> Result<(), BackendError> {
-    if driver_present() {
-        Ok(())
-    } else {
-        Err(BackendError::NoCudaDriver)
+    if !driver_present() {
+        return Err(BackendError::NoCudaDriver);
     }
+    // The CPU stand-in would print a setting it refuses on stderr; nanoddp's own error says
+    // it (BackendError::DriverRefused), once.
+    static HOST_REPORTS: std::sync::Once = std::sync::Once::new();
+    HOST_REPORTS.call_once(|| {
+        // SAFETY: the driver library is loaded (checked above); the stand-in's export takes
+        // nothing and returns nothing; the real driver has no such symbol.
+        unsafe {
+            if let Ok(f) =
+                sys::culib().get::<unsafe extern "C" fn()>(b"nanoddpStandinHostReportsSettings\0")
+            {
+                f();
+            }
+        }
+    });
+    Ok(())
 }
 
 /// The CPU stand-in's explanation of an error, when the driver is the stand-in: GPU
@@ -144,7 +157,8 @@ pub fn standin_profile(ordinal: usize, on: bool) -> Result<(), BackendError> {
             "only the CPU stand-in for the CUDA driver counts launches".into(),
         ));
     }
-    cudarc::driver::result::init().map_err(driver_err("cuInit"))?;
+    // Starts the driver, or says why it refused.
+    device_count()?;
     let gpu = i32::try_from(ordinal).map_err(|_| refused(format!("no GPU {ordinal}")))?;
     // SAFETY: the stand-in is loaded; its exports take plain values and a NUL-terminated
     // string that outlives the call.
@@ -255,7 +269,7 @@ pub fn device_count() -> Result<usize, BackendError> {
                 BackendError::DriverRefused { reason }
             }
             _ => BackendError::NoGpu {
-                reason: e.to_string(),
+                reason: crate::backend::error::driver_said(&e),
             },
         }),
     }
