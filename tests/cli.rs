@@ -500,6 +500,7 @@ fn a_pause_longer_than_the_timeout_does_not_kill_the_run() {
     .spawn()
     .expect("runs");
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seconds = Vec::new();
     let signal = |sig: &str| {
         let ok = Command::new("kill")
             .args([sig, &child.id().to_string()])
@@ -515,6 +516,7 @@ fn a_pause_longer_than_the_timeout_does_not_kill_the_run() {
             let read = stdout.read_line(&mut line).unwrap();
             assert!(read > 0, "the run ended before the line {epoch:?}");
         }
+        seconds.push(epoch_seconds(&line));
         signal("-STOP");
         std::thread::sleep(std::time::Duration::from_secs(4));
         signal("-CONT");
@@ -525,6 +527,20 @@ fn a_pause_longer_than_the_timeout_does_not_kill_the_run() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(rest.contains("epoch   3"), "{rest}");
+    // The epochs' times leave the 4 s pauses out too: epoch 2 (paused once) and epoch 3
+    // (paused at its start) take about as long as epoch 1.
+    let line = rest.lines().find(|l| l.starts_with("epoch   3")).unwrap();
+    seconds.push(epoch_seconds(line));
+    for s in &seconds[1..] {
+        assert!(*s < seconds[0] + 3.0, "a pause counted: {seconds:?} s");
+    }
+}
+
+/// The seconds an `epoch` line reports.
+fn epoch_seconds(line: &str) -> f64 {
+    line.split("  ")
+        .find_map(|f| f.trim().strip_suffix(" s")?.parse().ok())
+        .unwrap_or_else(|| panic!("no seconds in {line:?}"))
 }
 
 #[test]
@@ -1021,7 +1037,7 @@ fn divergence_stops_the_run_at_the_step_it_shows_and_never_replaces_a_good_check
     assert_eq!(epoch_lines(&out), good_epochs, "{out}");
     if good_epochs == 0 {
         assert_eq!(std::fs::read(&ckpt).unwrap(), before);
-        assert!(err.contains("is as it was (epoch 1, step 12)"), "{err}");
+        assert!(err.contains("is as it was: epoch 1, step 12"), "{err}");
     } else {
         assert_ne!(
             std::fs::read(&ckpt).unwrap(),
@@ -1070,9 +1086,7 @@ fn divergence_stops_the_run_at_the_step_it_shows_and_never_replaces_a_good_check
             "{precision}: {err}"
         );
         assert!(
-            err.contains(&format!(
-                "{ckpt_text} is as it was (epoch 1 (part), step 2)"
-            )),
+            err.contains(&format!("{ckpt_text} is as it was: epoch 1 (part), step 2")),
             "{err}"
         );
         assert_eq!(epoch_lines(&out), 0, "{precision}: {out}");

@@ -555,7 +555,11 @@ fn run_with(out: &mut impl Write, mut args: TrainArgs, mpi: MpiHandle<'_>) -> Re
     let interrupts = super::interrupt::Interrupts::watch();
     // Resuming is continuing: without --save, the run goes on saving to the checkpoint it
     // resumed, so that a second interruption loses no more than the first.
-    let saves_where_resumed = args.save.is_none() && args.resume.is_some();
+    let saves_where_resumed = args.save.is_none()
+        && args
+            .resume
+            .as_deref()
+            .is_some_and(|p| checkpoint::position(p).is_some());
     if saves_where_resumed {
         args.save = args.resume.clone();
     }
@@ -765,7 +769,7 @@ fn run_with(out: &mut impl Write, mut args: TrainArgs, mpi: MpiHandle<'_>) -> Re
         (Some(path), Some(at), _) => {
             format!("{} holds the last good state: {at}", path.display())
         }
-        (Some(path), None, Some(at)) => format!("{} is as it was ({at})", path.display()),
+        (Some(path), None, Some(at)) => format!("{} is as it was: {at}", path.display()),
         (Some(path), None, None) => format!("nothing was saved to {}", path.display()),
     };
     match trained {
@@ -803,8 +807,8 @@ fn run_with(out: &mut impl Write, mut args: TrainArgs, mpi: MpiHandle<'_>) -> Re
                 None if save_path.is_some() => {
                     "nothing of this run was saved: the same command starts it again".into()
                 }
-                None => "this run saved nothing (no --save): the same command starts it again; \
-                         with --save FILE a run can be continued"
+                None => "the same command starts it again; with --save FILE a run can be \
+                         continued"
                     .into(),
             };
             Err(CliError::Interrupted {

@@ -17,7 +17,7 @@ use crate::model::PARAMS;
 #[derive(Debug, Error)]
 pub enum CheckpointError {
     /// File system trouble.
-    #[error("{path}: {source}")]
+    #[error("{path}: {}", io_error_words(source))]
     Io {
         /// The file.
         path: String,
@@ -33,6 +33,23 @@ pub enum CheckpointError {
         /// What is wrong.
         problem: String,
     },
+}
+
+/// An I/O error as a sentence's end, without the OS's error number: `no such file`,
+/// `permission denied`, else the OS's own words.
+pub fn io_error_words(e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::NotFound => "no such file".into(),
+        ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => {
+            let text = e.to_string();
+            match text.find(" (os error") {
+                Some(at) => text[..at].to_string(),
+                None => text,
+            }
+        }
+    }
 }
 
 /// Everything needed to continue a run.
