@@ -224,7 +224,7 @@ with tempfile.TemporaryDirectory() as tmp:
               + f"   {within}/{len(devs)} seeds within 1e-5")
 
 # Judged: the arithmetic (gradients at the same weights, where luck plays no part), and the
-# trajectory of the first seed (the check as issue 16 states it). Which other seeds depart is
+# trajectory of the first seed (the check as first specified). Which other seeds depart is
 # reported above, not judged: a single ReLU branch decides it, in PyTorch float32 as here.
 ok = True
 first = a.seeds[0]

@@ -744,7 +744,7 @@ impl<D: CommDevice> Rank<D> {
                 );
                 // SAFETY: the schedule is verified race-free (tests/schedules.rs): while this
                 // step runs nobody writes its sources or touches its destinations, and every
-                // address lies inside a buffer its owner lent to this collective (lengths
+                // address lies inside a buffer its owner handed to this collective (lengths
                 // agreed in the announce).
                 let step = Reduction {
                     dtype: ours.call.dtype,

@@ -389,7 +389,7 @@ impl<B: Backend + 'static, T: Precision> Replica<B, T> {
         let scalars = match train {
             Some(begin) if n > 0 => {
                 let a = shaped(dev, acts, n)?;
-                // Lent to the launch, then read by the passes.
+                // Handed to the launch, then read by the passes.
                 let scalars = begin.out;
                 let begin = BeginStep {
                     out: &mut *scalars,
