@@ -2,9 +2,10 @@
 //!
 //! Data-parallel training from scratch: hand-written CUDA kernels compiled by the build
 //! script (`build/`) from `kernels/`, collectives built by hand, and a LeNet trainer on top, with no ML
-//! framework. No machine that builds or tests this crate has a GPU, so every kernel is
-//! compiled by the real nvcc when one is found (and its resource use is recorded), and
-//! the crate builds and runs without any CUDA at all.
+//! framework. The crate builds, runs and tests without any CUDA installed: the kernels' PTX
+//! ships in `kernels/ptx/` for the driver to compile, nvcc (when found) builds them to
+//! SASS and records their resource use, and without a GPU the CUDA paths run on a CPU
+//! stand-in for the driver.
 //!
 //! ## Three ways to use it
 //! * **As a backend you link**: open a device ([`backend::cuda::CudaDevice`],
