@@ -178,7 +178,7 @@ fn scalar_peak(iters: u64) -> f32 {
 }
 
 /// Single-thread memory copy bandwidth in bytes/s, counted as bytes read + bytes written
-/// (as `../shared/anchors/memcpy_bw.py` counts): the median of five copies of `bytes` bytes
+/// (a copy of S bytes moves 2·S): the median of five copies of `bytes` bytes
 /// into a destination that was touched first. Use a size well past the last-level cache
 /// (256 MiB) for the DRAM figure.
 pub fn copy_bandwidth(bytes: usize) -> f64 {
