@@ -9,9 +9,18 @@ use std::hash::Hash;
 
 use thiserror::Error;
 
-use super::communicator::ReduceOp;
 use super::schedule::Algorithm;
 use crate::dtype::DType;
+
+/// Reduction operators (a part of the call every rank must pass alike; the communicator
+/// re-exports it as `communicator::ReduceOp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Sum divided by the number of ranks.
+    Avg,
+}
 
 /// An algorithm choice that travels in an agreement descriptor as a number.
 pub trait AlgorithmCode: Copy + Debug + PartialEq + Eq + Hash {

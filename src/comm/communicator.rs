@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use super::agreement::ReduceOp;
 use super::agreement::{self, Call};
 use super::cost::CostModel;
 use super::schedule::{self, Algorithm, Buffer, Schedule};
@@ -87,15 +88,6 @@ impl Default for CommConfig {
             cost: CostModel::default(),
         }
     }
-}
-
-/// Reduction operators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// Sum.
-    Sum,
-    /// Sum divided by the number of ranks.
-    Avg,
 }
 
 /// What went wrong in a collective.
