@@ -1,55 +1,42 @@
-// conv_direct.cu — direct convolutions for a layer of one input channel and a 3x3 filter at
-// stride 1 (LeNet's conv1; any padding), followed by a ReLU and a 2x2, stride-2 average pool:
-// the forward with both fused, and the filter and bias gradients through them. The same
-// operations as conv.cu's pooled kernels, for the shape where an implicit GEMM has no
-// reduction to tile: 9 taps are less than one of its 16-step slices, and its 32-row tiles
-// held conv1's 20 channels at 35% use. The host sends other shapes to conv.cu (direct_fits
-// in src/backend/kernel/ops.rs).
+// conv_direct.cu — direct convolutions for one input channel and a 3x3 filter at stride 1
+// (LeNet's conv1; any padding) with a ReLU and a 2x2, stride-2 average pool: the forward with
+// both fused, and the filter and bias gradients through them. conv.cu's pooled kernels
+// compute the same; here an implicit GEMM has no reduction to tile (9 taps, less than one
+// 16-step slice). Other shapes go to conv.cu (direct_fits in src/backend/kernel/ops.rs).
 //
 //   y[n][o][p][q]      = relu(bias[o] + Σ_(i,j) w[o][i][j] · x[n][p - pad + i][q - pad + j])
-//   pooled[n][o][a][b] = ((y[2a][2b] + y[2a][2b+1]) + (y[2a+1][2b] + y[2a+1][2b+1])) · 0.25,
-//                        from the f32 values (before y is rounded to T), as conv.cu's epilogue
-//   dY[n][o][p][q]     = d_pooled[n][o][p/2][q/2] · 0.25 where y > 0, else 0 (conv.cu's
-//                        through_pool), over the windows' pixels only
+//   pooled[n][o][a][b] = ((y[2a][2b] + y[2a][2b+1]) + (y[2a+1][2b] + y[2a+1][2b+1])) · 0.25
+//                        (from the f32 values, before y is rounded to T, as conv.cu)
+//   dY[n][o][p][q]     = d_pooled[n][o][p/2][q/2] · 0.25 where y > 0, else 0 (the windows'
+//                        pixels only)
 //   dw[o][(i,j)]       = Σ_(n,p,q) dY · x[n][p - pad + i][q - pad + j],   db[o] = Σ_(n,p,q) dY
-// y is written (and read back) only at the pixels the pool's windows cover, as conv.cu's, and
-// only where the host passes it: the trainer does not (Backend::recomputes_relu), and the
-// filter gradient recomputes y from the staged pixels and the filter, in the forward's order
-// and rounded to T as the forward stores it, so no tensor of conv1's output size is kept
-// between the passes. Each image is staged in shared memory with a zero border of `pad` (rows of an even pitch),
-// so no tap is bounds-tested.
+// y is written only where the host passes it; the trainer does not (Backend::recomputes_relu):
+// the filter gradient recomputes y from the staged pixels and filter in the forward's order
+// and rounding, so no tensor of conv1's output size lives between the passes. Each image is
+// staged in shared memory with a zero border of `pad`, so no tap is bounds-tested.
 //
-// The blocks: a warp takes DIRECT_CHANNELS = 4 output channels, up to 8 warps a block,
-// blockIdx.y the next 8, so each staged pixel a lane loads feeds 4 channels' FMAs.
-// conv_direct_relu_pool_forward: grid (batch, ⌈O / 32⌉), the image staged whole (28 x 28
-//   floats at conv1); lane e of a warp takes the pool windows e, e + 32, ... (conv1: 169
-//   windows, 256 blocks of 5 warps): the 4x4 staged pixels under a window's four filters
-//   (two 8-byte loads a row), each channel's 9 weights in registers, 144 FMAs. At LeNet's
-//   conv1 (batch 256): 62.3 MFLOP, compulsory bytes 0.8 MB of images in and 3.5 MB pooled
-//   out (f32; with y, 13.8 MB more): 4.3 MB, 15 FLOP/B, memory-bound: 1.3 µs at an H100's
-//   3.35 TB/s (5.4 µs with y). Measured (H100, ncu), with y: 13.3 µs; 5 warps an SM limit
-//   it. Without y the stand-in's profile estimates 8.8 µs (10.2 with y): not yet measured.
-// conv_direct_relu_pool_filter: grid (S slices, ⌈O / 32⌉): the batch's images cut into
-//   pieces, bands of `band_rows` pooled rows (the host aims for 512 pieces: conv1 at batch
-//   256 takes 2 bands, of 7 and 6 of its 13 pooled rows), S slices of consecutive pieces (a
-//   piece each where the scratch area holds them), each piece's input rows staged alone.
-//   Lane q of a warp takes column q of the windows' pixels down the band's pooled rows: per
-//   pooled row, the 4x3 staged pixels under the two pixels' filters, its channels' pooled
-//   gradient and the two pixels' ReLU outputs (read from y, or recomputed: 72 FMAs, the
-//   block's filters and biases staged once, three 16-byte loads a channel), then 72 FMAs and
-//   8 adds. At conv1: 2·62.3 MFLOP (3·62.3 recomputing), bytes 0.8 MB of images and 3.5 MB
-//   of d_pooled in (with y, 13.8 MB more): 4.3 MB, memory-bound (1.3 µs; 5.4 with y).
-//   Measured (H100, ncu), with y: 30.7 µs, latency-bound (21% of the warps, 122 registers:
-//   12 global loads in flight per pooled row, where recomputing issues 4). Recomputing, the
-//   stand-in's profile counts 48% more instructions (3.44 per FFMA, 4.64 with y) and
-//   estimates 21.7 µs (14.6 with y; the model saw half of the 30.7 µs measured, not the
-//   loads' latency): not yet measured.
-//   Summation: a piece's terms of a lane (up to 2·band_rows) in fresh registers; the 32
-//   lanes' by a reduce-scatter of shuffles in a fixed order (reduce_scatter_64); the pieces
-//   of a slice compensated (Kahan); the S slices' partials (scratch slot s, in conv.cu's
-//   layout: O·9 + O floats a slot, dw then db) in slice order, compensated, in two levels by
-//   the last blocks to finish (split_sum.cuh): the same bits on every run and GPU. S depends
-//   on the shape alone.
+// A warp takes DIRECT_CHANNELS = 4 output channels, up to 8 warps a block (blockIdx.y the
+// next 8), so each staged pixel a lane loads feeds 4 channels' FMAs.
+// conv_direct_relu_pool_forward: grid (batch, ⌈O / 32⌉), the image staged whole; lane e of a
+//   warp takes pool windows e, e + 32, ... (conv1: 169 windows, 256 blocks of 5 warps): the
+//   4x4 staged pixels under a window's four filters, 9 weights a channel in registers, 144
+//   FMAs. conv1 at batch 256: 62.3 MFLOP; 0.8 MB of images in, 3.5 MB pooled out (f32): 15
+//   FLOP/B, memory-bound, 1.3 µs at an H100's 3.35 TB/s (5.4 µs writing y's 13.8 MB).
+//   Measured (H100, ncu) writing y: 13.3 µs, 41% of that roofline; 5 warps an SM limit it.
+// conv_direct_relu_pool_filter: grid (S slices, ⌈O / 32⌉). The batch's images are cut into
+//   pieces, bands of `band_rows` pooled rows (the host aims at 512 pieces: conv1 at batch 256
+//   takes bands of 7 and 6 of its 13 pooled rows); a slice is consecutive pieces, each
+//   staged alone. Lane q takes column q of the windows' pixels down the band: per pooled row
+//   the 4x3 staged pixels under two pixels' filters, the channels' pooled gradient and the
+//   two pixels' ReLU outputs (read from y, or recomputed: 72 FMAs from the block's staged
+//   filters and biases), then 72 FMAs and 8 adds. conv1: 2·62.3 MFLOP (3·62.3 recomputing),
+//   4.3 MB in (18.1 with y): memory-bound, 1.3 µs (5.4). Measured (H100, ncu) reading y:
+//   30.7 µs, 18% of that roofline, latency-bound (21% of the warps active at 122 registers).
+//   Summation: a lane's terms of a piece (up to 2·band_rows) in fresh registers; the 32
+//   lanes by a reduce-scatter of shuffles in a fixed order (reduce_scatter_64); the pieces of
+//   a slice compensated (Kahan); the S slices' partials (scratch slot s, O·9 + O floats: dw,
+//   then db) in slice order, compensated, in two levels by the last blocks to finish
+//   (split_sum.cuh). S depends on the shape alone: the same bits on every run and GPU.
 #include "simt.cuh"
 #include "split_sum.cuh"
 

@@ -1,71 +1,46 @@
-// gemm.cu — matrix products for the linear layers, fp32 and mixed precision.
+// gemm.cu — matrix products for the linear layers, fp32 and 16-bit in.
 //
 //   C = epilogue(alpha · op(A) · op(B) + beta · C)        op(X) = X or Xᵀ
 //   epilogue: + bias[n] (per output column), then ReLU; each optional.
-// Row-major storage with leading dimensions: op(A) is M x K, op(B) is K x N, C is M x N.
-// A is stored M x K (trans_a = 0) or K x M (trans_a = 1); B is K x N or N x K (trans_b).
-// A linear layer y = x·Wᵀ + b is (trans_b = 1); its backward is dx = dy·W (no transpose)
-// and dW = dyᵀ·x (trans_a = 1).
+// Row-major with leading dimensions: op(A) is M x K, op(B) K x N, C M x N; A is stored M x K
+// (trans_a = 0) or K x M (trans_a = 1), B K x N or N x K (trans_b). A linear layer
+// y = x·Wᵀ + b is trans_b = 1; its backward is dx = dy·W and dW = dyᵀ·x (trans_a = 1).
+// Work: 2·M·N·K FLOPs; bytes at least 4·(M·K + K·N + M·N·(1 + [beta != 0])) in fp32, half
+// that for 16-bit inputs. At LeNet's sizes (M = batch 256; N, K ≤ 800) products are small
+// and latency-bound.
 //
-// Work: 2·M·N·K FLOPs. Bytes at least 4·(M·K + K·N + M·N·(1 + [beta != 0])) for fp32; half
-// that for the inputs of the mixed kernel. At LeNet's sizes (M = batch 256, N, K ≤ 256) the
-// products are small and latency-bound; at 1024³ the fp32 kernel is compute-bound.
+// gemm_f32 — a product of at least 128 tiles of C (GEMM_BLOCKS, src/backend/kernel/ops.rs).
+//   Block tile 64 x 64, K step 16, 256 threads as 16 x 16, each owning a contiguous 4 x 4 of
+//   C: per K step one vector shared load of A and one of B feed 16 FMAs (A's broadcast, B's
+//   fill two 128-byte phases). Operands are staged zero past the edges with the transposes
+//   applied, so the inner loop never branches (rows padded by four floats against bank
+//   conflicts); the next step's global loads go out before this step's products. 16 FLOP
+//   per staged byte.
+//   Summation: each K step's 16 products in fresh registers, joined to the total through a
+//   Kahan carry, so an element's error stays near 16 additions' whatever K is (the batch, in
+//   dW): 4e-8 relative over 60,000 same-sign terms, 2.0e-7 without (tests/numerics.rs).
+//   Needs IEEE adds as written (no -use_fast_math).
+//   Launch: grid (⌈N/64⌉, ⌈M/64⌉), block 256, two blocks an SM.
 //
-// gemm_f32 — shared-memory tiling with register blocking.
-//   Block tile 64 x 64, K step 16, 256 threads as 16 x 16; each thread owns a 4 x 4 block of
-//   C at rows 4·ty + i, columns 4·tx + j (contiguous: each K step's four A and four B values
-//   come in one vector load each, 2 shared loads for 16 FMAs; a warp's A loads broadcast,
-//   its B loads fill two 128-byte phases). Per K step each thread loads 4 elements of A and
-//   4 of B into shared memory (zero past the edges, transposes applied here so the inner
-//   loop never branches; rows padded by four floats so that a transposed store's lanes
-//   spread over the banks) and does 16·16 = 256 FMAs from registers. The
-//   loads are pipelined: the next K step's go out before this step's products.
-//   Arithmetic intensity per block tile: 2·64·64·16 FLOPs / (2·64·16·4) B = 16 FLOP/B.
-//   Summation is blocked and compensated: each K tile's 16 products go to fresh registers,
-//   and those sums join the total through a Kahan sum (a carry register per element), so an
-//   element's rounding error stays near 16 additions' whatever K is, where one running chain
-//   grows with K (K is the batch in the weight gradients dW = dyᵀ·x; tests/numerics.rs sums
-//   60,000 same-sign terms: 2.0e-7 relative with the tiles' sums added plainly even in two
-//   levels, 4e-8 compensated). 32 more registers and 64 adds per 256 FMAs; needs IEEE adds
-//   as written (no -use_fast_math).
-//   Launch: grid (ceil(N/64), ceil(M/64)), block 256 (two blocks an SM), for a product with
-//   at least 128 tiles of C (the host's choice, GEMM_BLOCKS in src/backend/kernel/ops.rs).
+// gemm_f32_sliced — fewer tiles (LeNet's fc1: 8 to 52 tiles of 64 x 64 for 132 SMs): 16 x 16
+//   tiles, each tile's K cut among the block's 8 warps in 16-step slices (warp g takes g,
+//   g + 8, ...; a lane owns 2 x 4 elements), a round staging eight slices one round ahead;
+//   the warps' sums added in warp order through shared memory (compensated), then the
+//   epilogue. No partial tiles in global memory, no fences; the order depends on the shape
+//   alone. 4 FLOP per staged byte, from L2. fc1 at batch 256, 52 MFLOP a product: measured on
+//   an H100 (ncu) 9.4, 8.4 and 8.8 µs for forward, input and weight gradient, 8-9% of the
+//   fp32 FMA rate, latency-bound (a block's chain of rounds).
+//   Launch: grid (⌈N/16⌉, ⌈M/16⌉), block 256 (79 registers: three blocks an SM).
 //
-// gemm_f32_sliced — a product with fewer tiles of C than that (LeNet's fc1: 8 to 52 tiles of
-//   64 x 64 for 132 SMs) takes 16 x 16 tiles, and cuts each tile's K among the block's 8
-//   warps instead of among blocks: no partial tiles through memory, no counters, no fences,
-//   no last block adding alone. Warp g multiplies slices g, g + 8, ... (16 steps each, each
-//   slice's products into fresh registers, compensated as above); a lane owns 2 x 4 elements
-//   (one 2-float and one 4-float shared load for 8 FMAs). A round stages eight slices, 16 x 128
-//   of A and 128 x 16 of B, 8 + 8 elements a thread, loaded a round ahead. Then the warps'
-//   sums go through shared memory and are added in warp order (compensated), one element a
-//   thread, and the epilogue applied. The order depends on the shape alone: the same bits on
-//   every run and GPU.
-//   FLOPs per round 2·16·16·128 against 2·16·128·4 B staged: 4 FLOP/B from L2, enough for
-//   products of a few µs whose operands L2 holds. LeNet at batch 256: fc1's forward
-//   (256 x 128, K 800) 128 blocks of 7 rounds, its input gradient (256 x 800, K 128) 800
-//   blocks of 1, its weight gradient (128 x 800, K 256) 400 blocks of 2. Measured on an H100
-//   (ncu, one training step): 9.4, 8.4 and 8.8 µs, 52 MFLOP each: 5.6-6.2 TFLOP/s, 8-9% of
-//   the fp32 FMA rate, latency-bound (a block's chain of rounds).
-//   Launch: grid (ceil(N/16), ceil(M/16)), block 256 (79 registers: three blocks an SM).
-//
-// gemm_{f16,bf16}_wmma_{f32,f16,bf16}out — tensor cores through nvcuda::wmma, 16-bit in
-//   (fp16 or bf16, both exact in the f32 accumulators' products), float accumulate, out in
-//   f32 or the input type. bf16 fragments need sm_80: the compute_75 PTX build of the bf16
-//   entries traps, and the CUDA backend refuses a bf16 GEMM below compute capability 8.0.
-//   Block tile 64 x 64, K step 16, 4 warps as 2 x 2, each warp owning 32 x 32 = 2 x 2 16x16
-//   accumulator fragments. Tiles are staged in shared memory zero-padded past M, N and K, so
-//   any shape works; shared rows are padded (24 and 72 halves) to spread banks while keeping
-//   wmma's 16-byte leading-dimension rule. The epilogue goes through shared memory (float) to
-//   apply alpha, beta, bias and ReLU per element with bounds checks.
-//   Launch: grid (ceil(N/64), ceil(M/64)), block 128, for a product with at least 128 tiles.
-//
-// gemm_{f16,bf16}_wmma_sliced_{f32,f16,bf16}out — the same inputs and results for a product
-//   with fewer tiles (LeNet's fc layers), in gemm_f32_sliced's shape: a 16 x 16 tile of C a
-//   block, its K cut among the block's 8 warps, each accumulating its slices in one
-//   16x16x16 fragment; the warps' fragments added in warp order in shared memory
-//   (compensated), no partial tiles through global memory.
-//   Launch: grid (ceil(N/16), ceil(M/16)), block 256.
+// gemm_{f16,bf16}_wmma_{f32,f16,bf16}out — tensor cores (nvcuda::wmma 16x16x16): 16-bit in,
+//   f32 accumulation, out in f32 or the input type. bf16 needs sm_80 (the compute_75 build's
+//   bf16 entries trap; the backend refuses bf16 below 8.0). Block tile 64 x 64, K step 16, 4
+//   warps as 2 x 2 of 32 x 32 (2 x 2 fragments each); tiles staged zero-padded, so any shape
+//   works, rows padded to 24 and 72 halves (banks, and wmma's 16-byte rule); the epilogue
+//   through shared memory. Launch: grid (⌈N/64⌉, ⌈M/64⌉), block 128, for 128 tiles or more.
+// gemm_{f16,bf16}_wmma_sliced_{f32,f16,bf16}out — fewer tiles, in gemm_f32_sliced's shape: a
+//   16 x 16 tile a block, its K among 8 warps, each accumulating its slices in one fragment,
+//   the fragments added in warp order (compensated). Launch: grid (⌈N/16⌉, ⌈M/16⌉), block 256.
 #include "simt.cuh"
 #include "split_sum.cuh"  // CompensatedSum
 
