@@ -2,90 +2,53 @@
 // implicit GEMMs with register tiles.
 //
 //   y[n][o][p][q] = epilogue(bias[o] + Σ_c Σ_i Σ_j x[n][c][p·s - pad + i][q·s - pad + j] · w[o][c][i][j])
-//   x: batch x C x H x W, w: O x C x KH x KW, y: batch x O x P x Q with
-//   P = (H + 2·pad - KH) / s + 1, Q likewise. Out-of-range input taps read zero (padding).
+//   x: batch x C x H x W, w: O x C x KH x KW, y: batch x O x P x Q, P = (H + 2·pad - KH) / s + 1,
+//   Q likewise; taps off the input read zero. K = C·KH·KW.
 //
-// Each pass is a matrix product whose operands are gathered from the tensors as they are
-// staged in shared memory (no im2col buffer in memory), K = C·KH·KW:
-//   forward:         Y[o][(n,p,q)]  = Σ_k W[o][k] · X̂[k][(n,p,q)]        M = O, N = batch·P·Q
-//                    (with a 2x2 pool after it: only the pixels the pool's windows read)
-//   input gradient:  by planes where they fit shared memory (conv_backward_input_planes):
-//                    D[(c,i,j)][(n,p,q)] = Σ_o W[o][(c,i,j)] · dY[o][(n,p,q)], M = G·KH·KW for
-//                    a group of G channels, N = an image's output pixels, reduction O; then
-//                    dX[c][(n,h,w)] = Σ_(i,j) D[(c,i,j)][(n,p,q)] at the pixel each tap came
-//                    from (col2im in shared memory): no product with a tap off the plane.
-//                    Else the implicit GEMM dX[c][(n,h,w)] = Σ_(o,i,j) W[o][c][i][j] ·
-//                    dŶ[(o,i,j)][(n,h,w)], M = C, N = batch·H·W, reduction O·KH·KW; dŶ is dy at
-//                    the output pixel whose window put tap (i, j) on (h, w), zero where none.
-//   filter gradient: dW[o][k] = Σ_(n,p,q) dY[o][(n,p,q)] · X̂[k][(n,p,q)]   M = O, N = K,
-//                    reduction batch·P·Q (with a pool: its windows' pixels), split over
-//                    slices of the pixels (below); the bias gradient db[o] = Σ dY[o][:] comes
-//                    from the same loads of dY.
+// Each pass is a matrix product whose operands are gathered as they are staged in shared
+// memory (no im2col buffer in memory):
+//   forward:         Y[o][(n,p,q)] = Σ_k W[o][k] · X̂[k][(n,p,q)]; M = O, N = batch·P·Q (with a
+//                    2x2 pool after it, only the pixels its windows read)
+//   input gradient:  where planes fit shared memory (conv_backward_input_planes), for a group
+//                    of G channels D[(c,i,j)][(n,p,q)] = Σ_o W[o][(c,i,j)] · dY[o][(n,p,q)], then
+//                    each dX pixel adds the taps that came from it (col2im in shared memory);
+//                    else dX[c][(n,h,w)] = Σ_(o,i,j) W[o][c][i][j] · dŶ[(o,i,j)][(n,h,w)], dŶ
+//                    being dy at the pixel whose window put tap (i, j) on (h, w), else 0
+//   filter gradient: dW[o][k] = Σ_(n,p,q) dY[o][(n,p,q)] · X̂[k][(n,p,q)], over slices of the
+//                    pixels (below); db[o] = Σ dY[o][:] from the same loads of dY.
 //
-// The tile (struct Tile): a block computes a BM x BN tile of the product, 16 reduction
-// steps at a time. Both operands' 16-step slices are staged in shared memory (converted to
-// float as they load: any storage type), then each thread multiplies from registers: TM x TN
-// outputs at rows ty·TM + i and columns tx·TN + j (contiguous, so each step's TM and TN
-// operands come in one vector load each: a warp's A reads broadcast, its B reads fill
-// 128-byte phases without conflicts). Per step a thread issues 2 shared loads for TM·TN FMAs.
-// The slices are pipelined: the next slice's global loads go out before this slice's
-// products and are stored after them. In pooled order a thread's four columns are one
-// pool window.
-// Configurations (the launcher picks by shape): 64x64 with 4x4 per thread (256 threads)
-// for M > 32; 32x128 with 4x4 (256 threads) for M ≤ 32; 32x16 with 2x2 (128 threads) for
-// the filter gradient of a layer with K ≤ 16 (a conv1-like 20 x 9); 128x64 with 8x4
-// (256 threads) for the input gradient by planes (LeNet's conv2: 5 channels' 125 taps by
-// the 64 pixels of a plane's pool windows).
+// The tile: a block computes BM x BN of the product, 16 reduction steps at a time, both
+// operands' slices staged in shared memory (converted to float as they load); each thread
+// owns TM x TN outputs at contiguous rows and columns, so a step's operands come in one vector
+// load each (2 shared loads for TM·TN FMAs; A's broadcast, B's fill 128-byte phases). The
+// next slice's global loads go out before this slice's products. Positions ((c, i, j) of a
+// tap, (n, p, q) of a pixel) advance with the reduction by carries, not divisions.
+// Configurations (the launcher picks by shape): 64x64, 4x4 a thread, 256 threads for M > 32;
+// 32x128, 4x4, 256 threads for M ≤ 32; 32x16, 2x2, 128 threads for a filter gradient with
+// K ≤ 16 (conv1-like); 128x64, 8x4, 256 threads for the input gradient by planes.
+// Tensor cores (f16 and bf16, bf16 from sm_80; every pass but the implicit-GEMM input
+// gradient): the slices staged as stored, 16-bit, and each warp's corner of the tile
+// multiplied by wmma 16x16x16 into f32 fragments (the filter gradient a fresh fragment a
+// slice, added through Kahan carries); sums return through shared memory to the epilogue.
 //
-// Tensor cores (every pass but the implicit-GEMM input gradient, f16 and bf16; bf16 from
-// sm_80; tiles whose warps cover them in corners, WarpTile: 16 x 32 for 64x64 and 32x128,
-// 32 x 32 for the planes' 128x64; not the 32x16 filter tile): the slices are staged as stored
-// (16-bit, A k-major as a column-major fragment, both padded by 8 values a row; through a
-// pool the filter gradient stages 4·dy, exact, and scales its sums by 1/4) and each warp
-// multiplies its corner with wmma (16x16x16, f32 accumulation), kept in fragments across the
-// reduction (the filter gradient: a fresh fragment a slice, added through Kahan carries
-// element by element). The forward's and filter gradient's sums then go through shared
-// memory into each thread's TM x TN registers for the CUDA cores' epilogue; the planes'
-// products go from each warp's fragments into the planes. At LeNet's conv2 (batch 256,
-// bf16) the stand-in's profile counts 10.9 M, 22.3 M and 17.7 M PTX instructions for the
-// forward, filter gradient and input gradient by planes (33.2 M, 45.4 M and 32.0 M on CUDA
-// cores) and estimates 27.0, 55.1 and 43.8 µs (81.9, 112.0, 79.0): 0.82 GFLOP useful a
-// pass, 0.8 µs at an H100's ~990 TFLOP/s of dense 16-bit tensor-core math: the gather,
-// staging, carries and col2im bound them. Not yet measured on a GPU.
+// Work at LeNet's conv2 (batch 256; O 50, C 20, 5x5 on 13x13 -> 9x9, pooled from its top-left
+// 8x8): 0.82 GFLOP a pass over the 64 pixels the pool reads, 7.7 MB compulsory, ~110 FLOP/B:
+// compute-bound on an H100 (ridge ~20 FLOP/B). Tiles pad M (50 of 64 rows); a warp whose rows
+// all lie in the padding stages but does not multiply. Measured on an H100 (ncu
+// --clock-control none, fp32, one training step): forward with bias, ReLU and pool 48 µs
+// (17.0 TFLOP/s useful, 25% of the 67 TFLOP/s fp32 FMA rate), input gradient by planes 59 µs
+// (21%), filter and bias gradients through the pool 96 µs (13%). conv1 (one channel, 3x3)
+// runs in conv_direct.cu.
 //
-// Gathering: each thread loads fixed rows or columns of the staged slices; the positions
-// they stand for ((c, i, j) of a filter tap, (n, p, q) of a pixel) advance with the
-// reduction by carries, not divisions.
-//
-// Work at LeNet's conv2 (batch 256: O 50, C 20, 5x5 on 13x13 → 9x9, pooled to 4x4 from its
-// top-left 8x8): 0.82 GFLOP per pass over the 64 pixels the pool reads (1.04 over all 81),
-// compulsory bytes 7.7 MB, ~110 FLOP/B: compute-bound on an H100 (ridge ~20 FLOP/B). The
-// tiles pad M (50 of 64 rows, 125 of 128); on CUDA cores a warp whose rows all lie in the
-// padding stages its share of the slices but multiplies nothing (gathered_sums: one of the
-// 64x64 tile's eight), so the CUDA-core kernels execute 0.95, 0.88 and 1.07 GFLOP for forward, input and
-// filter gradient (the stand-in's profile; 1.08, 0.88 and 1.23 when every warp multiplied).
-// Measured on an H100 SXM (ncu --clock-control none, fp32, one training step at batch 256;
-// docs/kernels.md has the history): forward with bias, ReLU and pool 48 µs (17.0 TFLOP/s
-// useful: 25% of the 67 TFLOP/s fp32 FMA rate), input gradient by planes 59 µs (13.9, 21%),
-// filter and bias gradients through the pool 96 µs (8.5, 13%). LeNet's conv1 (one channel,
-// 3x3) runs in conv_direct.cu; conv1-like shapes it does not take come here.
-//
-// Summation: the forward and input-gradient dot products (500 and 1,250 terms for LeNet's
-// conv2) are blocked: each 16-step slice sums into fresh registers, added to the total once.
-// The filter and bias gradients reduce over batch·P·Q terms (173,056 for conv1 at batch
-// 256): blocked and compensated (Kahan over the slices' sums), so an element's error stays
-// near that of 16 additions however long the reduction. The input gradient by planes sums
-// its O products blocked too, then each dx element's KH·KW taps in (i, j) order.
-//
-// The filter gradient's split: S slices of the batch's pixels (S a function of the shape
-// only: enough blocks to fill an H100, never the GPU's own size, so results are the same bits
-// on every GPU). Each block writes its slice's partial tile into `scratch`; the partials are then
-// added in slice order, compensated, in two levels of about √S each by the last blocks to
-// finish (split_sum.cuh), which write dw and db. Deterministic: the order never depends on
-// which block finishes last. With S = 1 the blocks write dw and db directly.
-//
-// conv2d_backward_bias: db[o] = Σ dy[:, o] (the linear layers' bias gradients too); one
-// block per output channel, a compensated running sum per thread, then a tree (fixed order).
+// Summation: the forward and input-gradient dot products blocked (each 16-step slice into
+// fresh registers, added to the total once); the filter and bias gradients, batch·P·Q terms
+// (173,056 for conv1), blocked and compensated (Kahan over the slices), so an element's error
+// stays near 16 additions' however long the reduction. The filter gradient's split: S slices
+// of the pixels, S a function of the shape only (enough blocks for an H100, never the GPU's
+// own size); each block's partial tile goes to `scratch`, and the last blocks to finish add
+// the partials in slice order, compensated, in two levels (split_sum.cuh): the same bits on
+// every run and GPU. conv2d_backward_bias: db[o] = Σ dy[:, o] (the linear layers' too), a
+// block per channel, a compensated sum per thread, then a fixed tree.
 #include "simt.cuh"
 #include "split_sum.cuh"
 
