@@ -4,7 +4,7 @@
 //   P = (H - KH) / s + 1, Q = (W - KW) / s + 1; `plane` runs over batch·channels.
 // Max pooling records, per output, the argmax as an index into its input plane (ih·W + iw);
 // ties keep the first (row-major) element and a NaN anywhere in the window wins, as in
-// PyTorch, so NaNs propagate instead of being silently dropped.
+// PyTorch, so NaNs propagate instead of being quietly dropped.
 //
 // Backward kernels run one thread per *input* element and gather from the outputs whose
 // windows cover it: with overlapping windows (s < K) several outputs feed one input, and

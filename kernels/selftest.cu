@@ -289,7 +289,7 @@ extern "C" __global__ void broken_endless(float* out, int spin_thread) {
 // that is not one (NaN, negative, >= classes), but it relies on what a float-to-int cast does
 // with NaN, which C++ leaves undefined. Compiled by g++ for x86 (the SIMT emulator), the cast
 // of NaN is INT_MIN, caught as negative; on a GPU, cvt.rzi.s32.f32 turns NaN into 0, so a NaN
-// label silently becomes class 0. Only the PTX executor, running what nvcc emitted, shows it.
+// label quietly becomes class 0. Only the PTX executor, running what nvcc emitted, shows it.
 // The fix: test the float (`!(x >= 0.0f && x < classes)`) before converting. Any 1-D grid.
 extern "C" __global__ void broken_class_of_label(const float* __restrict__ labels, int* __restrict__ out,
                                                  unsigned int n, int classes) {

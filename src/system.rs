@@ -178,32 +178,27 @@ fn scalar_peak(iters: u64) -> f32 {
 }
 
 /// Single-thread memory copy bandwidth in bytes/s, counted as bytes read + bytes written
-/// (a copy of S bytes moves 2·S): the median of five copies of `bytes` bytes
-/// into a destination that was touched first. Use a size well past the last-level cache
+/// (a copy of S bytes moves 2·S): the median of five copies of `bytes` bytes into one
+/// destination (the first copy touches it). Use a size well past the last-level cache
 /// (256 MiB) for the DRAM figure.
 pub fn copy_bandwidth(bytes: usize) -> f64 {
-    let src = vec![1u8; bytes.max(1)];
-    let mut dst = vec![0u8; bytes.max(1)];
-    let mut times: Vec<f64> = (0..5)
-        .map(|_| {
-            let start = std::time::Instant::now();
-            dst.copy_from_slice(&src);
-            std::hint::black_box(&mut dst);
-            start.elapsed().as_secs_f64()
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    2.0 * bytes as f64 / times[2]
+    copy_rounds(bytes, 1, 0, 5)
 }
 
 /// Memory copy bandwidth of `threads` threads at once, in bytes/s counted as
 /// [`copy_bandwidth`] counts it: `total` bytes split evenly between the threads, each copying
 /// its share into its own destination, round after round, as a collective's ranks move the
 /// same bytes iteration after iteration (the data stays in each thread's caches where it
-/// fits). The rounds start together at a barrier; a round takes its slowest thread's copy;
-/// the median of [`COPY_ROUNDS`] rounds after two warm-up rounds.
+/// fits): the median of nine rounds after two warm-up rounds.
 pub fn parallel_copy_bandwidth(total: usize, threads: usize) -> f64 {
-    const WARM_UP: usize = 2;
+    copy_rounds(total, threads, 2, 9)
+}
+
+/// `total` bytes copied by `threads` threads, each its share into its own destination, in
+/// `warm_up` untimed rounds and then `rounds` timed ones; the rounds start together at a
+/// barrier and each takes its slowest thread's copy. Returns bytes/s (read + written) at the
+/// median round.
+fn copy_rounds(total: usize, threads: usize, warm_up: usize, rounds: usize) -> f64 {
     let threads = threads.max(1);
     let share = total.div_ceil(threads).max(1);
     let start = std::sync::Barrier::new(threads);
@@ -213,7 +208,7 @@ pub fn parallel_copy_bandwidth(total: usize, threads: usize) -> f64 {
                 let start = &start;
                 scope.spawn(move || {
                     let (src, mut dst) = (vec![1u8; share], vec![0u8; share]);
-                    (0..WARM_UP + COPY_ROUNDS)
+                    (0..warm_up + rounds)
                         .map(|_| {
                             start.wait();
                             let t0 = std::time::Instant::now();
@@ -230,7 +225,7 @@ pub fn parallel_copy_bandwidth(total: usize, threads: usize) -> f64 {
             .map(|c| c.join().unwrap_or_default())
             .collect()
     });
-    let mut rounds: Vec<f64> = (WARM_UP..WARM_UP + COPY_ROUNDS)
+    let mut times: Vec<f64> = (warm_up..warm_up + rounds)
         .map(|r| {
             per_thread
                 .iter()
@@ -238,12 +233,9 @@ pub fn parallel_copy_bandwidth(total: usize, threads: usize) -> f64 {
                 .fold(0.0, f64::max)
         })
         .collect();
-    rounds.sort_by(f64::total_cmp);
-    2.0 * (share * threads) as f64 / rounds[COPY_ROUNDS / 2]
+    times.sort_by(f64::total_cmp);
+    2.0 * (share * threads) as f64 / times[rounds / 2]
 }
-
-/// Timed rounds of [`parallel_copy_bandwidth`].
-pub const COPY_ROUNDS: usize = 9;
 
 /// Memory the system can give a new allocation without swapping, in bytes: Linux's
 /// `MemAvailable` (free memory plus the page cache and reclaimable slabs it can drop), or
@@ -457,13 +449,10 @@ mod tests {
     #[test]
     fn cgroup_paths_are_found_for_v2_and_for_v1_memory() {
         let hybrid = "9:name=systemd:/\n5:devices:/\n4:memory:/process_api/a15b\n\
-                      3:cpu,cpuacct:/x\n0::/user.slice/session-3.scope\n";
+                      3:cpu,cpuacct:/x\n0::/user.slice/app-3.scope\n";
         assert_eq!(
             cgroup_paths(hybrid),
-            (
-                Some("/user.slice/session-3.scope"),
-                Some("/process_api/a15b")
-            )
+            (Some("/user.slice/app-3.scope"), Some("/process_api/a15b"))
         );
         assert_eq!(cgroup_paths("0::/\n"), (Some("/"), None));
         assert_eq!(

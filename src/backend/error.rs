@@ -13,7 +13,7 @@ pub enum BackendError {
     NoCudaDriver,
     /// The driver loaded but reports no usable GPU.
     #[error(
-        "the CUDA driver sees no GPU ({reason}): `nvidia-smi` lists the GPUs the driver sees, \
+        "the CUDA driver sees no GPU ({reason}); `nvidia-smi` lists the GPUs the driver sees, \
          and CUDA_VISIBLE_DEVICES may hide them; without a GPU, run on the CPU (--backend cpu), \
          or the kernels under the SIMT emulator (--backend simt)"
     )]
@@ -196,8 +196,8 @@ pub(crate) fn c_text(raw: &[std::ffi::c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// A driver error as the driver describes it, with its code's name:
-/// `no CUDA-capable device is detected (CUDA_ERROR_NO_DEVICE)`.
+/// A driver error as its code's name and the driver's description of it:
+/// `CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected`.
 pub fn driver_said(e: &cudarc::driver::DriverError) -> String {
     // Asking the driver for the text needs it loaded; where it is not, the name alone.
     let text = crate::backend::cuda::driver_present()
@@ -205,7 +205,7 @@ pub fn driver_said(e: &cudarc::driver::DriverError) -> String {
         .flatten()
         .map(|s| s.to_string_lossy().into_owned());
     match text {
-        Some(text) => format!("{text} ({:?})", e.0),
+        Some(text) => format!("{:?}: {text}", e.0),
         None => format!("{:?}", e.0),
     }
 }

@@ -219,15 +219,19 @@ pub fn run(out: &mut impl Write, sweep: Sweep) -> Result<(), CliError> {
             )));
         }
     }
-    // The GPUs, opened before any work or output: ranks share them round-robin, as in
-    // `train`. A GPU that is not there, or a setting the CPU stand-in refuses, is bad input
-    // (exit code 2), as bench kernels and train refuse it.
+    // The GPUs, opened before any work or output, placed as `train` places its ranks (shared
+    // round-robin where there are fewer GPUs than ranks). A GPU that is not there, or a
+    // setting the CPU stand-in refuses, is bad input (exit code 2), as bench kernels and
+    // train refuse it.
     let gpus = match backend {
         BackendArg::Cuda => {
             let visible = cuda::device_count().map_err(CliError::Device)?;
+            let ordinals =
+                super::train::mpi_gpu_ordinals(0, 1, ranks, visible).map_err(CliError::Input)?;
             Some(
-                (0..ranks)
-                    .map(|rank| CudaDevice::new(rank % visible))
+                ordinals
+                    .into_iter()
+                    .map(CudaDevice::new)
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(CliError::Device)?,
             )

@@ -54,7 +54,7 @@ fn finite_runs(points: impl Iterator<Item = (f64, f64)>) -> Vec<Vec<(f64, f64)>>
 
 /// Registers the font once, before training starts. `NANODDP_FONT`, when set (and not
 /// empty), is the only font considered: a value that names no readable TrueType file is an
-/// error naming the variable, never a silent fall-back to the built-in DejaVu Sans.
+/// error naming the variable, never an unannounced fall-back to the built-in DejaVu Sans.
 pub fn load_font() -> Result<(), String> {
     if let Some(named) = std::env::var_os("NANODDP_FONT").filter(|v| !v.is_empty()) {
         let path = PathBuf::from(named);

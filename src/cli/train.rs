@@ -157,7 +157,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub overwrite: bool,
     /// Seconds a device waits for the others in a collective before the run fails with an
-    /// error (a hang is never silent). Time the whole process was stopped (Ctrl-Z, kill
+    /// error (a hang always ends in an error). Time the whole process was stopped (Ctrl-Z, kill
     /// -STOP, a paused VM) is not counted.
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, default_value_t = CommConfig::default().timeout.as_secs_f64())]
     pub timeout: f64,
@@ -301,7 +301,7 @@ pub fn run(out: &mut impl Write, args: TrainArgs) -> Result<(), CliError> {
             if mpi.rank() == 0 {
                 run_with(out, args, Some(&mpi))
             } else {
-                // Only rank 0 reports; the others train silently.
+                // Only rank 0 reports; the others train without printing.
                 run_with(&mut std::io::sink(), args, Some(&mpi))
             }
         }
@@ -658,9 +658,6 @@ fn run_with(out: &mut impl Write, mut args: TrainArgs, mpi: MpiHandle<'_>) -> Re
     // The last step the run reported.
     let mut last_step = start.step;
     let mut on_event = |event: Event| -> Result<(), TrainError> {
-        interrupts
-            .check()
-            .map_err(|e| TrainError::Handler(Box::new(e)))?;
         let metrics_failed = |source: std::io::Error| TrainError::Io {
             what: format!(
                 "the metrics to {}",
@@ -739,7 +736,11 @@ fn run_with(out: &mut impl Write, mut args: TrainArgs, mpi: MpiHandle<'_>) -> Re
             }
             _ => {}
         }
-        Ok(())
+        // A signal stops the run after the event is handled: an epoch that ended is still
+        // saved, and a save under way finishes.
+        interrupts
+            .check()
+            .map_err(|e| TrainError::Handler(Box::new(e)))
     };
     let n = args.devices;
     let run = Run {
@@ -789,6 +790,7 @@ fn run_with(out: &mut impl Write, mut args: TrainArgs, mpi: MpiHandle<'_>) -> Re
             }
         ))),
         Err(TrainError::Handler(e)) if e.is::<super::interrupt::Interrupted>() => {
+            // The guard found it: the fallback is never taken.
             let signal = e
                 .downcast_ref::<super::interrupt::Interrupted>()
                 .map_or(0, |i| i.signal);
@@ -867,8 +869,9 @@ fn mpi_node_slot(_: MpiHandle<'_>) -> (usize, usize) {
 /// enough GPUs for the whole node is taken as the first view, else enough for one process
 /// as the second. With fewer GPUs than ranks, ranks share them round-robin: the node's rank
 /// slot s = p·n + i runs on visible GPU s mod visible (ranks on one GPU need no peer
-/// access), so one GPU runs the multi-rank path for real.
-fn mpi_gpu_ordinals(
+/// access), so one GPU runs the multi-rank path for real. In one process (no MPI): slot 0
+/// of 1 (`bench allreduce` places its ranks so too).
+pub(super) fn mpi_gpu_ordinals(
     local_rank: usize,
     local_size: usize,
     per_process: usize,

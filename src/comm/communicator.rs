@@ -52,7 +52,7 @@ pub struct CommConfig {
     ///
     /// Why 5 minutes: within one process a rank that fails or panics aborts the others at
     /// once, so the timeout only decides how long a genuine hang (a stuck kernel, a rank
-    /// stuck in user code, an MPI peer gone silent) takes to become an error. It must not
+    /// stuck in user code, an MPI peer gone quiet) takes to become an error. It must not
     /// fire on a healthy run that is slow: a first step that JIT-compiles the kernels with
     /// NVRTC, a loaded machine, a peer process stopped on its own. For comparison, NCCL
     /// waits forever (a timeout is the caller's job); PyTorch gives NCCL process groups 10
@@ -167,7 +167,7 @@ pub enum CommError {
 
 impl CommError {
     /// Whether this is a timeout, or an abort that a timeout caused: a peer too slow or
-    /// gone silent, or a pause longer than the timeout that this process could not see.
+    /// gone quiet, or a pause longer than the timeout that this process could not see.
     pub fn is_timeout(&self) -> bool {
         match self {
             CommError::Timeout { .. } | CommError::TimeoutAll { .. } => true,

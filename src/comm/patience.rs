@@ -2,7 +2,7 @@
 //! running.
 //!
 //! A timeout exists to turn a peer that will never come (a hung kernel, a rank stuck in
-//! user code, an MPI process gone silent) into an error instead of a hang. Wall-clock time
+//! user code, an MPI process gone quiet) into an error instead of a hang. Wall-clock time
 //! also counts time in which nobody could have made progress: `kill -STOP` and `fg`, Ctrl-Z,
 //! a paused VM, a laptop lid, or a machine so loaded that the waiting thread itself was not
 //! scheduled. When every rank lives in one process they all stop together, and on waking
@@ -194,10 +194,13 @@ mod tests {
         assert_eq!(c.0, ms(5));
         let c = counted_to(c, t0 + ms(5) + PAUSE_GAP + ms(1));
         assert_eq!(c.0, ms(5), "a pause is left out");
+        // The real clock counts, and never more than the wall clock (a loaded machine may
+        // leave its ticker unscheduled past PAUSE_GAP, which then counts as a pause).
+        let wall = Instant::now();
         let clock = RunningClock::start();
         std::thread::sleep(ms(50));
         let s = clock.seconds();
-        assert!((0.05..5.0).contains(&s), "{s}");
+        assert!(s > 0.0 && s <= wall.elapsed().as_secs_f64(), "{s}");
     }
 
     #[test]

@@ -433,7 +433,8 @@ where
         );
         // The epoch's time leaves out a pause of the whole process (Ctrl-Z, kill -STOP), as
         // the collectives' timeout does: images/s is over the time the run was running.
-        let (clock, mut allreduce_s) = (RunningClock::start(), 0.0);
+        // Only rank 0 reports, so only rank 0 keeps the clock (and its ticker thread).
+        let (clock, mut allreduce_s) = ((me == 0).then(RunningClock::start), 0.0);
         let mut epoch_stats = ShardStats::default();
         let first_batch = if epoch == first_epoch {
             step % steps_per_epoch
@@ -539,7 +540,7 @@ where
         for r in lagged.drain()? {
             seen(r)?;
         }
-        let seconds = clock.seconds();
+        let seconds = clock.as_ref().map_or(0.0, RunningClock::seconds);
         let test_acc = evaluate(
             &mut rank,
             &mut stats_buf,

@@ -5,7 +5,7 @@ read the same files: the folder named by --data, else by $NANODDP_DATA (then the
 considered), else Debian's /usr/share/datasets/fashion-mnist (`apt-get install
 dataset-fashion-mnist`), else ./data/fashion-mnist. Each file may be gzipped (`name.gz`) or not.
 Unlike nanoddp, there is no fallback to the small subset in tests/data/: a baseline that
-silently trained on 1% of the data would print misleading figures (name the subset with
+quietly trained on 1% of the data would print misleading figures (name the subset with
 --data to use it on purpose).
 """
 
